@@ -1,0 +1,426 @@
+//! NVMe-shaped block devices.
+//!
+//! One asynchronous trait, [`BlockDevice`]: fixed-size LBA-addressed blocks, aligned
+//! DMA-able buffers ([`DmaBuf`]) whose ownership passes to the device for the duration
+//! of a command (as with SPDK's `spdk_dma_malloc` buffers and io_uring fixed buffers),
+//! asynchronous submit/complete, a bounded queue depth, and a flush barrier.
+//!
+//! Backends: [`uring::UringDevice`] (io_uring + O_DIRECT over a file or raw block
+//! device; the default) and [`emulated::EmulatedDevice`] (memory- or file-backed with a
+//! timing model, for tests and the testbed). Pick one from a [`DeviceSpec`].
+
+pub mod emulated;
+pub mod uring;
+
+use std::alloc::Layout;
+use std::fmt;
+use std::ptr::NonNull;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Alignment of every [`DmaBuf`]: enough for O_DIRECT on any block device we meet.
+pub const DMA_ALIGN: usize = 4096;
+/// Default logical block size.
+pub const DEFAULT_BLOCK_SIZE: usize = 4096;
+
+/// A zero-initialised, [`DMA_ALIGN`]-aligned heap buffer. Devices take it by value for
+/// the duration of a command and hand it back on completion, so no I/O ever writes
+/// into memory the caller still uses.
+pub struct DmaBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: DmaBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for DmaBuf {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for DmaBuf {}
+
+impl DmaBuf {
+    /// Allocates `len` zeroed bytes aligned to [`DMA_ALIGN`]. `len` may be any size;
+    /// devices require a multiple of their block size.
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: layout has a non-zero size (len.max(1)).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        DmaBuf { ptr, len }
+    }
+
+    fn layout(len: usize) -> Layout {
+        // Only fails for sizes near isize::MAX, which no caller can allocate anyway.
+        Layout::from_size_align(len.max(1), DMA_ALIGN)
+            .unwrap_or_else(|_| panic!("DmaBuf of {len} bytes is too large"))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Raw pointer for handing to the kernel.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this exact layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+    }
+}
+
+impl std::ops::Deref for DmaBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes, owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for DmaBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DmaBuf({} bytes)", self.len)
+    }
+}
+
+/// Shape of a device: what an NVMe namespace's identify data would tell.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Geometry {
+    /// Backend and target, for humans (e.g. `io_uring:/data/csd.img`).
+    pub name: String,
+    /// Logical block size in bytes.
+    pub block_size: usize,
+    /// Number of logical blocks.
+    pub num_blocks: u64,
+    /// Most commands in flight at once.
+    pub queue_depth: usize,
+}
+
+impl Geometry {
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.num_blocks * self.block_size as u64
+    }
+}
+
+/// Counters every backend keeps.
+#[derive(Debug, Default)]
+pub struct DeviceCounters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+/// A snapshot of [`DeviceCounters`].
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Read commands completed.
+    pub reads: u64,
+    /// Write commands completed.
+    pub writes: u64,
+    /// Flush commands completed.
+    pub flushes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+}
+
+impl DeviceCounters {
+    pub(crate) fn record_read(&self, bytes: usize) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn record_write(&self, bytes: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes_written
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn record_flush(&self) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Current values.
+    pub fn snapshot(&self) -> DeviceStats {
+        DeviceStats {
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// An NVMe-shaped block device.
+///
+/// Commands address whole logical blocks; buffers must be [`DmaBuf`]s whose length is a
+/// non-zero multiple of the block size. At most `queue_depth` commands are in flight;
+/// further submissions wait for a slot. Completion order is unspecified.
+#[async_trait]
+pub trait BlockDevice: Send + Sync + 'static {
+    /// The device's shape.
+    fn geometry(&self) -> &Geometry;
+
+    /// Reads `buf.len() / block_size` blocks starting at `lba` into `buf`.
+    async fn read(&self, lba: u64, buf: DmaBuf) -> Result<DmaBuf>;
+
+    /// Writes `buf` to the blocks starting at `lba`. Returns the buffer for reuse.
+    async fn write(&self, lba: u64, buf: DmaBuf) -> Result<DmaBuf>;
+
+    /// Barrier: completes after every write submitted before it has completed and is
+    /// durable (fsync / NVMe Flush after draining the queue).
+    async fn flush(&self) -> Result<()>;
+
+    /// Command counters.
+    fn stats(&self) -> DeviceStats;
+}
+
+/// Checks a command against the device's rules before it is submitted.
+pub(crate) fn check_command(geo: &Geometry, op: &str, lba: u64, buf: &DmaBuf) -> Result<u64> {
+    let bs = geo.block_size;
+    if buf.is_empty() || buf.len() % bs != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{op} of {} bytes on {}: length must be a non-zero multiple of the {bs}-byte block size",
+            buf.len(),
+            geo.name
+        )));
+    }
+    let blocks = (buf.len() / bs) as u64;
+    match lba.checked_add(blocks) {
+        Some(end) if end <= geo.num_blocks => Ok(blocks),
+        _ => Err(Error::InvalidArgument(format!(
+            "{op} of blocks [{lba}, {lba}+{blocks}) on {}: beyond the last block {}",
+            geo.name,
+            geo.num_blocks.saturating_sub(1)
+        ))),
+    }
+}
+
+/// How to open a device, parsed from `--device`:
+///
+/// * `PATH` or `uring:PATH` – io_uring with O_DIRECT on a file (created or grown to
+///   `--capacity`) or a raw block device such as `/dev/nvme0n1`.
+/// * `emulated:mem[,opts]` or `emulated:file=PATH[,opts]` – emulated NVMe, with
+///   `latency_us`, `read_mbps`, `write_mbps`, `queue_depth`, `parallelism` options.
+///   A model with no options is untimed (plain memory or pread/pwrite): the fallback
+///   where the kernel refuses io_uring.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceSpec {
+    /// io_uring on a file or raw block device.
+    Uring {
+        /// The file or device path.
+        path: std::path::PathBuf,
+    },
+    /// Emulated NVMe.
+    Emulated {
+        /// `None` for memory-backed.
+        path: Option<std::path::PathBuf>,
+        /// Timing model.
+        model: emulated::TimingModel,
+    },
+}
+
+impl FromStr for DeviceSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |why: String| Error::InvalidArgument(format!("device spec {s:?}: {why}"));
+        if let Some(rest) = s.strip_prefix("emulated:") {
+            let mut parts = rest.split(',');
+            let target = parts.next().unwrap_or_default();
+            let path = if target == "mem" {
+                None
+            } else if let Some(p) = target.strip_prefix("file=") {
+                Some(std::path::PathBuf::from(p))
+            } else {
+                return Err(bad(
+                    "expected `emulated:mem` or `emulated:file=PATH` before the options".into(),
+                ));
+            };
+            let mut model = emulated::TimingModel::untimed();
+            for opt in parts {
+                let (k, v) = opt
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("option {opt:?} is not key=value")))?;
+                let num = |v: &str| {
+                    v.parse::<f64>()
+                        .map_err(|_| bad(format!("option {k}: {v:?} is not a number")))
+                };
+                match k {
+                    "latency_us" => model.latency_us = num(v)?,
+                    "read_mbps" => model.read_mbps = num(v)?,
+                    "write_mbps" => model.write_mbps = num(v)?,
+                    "queue_depth" => model.queue_depth = num(v)? as usize,
+                    "parallelism" => model.parallelism = num(v)? as usize,
+                    _ => {
+                        return Err(bad(format!(
+                            "unknown option {k:?} (known: latency_us, read_mbps, write_mbps, queue_depth, parallelism)"
+                        )));
+                    }
+                }
+            }
+            model.validate().map_err(|e| bad(e.to_string()))?;
+            return Ok(DeviceSpec::Emulated { path, model });
+        }
+        let path = s.strip_prefix("uring:").unwrap_or(s);
+        if path.is_empty() {
+            return Err(bad("empty path".into()));
+        }
+        Ok(DeviceSpec::Uring { path: path.into() })
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Uring { path } => write!(f, "uring:{}", path.display()),
+            DeviceSpec::Emulated { path, model } => {
+                match path {
+                    None => write!(f, "emulated:mem")?,
+                    Some(p) => write!(f, "emulated:file={}", p.display())?,
+                }
+                write!(
+                    f,
+                    ",latency_us={},read_mbps={},write_mbps={},queue_depth={},parallelism={}",
+                    model.latency_us,
+                    model.read_mbps,
+                    model.write_mbps,
+                    model.queue_depth,
+                    model.parallelism
+                )
+            }
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Opens the device. `capacity` sizes new files and memory devices; an existing raw
+    /// device or file keeps its size when `capacity` is `None`.
+    pub fn open(&self, capacity: Option<u64>) -> Result<Arc<dyn BlockDevice>> {
+        match self {
+            DeviceSpec::Uring { path } => {
+                Ok(Arc::new(uring::UringDevice::open(path, capacity, 64)?))
+            }
+            DeviceSpec::Emulated { path, model } => {
+                let cap = capacity.or_else(|| {
+                    path.as_ref()
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .map(|m| m.len())
+                });
+                let cap = cap.ok_or_else(|| {
+                    Error::InvalidArgument("an emulated device needs a capacity".into())
+                })?;
+                Ok(Arc::new(emulated::EmulatedDevice::open(
+                    path.as_deref(),
+                    cap,
+                    DEFAULT_BLOCK_SIZE,
+                    model.clone(),
+                )?))
+            }
+        }
+    }
+}
+
+/// Parses sizes like `512MiB`, `4GiB`, `100m`, `1g`, `4096` into bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "size {s:?}: expected a number with an optional unit such as 512MiB or 4GiB"
+        ))
+    })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB)"
+            )));
+        }
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_specs() {
+        assert_eq!(
+            "/tmp/x".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Uring {
+                path: "/tmp/x".into()
+            }
+        );
+        let DeviceSpec::Emulated { path, model } =
+            "emulated:mem,latency_us=80,read_mbps=2000,parallelism=4"
+                .parse()
+                .unwrap()
+        else {
+            panic!("not emulated")
+        };
+        assert!(path.is_none());
+        assert_eq!(
+            (model.latency_us, model.read_mbps, model.parallelism),
+            (80.0, 2000.0, 4)
+        );
+        let e = "emulated:mem,speed=3"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option \"speed\""), "{e}");
+        assert!("emulated:disk".parse::<DeviceSpec>().is_err());
+        assert!(
+            "emulated:mem,latency_us=fast"
+                .parse::<DeviceSpec>()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn dma_buf_is_aligned_and_zeroed() {
+        let mut b = DmaBuf::zeroed(8192);
+        assert_eq!(b.as_mut_ptr() as usize % DMA_ALIGN, 0);
+        assert!(b.iter().all(|&x| x == 0));
+    }
+}

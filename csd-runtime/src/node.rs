@@ -1,0 +1,164 @@
+//! Configuration and start-up of a whole storage node.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::device::{DeviceSpec, parse_size};
+use crate::error::{Error, Result};
+use crate::pool::CpuPool;
+use crate::service::{FlightNode, NodeState};
+use crate::store::{FormatMode, ObjectStore, StoreOptions};
+use crate::table::{ParquetOptions, TableStore};
+
+/// Largest gRPC message the node accepts or sends.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// A node's configuration (`csd serve` flags, or a TOML file with the same keys).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Device spec: a file or raw device path (io_uring), or `emulated:...`.
+    pub device: String,
+    /// Capacity for new device files and emulated devices (`64GiB`).
+    pub capacity: Option<String>,
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    pub listen: String,
+    /// Location advertised to clients; default `grpc://<bound address>`.
+    pub advertise: Option<String>,
+    /// CPU pool size for operator work.
+    pub cpus: usize,
+    /// Memory budget (`2GiB`).
+    pub memory: String,
+    /// Erase and format the device at start.
+    pub format: bool,
+    /// How tables are written.
+    pub parquet: ParquetOptions,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            device: "csd-device.img".into(),
+            capacity: Some("4GiB".into()),
+            listen: "127.0.0.1:50051".into(),
+            advertise: None,
+            cpus: 2,
+            memory: "2GiB".into(),
+            format: false,
+            parquet: ParquetOptions::default(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Reads a TOML file; unknown keys and bad values are errors naming the key.
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        toml::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+    }
+}
+
+/// A running node. Shut it down with [`RunningNode::shutdown`].
+pub struct RunningNode {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The URL clients use.
+    pub url: String,
+    /// Shared state (tables, pool, counters).
+    pub state: Arc<NodeState>,
+    stop: Option<oneshot::Sender<()>>,
+    server: JoinHandle<Result<()>>,
+}
+
+impl RunningNode {
+    /// Stops accepting, finishes in-flight calls, and waits.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        (&mut self.server)
+            .await
+            .map_err(|e| Error::Internal(format!("server task: {e}")))?
+    }
+
+    /// Waits until the server stops (e.g. after ctrl-c handling by the caller).
+    pub async fn wait(mut self) -> Result<()> {
+        (&mut self.server)
+            .await
+            .map_err(|e| Error::Internal(format!("server task: {e}")))?
+    }
+}
+
+impl Drop for RunningNode {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// Opens device, store and tables, binds the listener and starts serving.
+pub async fn start(config: &NodeConfig) -> Result<RunningNode> {
+    let spec: DeviceSpec = config.device.parse()?;
+    let capacity = config.capacity.as_deref().map(parse_size).transpose()?;
+    let memory_budget = parse_size(&config.memory)?;
+    let dev = tokio::task::spawn_blocking({
+        let spec = spec.clone();
+        move || spec.open(capacity)
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))??;
+    let opts = StoreOptions {
+        format: if config.format {
+            FormatMode::Force
+        } else {
+            FormatMode::IfBlank
+        },
+        ..Default::default()
+    };
+    let store = ObjectStore::open(dev, opts).await?;
+    let tables = TableStore::open(store, &config.parquet).await?;
+    let pool = CpuPool::new(config.cpus)?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| Error::io(format!("binding {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the bound address", e))?;
+    let url = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("grpc://{addr}"));
+    let state = Arc::new(NodeState::new(tables, pool, url.clone(), memory_budget));
+    let service = FlightServiceServer::new(FlightNode::new(state.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(|e| Error::External(format!("gRPC server: {e}")))
+    });
+    tracing::info!(%url, device = %spec, "storage node serving");
+    Ok(RunningNode {
+        addr,
+        url,
+        state,
+        stop: Some(stop),
+        server,
+    })
+}

@@ -1,0 +1,721 @@
+//! The Arrow Flight service of a storage node.
+//!
+//! | RPC | what it does |
+//! |---|---|
+//! | `DoPut` | descriptor path `[table]` or `[table, partition]` (default partition `0`): stores the Arrow stream as one new Parquet object; answers a `PutResult` whose metadata is the JSON [`PutSummary`](crate::table::PutSummary) |
+//! | `ListFlights` | one `FlightInfo` per table (criteria expression: optional name prefix): schema, rows, bytes, one endpoint per partition with its scan ticket; `app_metadata` is JSON [`TableDescription`] |
+//! | `GetFlightInfo` / `GetSchema` | the same for one table (descriptor path `[table]`) |
+//! | `DoGet` | a [`Ticket`]: `Scan` streams Arrow batches; `Range` streams raw object bytes in `data_body` chunks |
+//! | `DoAction` | `stats` (JSON node figures), `delete` (body `table` or `table/partition`), `objects` (body: name prefix) |
+//!
+//! Errors become gRPC statuses only through [`Error::to_status`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
+    Ticket as FlightTicket,
+};
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::{Error, Result};
+use crate::pool::{AbortOnDrop, CpuPool};
+use crate::store::ObjectStore;
+use crate::table::{ObjectReader, ParquetObject, Table, TableStore};
+use crate::ticket::Ticket;
+
+/// Bytes per `data_body` chunk of a raw range stream.
+pub const RANGE_CHUNK: u64 = 1 << 20;
+/// Rows per Arrow batch a scan produces.
+const SCAN_BATCH_ROWS: usize = 8192;
+
+/// Request counters of the service.
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    do_get: AtomicU64,
+    do_put: AtomicU64,
+    bytes_sent: Arc<AtomicU64>,
+    bytes_received: AtomicU64,
+    rows_received: AtomicU64,
+}
+
+/// Everything a node's service works with.
+pub struct NodeState {
+    /// Tables.
+    pub tables: TableStore,
+    /// CPU pool for operator work.
+    pub pool: CpuPool,
+    /// The URL clients use to reach this node (`grpc://host:port`).
+    pub location: String,
+    /// Memory budget in bytes.
+    pub memory_budget: u64,
+    /// Counters.
+    pub counters: ServiceCounters,
+    started: Instant,
+}
+
+impl NodeState {
+    /// Assembles a node's state.
+    pub fn new(tables: TableStore, pool: CpuPool, location: String, memory_budget: u64) -> Self {
+        NodeState {
+            tables,
+            pool,
+            location,
+            memory_budget,
+            counters: ServiceCounters::default(),
+            started: Instant::now(),
+        }
+    }
+
+    fn store(&self) -> &ObjectStore {
+        self.tables.object_store()
+    }
+
+    /// The JSON returned by `DoAction stats`.
+    pub async fn stats(&self) -> NodeStats {
+        let dev = self.store().device();
+        let c = &self.counters;
+        NodeStats {
+            location: self.location.clone(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            cpus: self.pool.threads(),
+            memory_budget: self.memory_budget,
+            device: DeviceReport {
+                geometry: dev.geometry().clone(),
+                stats: dev.stats(),
+            },
+            store: self.store().stats().await,
+            tables: self.tables.tables().len(),
+            requests: RequestReport {
+                do_get: c.do_get.load(Ordering::Relaxed),
+                do_put: c.do_put.load(Ordering::Relaxed),
+                bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+                bytes_received: c.bytes_received.load(Ordering::Relaxed),
+                rows_received: c.rows_received.load(Ordering::Relaxed),
+            },
+        }
+    }
+}
+
+/// Node figures (`DoAction stats`).
+#[derive(Debug, Serialize)]
+pub struct NodeStats {
+    /// Advertised location.
+    pub location: String,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// CPU pool size.
+    pub cpus: usize,
+    /// Memory budget in bytes.
+    pub memory_budget: u64,
+    /// Device shape and counters.
+    pub device: DeviceReport,
+    /// Object store figures.
+    pub store: crate::store::StoreStats,
+    /// Number of tables.
+    pub tables: usize,
+    /// Request counters.
+    pub requests: RequestReport,
+}
+
+/// Device part of [`NodeStats`].
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    /// Shape.
+    pub geometry: crate::device::Geometry,
+    /// Counters.
+    pub stats: crate::device::DeviceStats,
+}
+
+/// Request part of [`NodeStats`].
+#[derive(Debug, Serialize)]
+pub struct RequestReport {
+    /// DoGet calls.
+    pub do_get: u64,
+    /// DoPut calls.
+    pub do_put: u64,
+    /// Flight bytes sent (headers + bodies).
+    pub bytes_sent: u64,
+    /// Flight bytes received by DoPut.
+    pub bytes_received: u64,
+    /// Rows received by DoPut.
+    pub rows_received: u64,
+}
+
+/// `app_metadata` of a table's `FlightInfo`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TableDescription {
+    /// Table name.
+    pub table: String,
+    /// Partitions in name order.
+    pub partitions: Vec<PartitionDescription>,
+}
+
+/// One partition in a [`TableDescription`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PartitionDescription {
+    /// Partition name.
+    pub name: String,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Parquet objects, readable by `Range` tickets.
+    pub objects: Vec<ObjectDescription>,
+}
+
+/// One Parquet object in a [`PartitionDescription`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ObjectDescription {
+    /// Object name.
+    pub name: String,
+    /// Bytes.
+    pub len: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Row groups.
+    pub row_groups: usize,
+}
+
+/// The Flight service.
+#[derive(Clone)]
+pub struct FlightNode {
+    state: Arc<NodeState>,
+}
+
+impl FlightNode {
+    /// Serves `state`.
+    pub fn new(state: Arc<NodeState>) -> Self {
+        FlightNode { state }
+    }
+
+    fn flight_info(&self, t: &Table) -> Result<FlightInfo> {
+        let desc = TableDescription {
+            table: t.name.clone(),
+            partitions: t
+                .partitions
+                .iter()
+                .map(|(name, objects)| PartitionDescription {
+                    name: name.clone(),
+                    rows: objects.iter().map(ParquetObject::rows).sum(),
+                    bytes: objects.iter().map(|o| o.object.len).sum(),
+                    objects: objects
+                        .iter()
+                        .map(|o| ObjectDescription {
+                            name: o.object.name.clone(),
+                            len: o.object.len,
+                            rows: o.rows(),
+                            row_groups: o.metadata.metadata().num_row_groups(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        };
+        let mut info = FlightInfo::new()
+            .try_with_schema(&t.schema)?
+            .with_descriptor(FlightDescriptor::new_path(vec![t.name.clone()]))
+            .with_total_records(t.rows() as i64)
+            .with_total_bytes(t.bytes() as i64)
+            .with_app_metadata(
+                serde_json::to_vec(&desc).map_err(|e| Error::Internal(e.to_string()))?,
+            );
+        for p in t.partitions.keys() {
+            let ticket = Ticket::Scan {
+                table: t.name.clone(),
+                partition: Some(p.clone()),
+                columns: vec![],
+            };
+            info = info.with_endpoint(
+                FlightEndpoint::new()
+                    .with_ticket(FlightTicket::new(ticket.encode()))
+                    .with_location(self.state.location.clone())
+                    .with_app_metadata(p.clone()),
+            );
+        }
+        Ok(info)
+    }
+
+    fn table_of(desc: &FlightDescriptor) -> Result<String> {
+        match desc.path.as_slice() {
+            [t] => Ok(t.clone()),
+            _ => Err(Error::InvalidArgument(
+                "descriptor must be a path naming one table".into(),
+            )),
+        }
+    }
+
+    fn scan(&self, table: &str, partition: Option<&str>, columns: &[String]) -> Result<TaskStream> {
+        let t = self.state.tables.table(table)?;
+        let files: Vec<ParquetObject> = match partition {
+            Some(p) => t
+                .partitions
+                .get(p)
+                .cloned()
+                .ok_or_else(|| Error::NotFound(format!("partition {p} of table {table}")))?,
+            None => t.partitions.values().flatten().cloned().collect(),
+        };
+        let indices = columns
+            .iter()
+            .map(|c| {
+                t.schema.index_of(c).map_err(|_| {
+                    let names: Vec<&str> = t
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect();
+                    Error::InvalidArgument(format!(
+                        "column {c:?} is not in table {table} (columns: {})",
+                        names.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let schema: SchemaRef = if indices.is_empty() {
+            t.schema.clone()
+        } else {
+            Arc::new(t.schema.project(&indices)?)
+        };
+        let store = self.state.store().clone();
+        let mut streams = Vec::with_capacity(files.len());
+        for f in files {
+            let reader = ObjectReader::new(store.clone(), f.object.clone())
+                .with_metadata(f.metadata.metadata().clone());
+            let mask = if indices.is_empty() {
+                ProjectionMask::all()
+            } else {
+                ProjectionMask::roots(
+                    f.metadata.metadata().file_metadata().schema_descr(),
+                    indices.iter().copied(),
+                )
+            };
+            let s = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
+                .with_projection(mask)
+                .with_batch_size(SCAN_BATCH_ROWS)
+                .build()?;
+            streams.push(s);
+        }
+        let batches = futures::stream::iter(streams)
+            .flatten()
+            .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))));
+        let encoder = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches);
+        Ok(self.run_stream(encoder))
+    }
+
+    /// Drives `stream` on the CPU pool, forwarding items through a small channel.
+    fn run_stream<S>(&self, mut stream: S) -> TaskStream
+    where
+        S: Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
+        S: Unpin,
+    {
+        let (tx, rx) = mpsc::channel(4);
+        let task = self.state.pool.spawn(async move {
+            while let Some(item) = stream.next().await {
+                let item = item.map_err(|e| Error::from(e).to_status());
+                let stop = item.is_err();
+                if tx.send(item).await.is_err() || stop {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        TaskStream {
+            rx,
+            _task: task,
+            sent: self.state.counters.bytes_sent.clone(),
+        }
+    }
+
+    fn range(
+        &self,
+        object: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<BoxStream<'static, Result<FlightData, Status>>> {
+        let store = self.state.store().clone();
+        let info = store
+            .get(object)
+            .ok_or_else(|| Error::NotFound(format!("object {object}")))?;
+        let end = offset
+            .checked_add(length)
+            .filter(|&e| e <= info.len)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "range [{offset}, {offset}+{length}) is beyond the end of {object} ({} bytes)",
+                    info.len
+                ))
+            })?;
+        let sent = self.state.counters.bytes_sent.clone();
+        let s = futures::stream::try_unfold(offset, move |pos| {
+            let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
+            async move {
+                if pos >= end {
+                    return Ok(None);
+                }
+                let n = RANGE_CHUNK.min(end - pos);
+                let body = store
+                    .read_object_range(&info, pos, n)
+                    .await
+                    .map_err(|e| e.to_status())?;
+                sent.fetch_add(n, Ordering::Relaxed);
+                Ok(Some((
+                    FlightData {
+                        data_body: body,
+                        ..Default::default()
+                    },
+                    pos + n,
+                )))
+            }
+        });
+        Ok(s.boxed())
+    }
+
+    async fn put(&self, mut input: Streaming<FlightData>) -> Result<crate::table::PutSummary> {
+        let first = input
+            .message()
+            .await
+            .map_err(map_incoming)?
+            .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
+        let desc = first.flight_descriptor.clone().ok_or_else(|| {
+            Error::InvalidArgument("the first DoPut message must carry a descriptor".into())
+        })?;
+        let (table, partition) = match desc.path.as_slice() {
+            [t] => (t.clone(), "0".to_string()),
+            [t, p] => (t.clone(), p.clone()),
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "DoPut descriptor must be the path [table] or [table, partition]".into(),
+                ));
+            }
+        };
+        crate::table::validate_table_name(&table)?;
+        crate::table::validate_partition_name(&partition)?;
+        let state = self.state.clone();
+        let incoming = futures::stream::once(async { Ok(first) })
+            .chain(input)
+            .map(move |m| {
+                let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
+                state.counters.bytes_received.fetch_add(
+                    (m.data_body.len() + m.data_header.len()) as u64,
+                    Ordering::Relaxed,
+                );
+                Ok(m)
+            });
+        let mut decoder = FlightDataDecoder::new(incoming);
+        // The schema message comes first.
+        let schema = loop {
+            match decoder.next().await {
+                Some(Ok(d)) => match d.payload {
+                    DecodedPayload::Schema(s) => break s,
+                    DecodedPayload::None => continue,
+                    DecodedPayload::RecordBatch(_) => {
+                        return Err(Error::InvalidArgument(
+                            "DoPut sent a record batch before its schema".into(),
+                        ));
+                    }
+                },
+                Some(Err(e)) => return Err(map_flight(e)),
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "DoPut stream ended without a schema".into(),
+                    ));
+                }
+            }
+        };
+        let (tx, rx) = mpsc::channel::<Result<arrow::record_batch::RecordBatch>>(2);
+        let state = self.state.clone();
+        let (t, p, s) = (table.clone(), partition.clone(), schema.clone());
+        let writer = state.pool.spawn({
+            let state = state.clone();
+            async move {
+                state
+                    .tables
+                    .append(&t, &p, s, tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+            }
+        });
+        let feed = async {
+            while let Some(d) = decoder.next().await {
+                let item = match d {
+                    Ok(d) => match d.payload {
+                        DecodedPayload::RecordBatch(b) => {
+                            self.state
+                                .counters
+                                .rows_received
+                                .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                            Ok(b)
+                        }
+                        DecodedPayload::None => continue,
+                        DecodedPayload::Schema(_) => {
+                            Err(Error::InvalidArgument("DoPut sent a second schema".into()))
+                        }
+                    },
+                    Err(e) => Err(map_flight(e)),
+                };
+                let stop = item.is_err();
+                if tx.send(item).await.is_err() || stop {
+                    break;
+                }
+            }
+            drop(tx);
+        };
+        let (_, summary) = futures::join!(feed, writer);
+        summary
+    }
+}
+
+/// Tonic answers an over-limit message with OUT_OF_RANGE; to the user that is an
+/// exhausted resource (the message size limit).
+fn map_incoming(s: Status) -> Error {
+    if s.code() == tonic::Code::OutOfRange && s.message().contains("too large") {
+        Error::ResourcesExhausted(format!("message too large: {}", s.message()))
+    } else {
+        Error::InvalidArgument(format!("DoPut stream failed: {}", s.message()))
+    }
+}
+
+fn map_flight(e: FlightError) -> Error {
+    match e {
+        FlightError::Tonic(s) => map_incoming(*s),
+        FlightError::Arrow(a) => {
+            Error::InvalidArgument(format!("DoPut data is not valid Arrow IPC: {a}"))
+        }
+        other => Error::from(other),
+    }
+}
+
+/// A response stream fed by a CPU-pool task, which is cancelled when the stream drops.
+struct TaskStream {
+    rx: mpsc::Receiver<Result<FlightData, Status>>,
+    _task: AbortOnDrop<Result<()>>,
+    sent: Arc<AtomicU64>,
+}
+
+impl Stream for TaskStream {
+    type Item = Result<FlightData, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let p = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(Ok(d))) = &p {
+            self.sent.fetch_add(
+                (d.data_body.len() + d.data_header.len()) as u64,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+fn parse_json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T> {
+    serde_json::from_slice(body)
+        .map_err(|e| Error::InvalidArgument(format!("action body is not the expected JSON: {e}")))
+}
+
+type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
+
+fn one<T: Send + 'static>(item: T) -> Response<FlightStream<T>> {
+    Response::new(futures::stream::once(async move { Ok(item) }).boxed())
+}
+
+fn json_result<T: Serialize>(v: &T) -> Result<arrow_flight::Result> {
+    let body = serde_json::to_vec_pretty(v).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(arrow_flight::Result { body: body.into() })
+}
+
+#[tonic::async_trait]
+impl FlightService for FlightNode {
+    type HandshakeStream = FlightStream<HandshakeResponse>;
+    type ListFlightsStream = FlightStream<FlightInfo>;
+    type DoGetStream = FlightStream<FlightData>;
+    type DoPutStream = FlightStream<PutResult>;
+    type DoActionStream = FlightStream<arrow_flight::Result>;
+    type ListActionsStream = FlightStream<ActionType>;
+    type DoExchangeStream = FlightStream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "this node needs no handshake: call the other RPCs directly",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let prefix = String::from_utf8(request.into_inner().expression.to_vec()).map_err(|_| {
+            Status::invalid_argument("criteria expression must be a UTF-8 table-name prefix")
+        })?;
+        let infos = self
+            .state
+            .tables
+            .tables()
+            .iter()
+            .filter(|t| t.name.starts_with(&prefix))
+            .map(|t| self.flight_info(t).map_err(|e| e.to_status()))
+            .collect::<Vec<_>>();
+        Ok(Response::new(futures::stream::iter(infos).boxed()))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let table = Self::table_of(request.get_ref())?;
+        Ok(Response::new(
+            self.flight_info(&self.state.tables.table(&table)?)?,
+        ))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented(
+            "PollFlightInfo is not supported: use GetFlightInfo",
+        ))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        let table = Self::table_of(request.get_ref())?;
+        let t = self.state.tables.table(&table)?;
+        let r: SchemaResult = SchemaAsIpc::new(&t.schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Error::from(e).to_status())?;
+        Ok(Response::new(r))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<FlightTicket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
+        let stream = match Ticket::decode(&request.get_ref().ticket)? {
+            Ticket::Scan {
+                table,
+                partition,
+                columns,
+            } => self.scan(&table, partition.as_deref(), &columns)?.boxed(),
+            Ticket::Range {
+                object,
+                offset,
+                length,
+            } => self.range(&object, offset, length)?,
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.state.counters.do_put.fetch_add(1, Ordering::Relaxed);
+        let summary = self.put(request.into_inner()).await?;
+        tracing::info!(table = %summary.table, partition = %summary.partition, rows = summary.rows, bytes = summary.bytes, "stored");
+        let meta = serde_json::to_vec(&summary).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(one(PutResult {
+            app_metadata: meta.into(),
+        }))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("DoExchange is not supported"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let result = match action.r#type.as_str() {
+            "stats" => json_result(&self.state.stats().await)?,
+            "delete" => {
+                let target = std::str::from_utf8(&action.body).map_err(|_| {
+                    Status::invalid_argument(
+                        "delete body must be UTF-8 `table` or `table/partition`",
+                    )
+                })?;
+                let (table, partition) = match target.split_once('/') {
+                    Some((t, p)) => (t, Some(p)),
+                    None => (target, None),
+                };
+                let n = self.state.tables.delete(table, partition).await?;
+                json_result(&serde_json::json!({ "deleted_objects": n }))?
+            }
+            "objects" => {
+                let prefix: String = if action.body.is_empty() {
+                    String::new()
+                } else {
+                    parse_json_body(&action.body)?
+                };
+                let list: Vec<_> = self
+                    .state
+                    .store()
+                    .list(&prefix)
+                    .iter()
+                    .map(|o| (**o).clone())
+                    .collect();
+                json_result(&list)?
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action {other:?}: this node knows stats, delete, objects"
+                )));
+            }
+        };
+        Ok(one(result))
+    }
+
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = [
+            (
+                "stats",
+                "node, device, object-store and request figures as JSON",
+            ),
+            (
+                "delete",
+                "delete a table (body `table`) or a partition (body `table/partition`)",
+            ),
+            (
+                "objects",
+                "list stored objects; body: JSON string name prefix (optional)",
+            ),
+        ]
+        .map(|(t, d)| {
+            Ok(ActionType {
+                r#type: t.into(),
+                description: d.into(),
+            })
+        });
+        Ok(Response::new(futures::stream::iter(actions).boxed()))
+    }
+}

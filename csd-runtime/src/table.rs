@@ -1,0 +1,504 @@
+//! Tables and partitions, held as Parquet objects the node writes itself.
+//!
+//! A table is a schema plus named partitions; a partition is a list of Parquet
+//! objects named `{table}/{partition}/{seq:08}.parquet`. Each append (`DoPut`) adds
+//! one object, written with row-group statistics and a page index so later scans
+//! prune by range. The registry is rebuilt at start-up from the objects' footers,
+//! read by range through [`ObjectReader`].
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::async_writer::{AsyncArrowWriter, AsyncFileWriter};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, to_parquet};
+use crate::store::{ObjectInfo, ObjectStore, ObjectWriter};
+
+/// How the node writes Parquet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParquetOptions {
+    /// Rows per row group: the unit of statistics pruning.
+    pub row_group_rows: usize,
+    /// Rows per data page: the unit of page-index pruning.
+    pub page_rows: usize,
+    /// `zstd`, `lz4`, `snappy` or `none`.
+    pub compression: String,
+}
+
+impl Default for ParquetOptions {
+    fn default() -> Self {
+        ParquetOptions {
+            row_group_rows: 128 * 1024,
+            page_rows: 16 * 1024,
+            compression: "zstd".into(),
+        }
+    }
+}
+
+impl ParquetOptions {
+    fn writer_properties(&self) -> Result<WriterProperties> {
+        let compression = match self.compression.as_str() {
+            "zstd" => Compression::ZSTD(ZstdLevel::default()),
+            "lz4" => Compression::LZ4_RAW,
+            "snappy" => Compression::SNAPPY,
+            "none" => Compression::UNCOMPRESSED,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "parquet compression {other:?} is not one of zstd, lz4, snappy, none"
+                )));
+            }
+        };
+        if self.row_group_rows == 0 || self.page_rows == 0 {
+            return Err(Error::InvalidArgument(
+                "row_group_rows and page_rows must be positive".into(),
+            ));
+        }
+        Ok(WriterProperties::builder()
+            .set_max_row_group_row_count(Some(self.row_group_rows))
+            .set_data_page_row_count_limit(self.page_rows)
+            .set_write_batch_size(self.page_rows.min(8192))
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_compression(compression)
+            .set_created_by(format!("csd-runtime {}", env!("CARGO_PKG_VERSION")))
+            .build())
+    }
+}
+
+/// One Parquet object of a partition, with its footer cached.
+#[derive(Debug, Clone)]
+pub struct ParquetObject {
+    /// The object.
+    pub object: Arc<ObjectInfo>,
+    /// Footer, page index and Arrow schema.
+    pub metadata: ArrowReaderMetadata,
+}
+
+impl ParquetObject {
+    /// Rows in the object.
+    pub fn rows(&self) -> u64 {
+        self.metadata.metadata().file_metadata().num_rows().max(0) as u64
+    }
+}
+
+/// A table: schema and partitions.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// Name.
+    pub name: String,
+    /// Arrow schema shared by every object.
+    pub schema: SchemaRef,
+    /// Partition name → objects in append order.
+    pub partitions: BTreeMap<String, Vec<ParquetObject>>,
+}
+
+impl Table {
+    /// Total rows.
+    pub fn rows(&self) -> u64 {
+        self.partitions.values().flatten().map(|o| o.rows()).sum()
+    }
+    /// Total stored bytes.
+    pub fn bytes(&self) -> u64 {
+        self.partitions
+            .values()
+            .flatten()
+            .map(|o| o.object.len)
+            .sum()
+    }
+}
+
+/// What one append stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PutSummary {
+    /// Table.
+    pub table: String,
+    /// Partition.
+    pub partition: String,
+    /// The new Parquet object.
+    pub object: String,
+    /// Rows written.
+    pub rows: u64,
+    /// Parquet bytes written.
+    pub bytes: u64,
+    /// Row groups written.
+    pub row_groups: usize,
+}
+
+/// The node's tables.
+pub struct TableStore {
+    store: ObjectStore,
+    tables: RwLock<BTreeMap<String, Table>>,
+    props: WriterProperties,
+    next_seq: Mutex<u64>,
+}
+
+/// Table names: SQL identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 128 bytes).
+pub fn validate_table_name(name: &str) -> Result<()> {
+    let mut b = name.bytes();
+    let ok = name.len() <= 128
+        && b.next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "table name {name:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 128 bytes)"
+        )))
+    }
+}
+
+/// Partition names: 1-128 bytes of `[A-Za-z0-9_=.-]`, not `.` or `..`.
+pub fn validate_partition_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"_=.-".contains(&c));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "partition name {name:?} is invalid (1-128 of A-Z a-z 0-9 _ = . -)"
+        )))
+    }
+}
+
+fn check_same_schema(table: &str, want: &SchemaRef, got: &SchemaRef) -> Result<()> {
+    let describe = |s: &SchemaRef| {
+        s.fields()
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}: {}{}",
+                    f.name(),
+                    f.data_type(),
+                    if f.is_nullable() { "" } else { " not null" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let same = want.fields().len() == got.fields().len()
+        && want.fields().iter().zip(got.fields()).all(|(a, b)| {
+            a.name() == b.name()
+                && a.data_type() == b.data_type()
+                && a.is_nullable() == b.is_nullable()
+        });
+    if same {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "schema of the appended data does not match table {table}: expected ({}), got ({})",
+            describe(want),
+            describe(got)
+        )))
+    }
+}
+
+fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
+    let mut parts = name.split('/');
+    let (t, p, f) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let seq = f.strip_suffix(".parquet")?.parse().ok()?;
+    Some((t, p, seq))
+}
+
+impl TableStore {
+    /// Loads the registry from the Parquet objects in `store`.
+    pub async fn open(store: ObjectStore, options: &ParquetOptions) -> Result<Self> {
+        let mut tables: BTreeMap<String, Table> = BTreeMap::new();
+        let mut max_seq = 0;
+        for object in store.list("") {
+            let Some((t, p, seq)) = parse_object_name(&object.name) else {
+                continue;
+            };
+            max_seq = max_seq.max(seq);
+            let metadata = ObjectReader::new(store.clone(), object.clone())
+                .load_metadata()
+                .await?;
+            let schema = metadata.schema().clone();
+            let table = tables.entry(t.to_string()).or_insert_with(|| Table {
+                name: t.to_string(),
+                schema: schema.clone(),
+                partitions: BTreeMap::new(),
+            });
+            if let Err(e) = check_same_schema(t, &table.schema, &schema) {
+                tracing::warn!(object = %object.name, "skipping object: {e}");
+                continue;
+            }
+            table
+                .partitions
+                .entry(p.to_string())
+                .or_default()
+                .push(ParquetObject { object, metadata });
+        }
+        Ok(TableStore {
+            store,
+            tables: RwLock::new(tables),
+            props: options.writer_properties()?,
+            next_seq: Mutex::new(max_seq + 1),
+        })
+    }
+
+    /// The object store underneath.
+    pub fn object_store(&self) -> &ObjectStore {
+        &self.store
+    }
+
+    /// All tables.
+    pub fn tables(&self) -> Vec<Table> {
+        self.tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// One table.
+    pub fn table(&self, name: &str) -> Result<Table> {
+        self.tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("table {name}")))
+    }
+
+    /// Appends `batches` (all of `schema`) to a partition as one new Parquet object.
+    /// The table is created by its first append; later appends must match its schema.
+    pub async fn append<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
+        mut batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        validate_table_name(table)?;
+        validate_partition_name(partition)?;
+        if let Ok(t) = self.table(table) {
+            check_same_schema(table, &t.schema, &schema)?;
+        }
+        let seq = {
+            let mut n = self.next_seq.lock().unwrap_or_else(|p| p.into_inner());
+            *n += 1;
+            *n - 1
+        };
+        let name = format!("{table}/{partition}/{seq:08}.parquet");
+        let writer = self.store.create(&name)?;
+        let mut pw = AsyncArrowWriter::try_new(writer, schema.clone(), Some(self.props.clone()))?;
+        while let Some(batch) = batches.next().await {
+            let batch = batch?;
+            if batch.schema().fields() != schema.fields() {
+                check_same_schema(table, &schema, &batch.schema())?;
+            }
+            pw.write(&batch).await?;
+        }
+        pw.finish().await?;
+        let object = pw.into_inner().finish().await?;
+        let metadata = ObjectReader::new(self.store.clone(), object.clone())
+            .load_metadata()
+            .await?;
+        let summary = PutSummary {
+            table: table.into(),
+            partition: partition.into(),
+            object: name,
+            rows: metadata.metadata().file_metadata().num_rows().max(0) as u64,
+            bytes: object.len,
+            row_groups: metadata.metadata().num_row_groups(),
+        };
+        let conflict = {
+            let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+            let entry = tables.entry(table.to_string()).or_insert_with(|| Table {
+                name: table.to_string(),
+                schema: schema.clone(),
+                partitions: BTreeMap::new(),
+            });
+            // A concurrent first append may have created the table with another schema.
+            match check_same_schema(table, &entry.schema, &schema) {
+                Ok(()) => {
+                    entry
+                        .partitions
+                        .entry(partition.to_string())
+                        .or_default()
+                        .push(ParquetObject { object, metadata });
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        };
+        if let Some(e) = conflict {
+            self.store.delete(&summary.object).await?;
+            return Err(e);
+        }
+        Ok(summary)
+    }
+
+    /// Deletes a table, or one partition of it, atomically. Returns objects deleted.
+    pub async fn delete(&self, table: &str, partition: Option<&str>) -> Result<usize> {
+        let t = self.table(table)?;
+        let prefix = match partition {
+            Some(p) if !t.partitions.contains_key(p) => {
+                return Err(Error::NotFound(format!("partition {p} of table {table}")));
+            }
+            Some(p) => format!("{table}/{p}/"),
+            None => format!("{table}/"),
+        };
+        let gone = self.store.delete_prefix(&prefix).await?;
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        match partition {
+            Some(p) => {
+                if let Some(t) = tables.get_mut(table) {
+                    t.partitions.remove(p);
+                    if t.partitions.is_empty() {
+                        tables.remove(table);
+                    }
+                }
+            }
+            None => {
+                tables.remove(table);
+            }
+        }
+        Ok(gone.len())
+    }
+}
+
+impl AsyncFileWriter for ObjectWriter {
+    fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        async move { ObjectWriter::write(self, &bs).await.map_err(to_parquet) }.boxed()
+    }
+
+    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        // The object is committed by `ObjectWriter::finish`, after the footer.
+        async { Ok(()) }.boxed()
+    }
+}
+
+/// Reads one stored Parquet object by range, counting the bytes it reads.
+#[derive(Clone)]
+pub struct ObjectReader {
+    store: ObjectStore,
+    object: Arc<ObjectInfo>,
+    metadata: Option<Arc<ParquetMetaData>>,
+    bytes_read: Arc<AtomicU64>,
+}
+
+impl ObjectReader {
+    /// A reader of `object`.
+    pub fn new(store: ObjectStore, object: Arc<ObjectInfo>) -> Self {
+        ObjectReader {
+            store,
+            object,
+            metadata: None,
+            bytes_read: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Reuses an already-loaded footer.
+    pub fn with_metadata(mut self, m: Arc<ParquetMetaData>) -> Self {
+        self.metadata = Some(m);
+        self
+    }
+
+    /// Shares a byte counter (e.g. one per request).
+    pub fn with_counter(mut self, c: Arc<AtomicU64>) -> Self {
+        self.bytes_read = c;
+        self
+    }
+
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// Loads footer + page index + Arrow schema.
+    pub async fn load_metadata(mut self) -> Result<ArrowReaderMetadata> {
+        let opts = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+        ArrowReaderMetadata::load_async(&mut self, opts)
+            .await
+            .map_err(|e| match Error::from(e) {
+                Error::External(m) => Error::Corrupt(format!(
+                    "object {} is not readable Parquet: {m}",
+                    self.object.name
+                )),
+                other => other,
+            })
+    }
+}
+
+impl AsyncFileReader for ObjectReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            let len = range.end.saturating_sub(range.start);
+            let b = self
+                .store
+                .read_object_range(&self.object, range.start, len)
+                .await
+                .map_err(to_parquet)?;
+            self.bytes_read.fetch_add(len, Ordering::Relaxed);
+            Ok(b)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            let reads = ranges.into_iter().map(|r| {
+                let len = r.end.saturating_sub(r.start);
+                self.bytes_read.fetch_add(len, Ordering::Relaxed);
+                self.store.read_object_range(&self.object, r.start, len)
+            });
+            futures::future::try_join_all(reads)
+                .await
+                .map_err(to_parquet)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            if let Some(m) = &self.metadata {
+                return Ok(m.clone());
+            }
+            // Always load the page index when present: scans prune pages with it.
+            let policy = PageIndexPolicy::Optional;
+            let len = self.object.len;
+            let m = ParquetMetaDataReader::new()
+                .with_page_index_policy(policy)
+                .with_prefetch_hint(Some(64 * 1024))
+                .load_and_finish(&mut *self, len)
+                .await?;
+            let m = Arc::new(m);
+            self.metadata = Some(m.clone());
+            Ok(m)
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,277 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use csd_runtime::Error;
+use csd_runtime::device::emulated::{EmulatedDevice, TimingModel};
+use csd_runtime::device::{BlockDevice, DmaBuf};
+use csd_runtime::store::{ObjectStore, StoreOptions};
+use proptest::prelude::*;
+
+fn mem_device(bytes: u64) -> Arc<dyn BlockDevice> {
+    Arc::new(EmulatedDevice::open(None, bytes, 4096, TimingModel::untimed()).unwrap())
+}
+
+async fn open(dev: &Arc<dyn BlockDevice>) -> ObjectStore {
+    ObjectStore::open(dev.clone(), StoreOptions::default())
+        .await
+        .unwrap()
+}
+
+/// Checks that committed objects plus free space account for the whole data region.
+async fn assert_consistent(store: &ObjectStore) {
+    let s = store.stats().await;
+    let used: u64 = store
+        .list("")
+        .iter()
+        .flat_map(|o| o.extents.iter().map(|e| e.blocks))
+        .sum();
+    assert_eq!(
+        used + s.free_blocks,
+        s.data_blocks,
+        "blocks leaked or double-counted: {s:?}"
+    );
+}
+
+#[tokio::test]
+async fn put_get_ranges_and_replace() {
+    let dev = mem_device(16 << 20);
+    let store = open(&dev).await;
+    let data = crate::contents(1, 300_001);
+    store.put("t/p0/a", &data).await.unwrap();
+    assert_eq!(&store.get_all("t/p0/a").await.unwrap()[..], &data[..]);
+    for (off, len) in [
+        (0, 1),
+        (65535, 2),
+        (100_000, 150_000),
+        (299_999, 2),
+        (300_001, 0),
+    ] {
+        let got = store.read_range("t/p0/a", off, len).await.unwrap();
+        assert_eq!(
+            &got[..],
+            &data[off as usize..(off + len) as usize],
+            "range {off}+{len}"
+        );
+    }
+    let e = store.read_range("t/p0/a", 300_000, 2).await.unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("beyond the end"),
+        "{e}"
+    );
+    assert!(matches!(
+        store.read_range("t/p0/zz", 0, 1).await,
+        Err(Error::NotFound(_))
+    ));
+    // Empty objects are fine.
+    store.put("t/p0/empty", b"").await.unwrap();
+    assert_eq!(store.get_all("t/p0/empty").await.unwrap().len(), 0);
+    // Replace keeps the name, changes contents; old space comes back.
+    let small = crate::contents(2, 10);
+    store.put("t/p0/a", &small).await.unwrap();
+    assert_eq!(&store.get_all("t/p0/a").await.unwrap()[..], &small[..]);
+    store.put("t/p1/b", &data).await.unwrap();
+    assert_eq!(store.list("t/p0/").len(), 2);
+    assert_eq!(store.delete_prefix("t/p0/").await.unwrap().len(), 2);
+    assert_eq!(store.list("t/").len(), 1);
+    assert_consistent(&store).await;
+    drop(store);
+    let store = open(&dev).await;
+    assert_eq!(&store.get_all("t/p1/b").await.unwrap()[..], &data[..]);
+    assert_consistent(&store).await;
+    assert!(matches!(
+        store.put("../etc", b"x").await,
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[tokio::test]
+async fn device_full_harms_nothing_stored() {
+    let dev = mem_device(4 << 20);
+    let store = open(&dev).await;
+    let mut stored = Vec::new();
+    let mut i = 0;
+    let err = loop {
+        let d = crate::contents(i, 700_000);
+        match store.put(&format!("o/{i}"), &d).await {
+            Ok(_) => stored.push((i, d)),
+            Err(e) => break e,
+        }
+        i += 1;
+    };
+    assert!(
+        matches!(err, Error::ResourcesExhausted(_)) && err.to_string().contains("device full"),
+        "{err}"
+    );
+    assert!(stored.len() >= 3);
+    for (i, d) in &stored {
+        assert_eq!(&store.get_all(&format!("o/{i}")).await.unwrap()[..], &d[..]);
+    }
+    // The failed put's blocks come back: after one delete a put fits again.
+    store.delete("o/0").await.unwrap();
+    store
+        .put("o/again", &crate::contents(99, 700_000))
+        .await
+        .unwrap();
+    assert_consistent(&store).await;
+    drop(store);
+    let store = open(&dev).await;
+    assert_consistent(&store).await;
+    assert_eq!(store.list("o/").len(), stored.len());
+}
+
+#[tokio::test]
+async fn bit_flips_are_detected_never_returned() {
+    let dev = mem_device(16 << 20);
+    let store = open(&dev).await;
+    let data = crate::contents(7, 200_000);
+    let info = store.put("t/p/x", &data).await.unwrap();
+    drop(store);
+    // Flip one bit in the second data block (bytes 4096..8192).
+    let lba = info.extents[0].lba + 1;
+    let mut b = dev.read(lba, DmaBuf::zeroed(4096)).await.unwrap();
+    b[17] ^= 0x04;
+    dev.write(lba, b).await.unwrap();
+    let store = open(&dev).await;
+    let e = store.read_range("t/p/x", 5000, 10).await.unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    assert!(
+        e.to_string().contains("t/p/x") && e.to_string().contains("[0, 65536)"),
+        "{e}"
+    );
+    assert_eq!(e.to_status().code(), tonic::Code::DataLoss);
+    // Chunks without the flip still read.
+    assert_eq!(
+        &store.read_range("t/p/x", 70_000, 100).await.unwrap()[..],
+        &data[70_000..70_100]
+    );
+    // Damage to the checksum table itself is also caught.
+    let table_lba = info.extents.last().unwrap().end() - 1;
+    let mut b = dev.read(table_lba, DmaBuf::zeroed(4096)).await.unwrap();
+    b[0] ^= 1;
+    dev.write(table_lba, b).await.unwrap();
+    let store = open(&dev).await;
+    let e = store.read_range("t/p/x", 70_000, 100).await.unwrap_err();
+    assert!(e.to_string().contains("checksum table"), "{e}");
+}
+
+#[tokio::test]
+async fn torn_catalog_falls_back_to_previous_commit() {
+    let dev = mem_device(16 << 20);
+    let store = open(&dev).await;
+    store.put("a", b"first").await.unwrap();
+    let gen_before = store.stats().await.catalog_generation;
+    store.put("b", b"second").await.unwrap();
+    drop(store);
+    // The newest commit went to slot (gen % 2 == 0 ? A : B); smash its header.
+    let sb_slot_blocks = (4096u64 / 256).clamp(64, 16384);
+    let newest_slot = (gen_before + 1) % 2; // gen 1 lives in slot 0, gen 2 in slot 1, ...
+    let lba = 1 + (1 - newest_slot) * sb_slot_blocks;
+    let mut b = dev.read(lba, DmaBuf::zeroed(4096)).await.unwrap();
+    b[40] ^= 0xFF;
+    dev.write(lba, b).await.unwrap();
+    let store = open(&dev).await;
+    assert_eq!(&store.get_all("a").await.unwrap()[..], b"first");
+    assert!(
+        store.get("b").is_none(),
+        "the torn commit must not be visible"
+    );
+    assert_consistent(&store).await;
+    // And the store keeps working, committing over the torn slot.
+    store.put("c", b"third").await.unwrap();
+    drop(store);
+    let store = open(&dev).await;
+    assert_eq!(&store.get_all("c").await.unwrap()[..], b"third");
+}
+
+#[tokio::test]
+async fn refuses_foreign_data() {
+    let dev = mem_device(4 << 20);
+    let mut b = DmaBuf::zeroed(4096);
+    b[..5].copy_from_slice(b"ext4!");
+    dev.write(0, b).await.unwrap();
+    let e = ObjectStore::open(dev.clone(), StoreOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("--format"), "{e}");
+    let forced = StoreOptions {
+        format: csd_runtime::store::FormatMode::Force,
+        ..Default::default()
+    };
+    assert!(ObjectStore::open(dev, forced).await.is_ok());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, usize),
+    Delete(u8),
+    Get(u8),
+    Range(u8, u32, u32),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..8, 0usize..400_000).prop_map(|(k, n)| Op::Put(k, n)),
+        2 => (0u8..8).prop_map(Op::Delete),
+        2 => (0u8..8).prop_map(Op::Get),
+        2 => (0u8..8, any::<u32>(), 0u32..100_000).prop_map(|(k, o, l)| Op::Range(k, o, l)),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn store_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            // Small device: 2 MiB of data forces device-full paths.
+            let dev = mem_device(3 << 20);
+            let mut store = open(&dev).await;
+            let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            for (step, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Put(k, n) => {
+                        let name = format!("k/{k}");
+                        let d = crate::contents(step as u64, n);
+                        match store.put(&name, &d).await {
+                            Ok(_) => { model.insert(name, d); }
+                            Err(Error::ResourcesExhausted(_)) => {}
+                            Err(e) => panic!("put: {e}"),
+                        }
+                    }
+                    Op::Delete(k) => {
+                        let name = format!("k/{k}");
+                        let r = store.delete(&name).await;
+                        assert_eq!(r.is_ok(), model.remove(&name).is_some());
+                    }
+                    Op::Get(k) => {
+                        let name = format!("k/{k}");
+                        match (store.get_all(&name).await, model.get(&name)) {
+                            (Ok(b), Some(d)) => assert_eq!(&b[..], &d[..]),
+                            (Err(Error::NotFound(_)), None) => {}
+                            (r, m) => panic!("get {name}: {:?} vs model {:?}", r.map(|b| b.len()), m.map(|d| d.len())),
+                        }
+                    }
+                    Op::Range(k, o, l) => {
+                        let name = format!("k/{k}");
+                        if let Some(d) = model.get(&name) {
+                            let o = if d.is_empty() { 0 } else { o as usize % d.len() };
+                            let l = (l as usize).min(d.len() - o);
+                            let b = store.read_range(&name, o as u64, l as u64).await.unwrap();
+                            assert_eq!(&b[..], &d[o..o + l]);
+                        }
+                    }
+                    Op::Reopen => {
+                        drop(store);
+                        store = open(&dev).await;
+                        assert_consistent(&store).await;
+                    }
+                }
+                let names: Vec<String> = store.list("").iter().map(|o| o.name.clone()).collect();
+                assert_eq!(names, model.keys().cloned().collect::<Vec<_>>());
+            }
+        });
+    }
+}
