@@ -288,6 +288,10 @@ impl FlightNode {
                 })
             })
             .collect::<Result<Vec<usize>>>()?;
+        // Parquet projection returns columns in file order: answer in table order.
+        let mut indices = indices;
+        indices.sort_unstable();
+        indices.dedup();
         let schema: SchemaRef = if indices.is_empty() {
             t.schema.clone()
         } else {

@@ -21,7 +21,7 @@ pub enum Ticket {
         table: String,
         /// Partition; `None` for all.
         partition: Option<String>,
-        /// Columns to return; empty for all.
+        /// Columns to return (in table order, whatever order is asked); empty for all.
         columns: Vec<String>,
     },
     /// Stream raw bytes `[offset, offset+length)` of one object.

@@ -1,0 +1,344 @@
+use std::sync::Arc;
+
+use arrow::array::{Int32Array, StringArray};
+use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket as FlightTicket};
+use csd_client::{NodeClient, demo::lineitem};
+use csd_runtime::node::{self, NodeConfig};
+use futures::TryStreamExt;
+use tonic::Code;
+
+fn stream(
+    batches: Vec<RecordBatch>,
+) -> impl futures::Stream<Item = csd_client::Result<RecordBatch>> + Send + 'static {
+    futures::stream::iter(batches.into_iter().map(Ok))
+}
+
+async fn scan_all(
+    c: &NodeClient,
+    table: &str,
+    partition: Option<&str>,
+    cols: &[&str],
+) -> Vec<RecordBatch> {
+    c.scan(table, partition, cols)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_list_scan_range_delete_round_trip() {
+    let node = crate::mem_node().await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let parts = [lineitem(0.01, 1, 2).unwrap(), lineitem(0.01, 2, 2).unwrap()];
+    let schema = parts[0][0].schema();
+    for (i, p) in parts.iter().enumerate() {
+        let s = c
+            .put(
+                "lineitem",
+                &format!("p{i}"),
+                schema.clone(),
+                stream(p.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            s.rows as usize,
+            p.iter().map(|b| b.num_rows()).sum::<usize>()
+        );
+        assert!(s.row_groups >= 1 && s.bytes > 0);
+    }
+    // Listing describes what was stored.
+    let tables = c.list_tables("").await.unwrap();
+    assert_eq!(tables.len(), 1);
+    let t = &tables[0];
+    assert_eq!(t.name, "lineitem");
+    assert_eq!(t.schema.fields(), schema.fields());
+    let total: usize = parts.iter().flatten().map(|b| b.num_rows()).sum();
+    assert_eq!(t.rows as usize, total);
+    assert_eq!(
+        t.description
+            .partitions
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        ["p0", "p1"]
+    );
+    assert!(c.list_tables("orders").await.unwrap().is_empty());
+    // Each partition reads back identical.
+    for (i, p) in parts.iter().enumerate() {
+        let got = scan_all(&c, "lineitem", Some(&format!("p{i}")), &[]).await;
+        assert_eq!(
+            concat_batches(&schema, &got).unwrap(),
+            concat_batches(&schema, p).unwrap(),
+            "partition p{i}"
+        );
+    }
+    // Projection, asked out of table order, comes back in table order.
+    let got = scan_all(&c, "lineitem", None, &["l_shipdate", "l_orderkey"]).await;
+    let got = concat_batches(&got[0].schema(), &got).unwrap();
+    assert_eq!(got.num_rows(), total);
+    assert_eq!(
+        got.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>(),
+        ["l_orderkey", "l_shipdate"]
+    );
+    let want = concat_batches(&schema, parts.iter().flatten()).unwrap();
+    assert_eq!(got.column(0), &want.column(0).clone());
+    // Raw range reads return the stored Parquet bytes.
+    let obj = &t.description.partitions[0].objects[0];
+    let all = c.read_range(&obj.name, 0, obj.len).await.unwrap();
+    assert_eq!(&all[..4], b"PAR1");
+    assert_eq!(&all[all.len() - 4..], b"PAR1");
+    let mid = c
+        .read_range(&obj.name, 1000, 3_000_000.min(obj.len - 1000))
+        .await
+        .unwrap();
+    assert_eq!(&mid[..], &all[1000..1000 + mid.len()]);
+    let parsed = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(all)
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(
+        parsed.map(|b| b.unwrap().num_rows()).sum::<usize>() as u64,
+        obj.rows
+    );
+    // Appending to a partition adds an object; deleting it removes the partition.
+    c.put(
+        "lineitem",
+        "p1",
+        schema.clone(),
+        stream(parts[1][..1].to_vec()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        c.table("lineitem").await.unwrap().description.partitions[1]
+            .objects
+            .len(),
+        2
+    );
+    assert_eq!(c.delete("lineitem/p1").await.unwrap(), 2);
+    assert_eq!(
+        c.table("lineitem").await.unwrap().rows as usize,
+        parts[0].iter().map(|b| b.num_rows()).sum::<usize>()
+    );
+    let stats = c.stats().await.unwrap();
+    assert_eq!(stats["store"]["objects"], 1);
+    assert!(stats["device"]["stats"]["bytes_read"].as_u64().unwrap() > 0);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_statuses_and_the_node_survives() {
+    let node = crate::mem_node().await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int32, false),
+        Field::new("b", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int32Array::from(vec![1, 2, 3])),
+            Arc::new(StringArray::from(vec![Some("x"), None, Some("z")])),
+        ],
+    )
+    .unwrap();
+    c.put("t", "0", schema.clone(), stream(vec![batch.clone()]))
+        .await
+        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(node.url.replace("grpc://", "http://"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = FlightServiceClient::new(channel).max_encoding_message_size(128 << 20);
+
+    let status = |r: Result<tonic::Response<tonic::Streaming<FlightData>>, tonic::Status>| {
+        r.map(|_| ()).unwrap_err()
+    };
+    // Malformed tickets.
+    for bad in [
+        vec![],
+        vec![9, 9, 9],
+        vec![1, 0xff, 0xff, 0xff, 0xff],
+        b"\x01hello".to_vec(),
+    ] {
+        let s = status(raw.do_get(FlightTicket::new(bad.clone())).await);
+        assert_eq!(s.code(), Code::InvalidArgument, "{bad:?}: {s:?}");
+        assert!(!s.message().is_empty());
+    }
+    // Unknown things.
+    let e = c.scan("nope", None, &[]).await.err().unwrap();
+    assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+    assert!(e.to_string().contains("table nope"), "{e}");
+    assert_eq!(
+        c.table("nope").await.unwrap_err().code(),
+        Some(Code::NotFound)
+    );
+    assert_eq!(
+        c.scan("t", Some("9"), &[]).await.err().unwrap().code(),
+        Some(Code::NotFound)
+    );
+    let e = c.scan("t", None, &["zz"]).await.err().unwrap();
+    assert!(
+        e.code() == Some(Code::InvalidArgument) && e.to_string().contains("columns: a, b"),
+        "{e}"
+    );
+    assert_eq!(
+        c.read_range("t/0/nope.parquet", 0, 1)
+            .await
+            .unwrap_err()
+            .code(),
+        Some(Code::NotFound)
+    );
+    let obj = c.table("t").await.unwrap().description.partitions[0].objects[0].clone();
+    let e = c.read_range(&obj.name, obj.len - 1, 2).await.unwrap_err();
+    assert!(
+        e.code() == Some(Code::InvalidArgument) && e.to_string().contains("beyond the end"),
+        "{e}"
+    );
+    assert_eq!(
+        c.delete("nope").await.unwrap_err().code(),
+        Some(Code::NotFound)
+    );
+    // Wrong schema on append.
+    let other = Arc::new(Schema::new(vec![Field::new("a", DataType::Utf8, false)]));
+    let b2 =
+        RecordBatch::try_new(other.clone(), vec![Arc::new(StringArray::from(vec!["q"]))]).unwrap();
+    let e = c.put("t", "0", other, stream(vec![b2])).await.unwrap_err();
+    assert!(
+        e.code() == Some(Code::InvalidArgument) && e.to_string().contains("does not match table t"),
+        "{e}"
+    );
+    // Bad names.
+    let e = c
+        .put(
+            "drop table;",
+            "0",
+            schema.clone(),
+            stream(vec![batch.clone()]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = c
+        .put("t", "../x", schema.clone(), stream(vec![batch.clone()]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    // A DoPut without a descriptor, and one whose body is not Arrow IPC.
+    let s = raw
+        .do_put(futures::stream::iter(vec![FlightData::default()]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    let junk = FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_path(vec!["t".into()])),
+        data_header: vec![1, 2, 3, 4, 5].into(),
+        ..Default::default()
+    };
+    let s = raw
+        .do_put(futures::stream::iter(vec![junk]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    // An oversized message.
+    let huge = FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_path(vec!["t".into()])),
+        data_body: vec![0u8; (node::MAX_MESSAGE_BYTES) + 1024].into(),
+        ..Default::default()
+    };
+    let s = raw
+        .do_put(futures::stream::iter(vec![huge]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().contains("too large"), "{s:?}");
+    // Unknown action.
+    let s = raw
+        .do_action(Action::new("format-disk", ""))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        s.code() == Code::InvalidArgument && s.message().contains("stats"),
+        "{s:?}"
+    );
+    // Nothing was harmed: the table still reads back exactly.
+    let got = scan_all(&c, "t", None, &[]).await;
+    assert_eq!(concat_batches(&schema, &got).unwrap(), batch);
+    assert_eq!(
+        c.table("t").await.unwrap().description.partitions[0]
+            .objects
+            .len(),
+        1
+    );
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_survive_a_restart_on_an_io_uring_device() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let config = NodeConfig {
+        device: dir.path().join("dev.img").display().to_string(),
+        capacity: Some("128MiB".into()),
+        listen: "127.0.0.1:0".into(),
+        cpus: 1,
+        ..NodeConfig::default()
+    };
+    let data = lineitem(0.002, 1, 1).unwrap();
+    let schema = data[0].schema();
+    {
+        let node = node::start(&config).await.unwrap();
+        let c = NodeClient::connect(&node.url).await.unwrap();
+        c.put("lineitem", "0", schema.clone(), stream(data.clone()))
+            .await
+            .unwrap();
+        node.shutdown().await.unwrap();
+    }
+    let node = node::start(&config).await.unwrap();
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let got = scan_all(&c, "lineitem", None, &[]).await;
+    assert_eq!(
+        concat_batches(&schema, &got).unwrap(),
+        concat_batches(&schema, &data).unwrap()
+    );
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn config_files_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("node.toml");
+    std::fs::write(
+        &p,
+        "device = \"emulated:mem\"\ncpus = 1\nlisten = \"127.0.0.1:0\"\ncapacity = \"64MiB\"\n",
+    )
+    .unwrap();
+    let cfg = NodeConfig::from_toml_file(&p).unwrap();
+    assert_eq!(cfg.cpus, 1);
+    std::fs::write(&p, "cpu = 1\n").unwrap();
+    let e = NodeConfig::from_toml_file(&p).unwrap_err().to_string();
+    assert!(e.contains("unknown field `cpu`"), "{e}");
+    let bad = NodeConfig {
+        device: "emulated:mem,latency_us=-1".into(),
+        capacity: Some("64MiB".into()),
+        listen: "127.0.0.1:0".into(),
+        ..NodeConfig::default()
+    };
+    let e = node::start(&bad).await.err().unwrap().to_string();
+    assert!(e.contains("non-negative"), "{e}");
+}

@@ -1,0 +1,18 @@
+//! csd-client integration tests: real nodes on 127.0.0.1:0, real Flight clients.
+
+mod flight;
+
+use csd_runtime::node::{self, NodeConfig, RunningNode};
+
+/// A node on an emulated in-memory device.
+pub async fn mem_node() -> RunningNode {
+    node::start(&NodeConfig {
+        device: "emulated:mem".into(),
+        capacity: Some("256MiB".into()),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        ..NodeConfig::default()
+    })
+    .await
+    .expect("start node")
+}
