@@ -1,1 +1,45 @@
-//! placeholder
+//! Shared helpers of the benchmark binaries in `src/bin/`: result tables and JSON.
+//!
+//! Each binary runs the alternatives side by side in one process, prints a table with
+//! ratios, and writes JSON under `target/bench-results/` (or `--json PATH`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Where a bench writes its JSON unless told otherwise.
+pub fn default_json_path(name: &str) -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    Path::new(&target)
+        .join("bench-results")
+        .join(format!("{name}.json"))
+}
+
+/// Writes `value` as pretty JSON to `path`, creating directories.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(
+        path,
+        serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?,
+    )?;
+    println!("\nwrote {}", path.display());
+    Ok(())
+}
+
+/// Megabytes (10^6 bytes) per second.
+pub fn mbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / 1e6 / secs
+}
+
+/// A directory on a disk-backed filesystem (O_DIRECT needs one): `--dir` or the target dir.
+pub fn scratch_dir(dir: Option<PathBuf>) -> std::io::Result<tempfile::TempDir> {
+    let base = dir.unwrap_or_else(|| {
+        PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+    });
+    std::fs::create_dir_all(&base)?;
+    tempfile::Builder::new()
+        .prefix("csd-bench")
+        .tempdir_in(base)
+}

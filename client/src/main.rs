@@ -105,19 +105,15 @@ struct ServeArgs {
     format: bool,
 }
 
-fn progress(total: u64, what: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(&format!(
-        "{what} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} {{msg}}"
-    ))
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(total).with_style(style)
-}
-
-/// Reads a Parquet or CSV file into (schema, batches) on a blocking thread, feeding a channel.
+/// Reads a Parquet or CSV file on a blocking thread, feeding a channel and a progress
+/// bar (rows of the known total for Parquet; a row count for CSV).
 fn read_file(
     path: PathBuf,
-    bar: ProgressBar,
-) -> Result<(SchemaRef, tokio::sync::mpsc::Receiver<Result<RecordBatch>>)> {
+) -> Result<(
+    SchemaRef,
+    ProgressBar,
+    tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+)> {
     let file = std::fs::File::open(&path)
         .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?;
     let ext = path
@@ -125,18 +121,16 @@ fn read_file(
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
     let bad = |e: &dyn std::fmt::Display| Error::InvalidInput(format!("{}: {e}", path.display()));
-    let (schema, reader): (
-        SchemaRef,
-        Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send>,
-    ) = match ext.as_str() {
+    type Batches = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>> + Send>;
+    let (schema, total, reader): (SchemaRef, Option<u64>, Batches) = match ext.as_str() {
         "parquet" | "pq" => {
             let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
                 .map_err(|e| bad(&e))?;
-            let schema = b.schema().clone();
+            let rows = b.metadata().file_metadata().num_rows().max(0) as u64;
             (
-                schema,
+                b.schema().clone(),
+                Some(rows),
                 Box::new(b.with_batch_size(8192).build().map_err(|e| bad(&e))?),
             )
         }
@@ -153,7 +147,7 @@ fn read_file(
                 .with_format(fmt)
                 .build(file)
                 .map_err(|e| bad(&e))?;
-            (schema, Box::new(r))
+            (schema, None, Box::new(r))
         }
         _ => {
             return Err(Error::InvalidInput(format!(
@@ -162,27 +156,30 @@ fn read_file(
             )));
         }
     };
-    let meta_len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let bar = match total {
+        Some(n) => ProgressBar::new(n).with_style(
+            ProgressStyle::with_template("put [{bar:30}] {pos}/{len} rows {per_sec} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("put {spinner} {pos} rows {per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let feed = bar.clone();
     std::thread::spawn(move || {
-        let mut rows = 0usize;
         for b in reader {
             let item = b.map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())));
             if let Ok(b) = &item {
-                rows += b.num_rows();
-                // Progress by rows read, scaled to the file size.
-                bar.set_message(format!("{rows} rows"));
-                bar.set_position(
-                    (bar.position() + (b.get_array_memory_size() as u64).min(meta_len / 8 + 1))
-                        .min(meta_len),
-                );
+                feed.inc(b.num_rows() as u64);
             }
             if tx.blocking_send(item).is_err() {
                 break;
             }
         }
-        bar.set_position(meta_len);
     });
-    Ok((schema, rx))
+    Ok((schema, bar, rx))
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -234,9 +231,7 @@ async fn run(cli: Cli) -> Result<()> {
             node,
         } => {
             let client = NodeClient::connect(&node).await?;
-            let total = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
-            let bar = progress(total, "put");
-            let (schema, rx) = read_file(file.clone(), bar.clone())?;
+            let (schema, bar, rx) = read_file(file.clone())?;
             let s = client
                 .put(
                     &table,

@@ -43,6 +43,8 @@ use crate::ticket::Ticket;
 
 /// Bytes per `data_body` chunk of a raw range stream.
 pub const RANGE_CHUNK: u64 = 1 << 20;
+/// Chunk reads a range stream keeps in flight.
+const RANGE_READ_AHEAD: usize = 4;
 /// Rows per Arrow batch a scan produces.
 const SCAN_BATCH_ROWS: usize = 8192;
 
@@ -369,27 +371,24 @@ impl FlightNode {
                 ))
             })?;
         let sent = self.state.counters.bytes_sent.clone();
-        let s = futures::stream::try_unfold(offset, move |pos| {
-            let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
-            async move {
-                if pos >= end {
-                    return Ok(None);
-                }
-                let n = RANGE_CHUNK.min(end - pos);
-                let body = store
-                    .read_object_range(&info, pos, n)
-                    .await
-                    .map_err(|e| e.to_status())?;
-                sent.fetch_add(n, Ordering::Relaxed);
-                Ok(Some((
-                    FlightData {
+        // Up to RANGE_READ_AHEAD chunk reads in flight, sent in order.
+        let s = futures::stream::iter((offset..end).step_by(RANGE_CHUNK as usize))
+            .map(move |pos| {
+                let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
+                async move {
+                    let n = RANGE_CHUNK.min(end - pos);
+                    let body = store
+                        .read_object_range(&info, pos, n)
+                        .await
+                        .map_err(|e| e.to_status())?;
+                    sent.fetch_add(n, Ordering::Relaxed);
+                    Ok(FlightData {
                         data_body: body,
                         ..Default::default()
-                    },
-                    pos + n,
-                )))
-            }
-        });
+                    })
+                }
+            })
+            .buffered(RANGE_READ_AHEAD);
         Ok(s.boxed())
     }
 

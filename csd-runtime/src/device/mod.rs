@@ -42,7 +42,42 @@ unsafe impl Send for DmaBuf {}
 // SAFETY: shared access only hands out &[u8].
 unsafe impl Sync for DmaBuf {}
 
+/// Buffers of at most this size are recycled through [`BUF_POOL`].
+const POOL_MAX_BUF: usize = 4 << 20;
+/// Bytes the pool may hold idle.
+const POOL_MAX_BYTES: usize = 64 << 20;
+
+/// Recycled DMA buffers by size, like SPDK's DMA-safe mempools: reads allocate a buffer
+/// per command, and fresh allocations of this size are mmap + page faults + zeroing.
+struct BufPool {
+    idle: std::collections::HashMap<usize, Vec<usize>>,
+    bytes: usize,
+}
+
+static BUF_POOL: std::sync::Mutex<Option<BufPool>> = std::sync::Mutex::new(None);
+
 impl DmaBuf {
+    /// A buffer whose every byte the caller or device will overwrite (a read target, a
+    /// staging buffer): recycled when one of
+    /// this size is idle (its bytes are then stale, not zero), else freshly zeroed.
+    pub fn recycled(len: usize) -> Self {
+        if len > 0 && len <= POOL_MAX_BUF {
+            let mut pool = BUF_POOL.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = pool.as_mut()
+                && let Some(addr) = p.idle.get_mut(&len).and_then(Vec::pop)
+            {
+                p.bytes -= len;
+                // SAFETY: addr came from a live DmaBuf allocation of exactly `len` bytes
+                // whose ownership the pool took over in Drop.
+                return DmaBuf {
+                    ptr: unsafe { NonNull::new_unchecked(addr as *mut u8) },
+                    len,
+                };
+            }
+        }
+        Self::zeroed(len)
+    }
+
     /// Allocates `len` zeroed bytes aligned to [`DMA_ALIGN`]. `len` may be any size;
     /// devices require a multiple of their block size.
     pub fn zeroed(len: usize) -> Self {
@@ -79,6 +114,21 @@ impl DmaBuf {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
+        if self.len > 0 && self.len <= POOL_MAX_BUF {
+            let mut pool = BUF_POOL.lock().unwrap_or_else(|p| p.into_inner());
+            let p = pool.get_or_insert_with(|| BufPool {
+                idle: Default::default(),
+                bytes: 0,
+            });
+            if p.bytes + self.len <= POOL_MAX_BYTES {
+                p.bytes += self.len;
+                p.idle
+                    .entry(self.len)
+                    .or_default()
+                    .push(self.ptr.as_ptr() as usize);
+                return;
+            }
+        }
         // SAFETY: allocated in `zeroed` with this exact layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }
@@ -202,7 +252,7 @@ pub trait BlockDevice: Send + Sync + 'static {
 /// Checks a command against the device's rules before it is submitted.
 pub(crate) fn check_command(geo: &Geometry, op: &str, lba: u64, buf: &DmaBuf) -> Result<u64> {
     let bs = geo.block_size;
-    if buf.is_empty() || buf.len() % bs != 0 {
+    if buf.is_empty() || !buf.len().is_multiple_of(bs) {
         return Err(Error::InvalidArgument(format!(
             "{op} of {} bytes on {}: length must be a non-zero multiple of the {bs}-byte block size",
             buf.len(),

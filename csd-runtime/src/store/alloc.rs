@@ -108,7 +108,7 @@ impl Allocator {
             return Ok(vec![e]);
         }
         let mut runs: Vec<(u64, u64)> = self.free.iter().map(|(&s, &l)| (s, l)).collect();
-        runs.sort_by(|a, b| b.1.cmp(&a.1));
+        runs.sort_by_key(|r| std::cmp::Reverse(r.1));
         let mut out = Vec::new();
         let mut need = blocks;
         for (lba, len) in runs {

@@ -262,8 +262,8 @@ impl ObjectStore {
         let geo = dev.geometry();
         let bs = geo.block_size as u64;
         if opts.chunk_size == 0
-            || opts.chunk_size as u64 % bs != 0
-            || WRITE_UNIT as u64 % opts.chunk_size as u64 != 0
+            || !(opts.chunk_size as u64).is_multiple_of(bs)
+            || !(WRITE_UNIT as u64).is_multiple_of(opts.chunk_size as u64)
         {
             return Err(Error::InvalidArgument(format!(
                 "checksum chunk size {} must be a multiple of the block size {bs} dividing {WRITE_UNIT}",
@@ -452,7 +452,7 @@ impl ObjectStore {
             name: name.to_string(),
             id,
             extents: Vec::new(),
-            staging: DmaBuf::zeroed(WRITE_UNIT),
+            staging: DmaBuf::recycled(WRITE_UNIT),
             fill: 0,
             len: 0,
             crcs: Vec::new(),
@@ -545,7 +545,7 @@ impl ObjectStore {
         let dev = &self.inner.dev;
         let reads = cmds
             .chunks(2)
-            .map(|c| dev.read(c[0], DmaBuf::zeroed((c[1] * bs) as usize)));
+            .map(|c| dev.read(c[0], DmaBuf::recycled((c[1] * bs) as usize)));
         let bufs = futures::future::try_join_all(reads).await?;
         let mut out = BytesMut::with_capacity(((last_block - first_block) * bs) as usize);
         for b in &bufs {
@@ -759,7 +759,7 @@ impl ObjectWriter {
         }
         let bs = self.store.inner.sb.block_size as usize;
         let padded = self.fill.div_ceil(bs) * bs;
-        let mut buf = std::mem::replace(&mut self.staging, DmaBuf::zeroed(WRITE_UNIT));
+        let mut buf = std::mem::replace(&mut self.staging, DmaBuf::recycled(WRITE_UNIT));
         if padded < buf.len() {
             buf[self.fill..padded].fill(0);
             let mut small = DmaBuf::zeroed(padded);

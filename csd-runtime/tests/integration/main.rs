@@ -1,4 +1,5 @@
 //! csd-runtime integration tests: one binary, one module per area.
+#![allow(clippy::unwrap_used)]
 
 mod crash;
 mod device;

@@ -1,0 +1,276 @@
+//! Object-store get throughput and Flight `DoGet` streaming throughput on loopback.
+//!
+//! 1. A large object on an io_uring device: `read_range` in 4 MiB pieces (checksums
+//!    verified) vs raw device reads of the same blocks, concurrency 1 and 4.
+//! 2. A storage node on loopback holding TPC-H lineitem: `DoGet` of raw object bytes
+//!    (`Range` tickets) and of Arrow batches (`Scan` tickets).
+//!
+//! `cargo run --release -p csd-benches --bin store-flight -- [--object-mib 512] [--scale 0.5]`
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use csd_benches::{default_json_path, mbps, scratch_dir, write_json};
+use csd_client::NodeClient;
+use csd_client::demo::lineitem;
+use csd_runtime::device::uring::UringDevice;
+use csd_runtime::device::{BlockDevice, DmaBuf};
+use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::store::{ObjectStore, StoreOptions};
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    /// Object size in MiB for the store test.
+    #[arg(long, default_value_t = 512)]
+    object_mib: u64,
+    /// TPC-H scale factor for the Flight test.
+    #[arg(long, default_value_t = 0.5)]
+    scale: f64,
+    /// Directory for device files (disk-backed).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// JSON output path.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    test: String,
+    concurrency: usize,
+    bytes: u64,
+    seconds: f64,
+    mb_per_s: f64,
+    rows_per_s: Option<f64>,
+}
+
+const PIECE: u64 = 4 << 20;
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let dir = scratch_dir(args.dir.clone()).expect("scratch dir");
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row = |test: &str, concurrency: usize, bytes: u64, secs: f64, nrows: Option<u64>| {
+        let r = Row {
+            test: test.into(),
+            concurrency,
+            bytes,
+            seconds: secs,
+            mb_per_s: mbps(bytes, secs),
+            rows_per_s: nrows.map(|n| n as f64 / secs),
+        };
+        println!(
+            "{:<44} {:>4} {:>10.1} {:>10.0} {:>14}",
+            r.test,
+            concurrency,
+            bytes as f64 / 1e6,
+            r.mb_per_s,
+            r.rows_per_s.map(|x| format!("{x:.0}")).unwrap_or_default()
+        );
+        rows.push(r);
+    };
+    println!(
+        "{:<44} {:>4} {:>10} {:>10} {:>14}",
+        "test", "conc", "MB", "MB/s", "rows/s"
+    );
+
+    // 1. Object store over io_uring.
+    let size = args.object_mib << 20;
+    let dev: Arc<dyn BlockDevice> = Arc::new(
+        UringDevice::open(
+            &dir.path().join("store.img"),
+            Some(size + size / 4 + (64 << 20)),
+            64,
+        )
+        .expect("device"),
+    );
+    let store = ObjectStore::open(dev.clone(), StoreOptions::default())
+        .await
+        .expect("store");
+    let mut w = store.create("bench/object").expect("create");
+    let chunk: Vec<u8> = (0..(1 << 20))
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let t0 = Instant::now();
+    for _ in 0..args.object_mib {
+        w.write(&chunk).await.expect("write");
+    }
+    let info = w.finish().await.expect("finish");
+    row(
+        "object put (io_uring, CRC32C per 64 KiB)",
+        1,
+        size,
+        t0.elapsed().as_secs_f64(),
+        None,
+    );
+    for conc in [1usize, 4] {
+        let t0 = Instant::now();
+        let pieces = size.div_ceil(PIECE);
+        let total: u64 = futures::stream::iter(0..pieces)
+            .map(|i| {
+                let (store, info) = (store.clone(), info.clone());
+                async move {
+                    let off = i * PIECE;
+                    store
+                        .read_object_range(&info, off, PIECE.min(size - off))
+                        .await
+                        .map(|b| b.len() as u64)
+                }
+            })
+            .buffer_unordered(conc)
+            .try_fold(0u64, |a, n| async move { Ok(a + n) })
+            .await
+            .expect("get");
+        row(
+            "object get, 4 MiB ranges (verified)",
+            conc,
+            total,
+            t0.elapsed().as_secs_f64(),
+            None,
+        );
+        // Raw device reads of the same extents, for the store's overhead.
+        let t0 = Instant::now();
+        let bs = dev.geometry().block_size as u64;
+        let cmds: Vec<(u64, u64)> = info
+            .extents
+            .iter()
+            .flat_map(|e| {
+                (0..e.blocks)
+                    .step_by((PIECE / bs) as usize)
+                    .map(move |o| (e.lba + o, (PIECE / bs).min(e.blocks - o)))
+            })
+            .collect();
+        let total: u64 = futures::stream::iter(cmds)
+            .map(|(lba, n)| {
+                let dev = dev.clone();
+                async move {
+                    dev.read(lba, DmaBuf::recycled((n * bs) as usize))
+                        .await
+                        .map(|b| b.len() as u64)
+                }
+            })
+            .buffer_unordered(conc)
+            .try_fold(0u64, |a, n| async move { Ok(a + n) })
+            .await
+            .expect("raw read");
+        row(
+            "  raw device reads of the same extents",
+            conc,
+            total,
+            t0.elapsed().as_secs_f64(),
+            None,
+        );
+    }
+    drop(store);
+
+    // 2. Flight on loopback.
+    let node = node::start(&NodeConfig {
+        device: dir.path().join("node.img").display().to_string(),
+        capacity: Some("8GiB".into()),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        format: true,
+        ..NodeConfig::default()
+    })
+    .await
+    .expect("node");
+    let client = NodeClient::connect(&node.url).await.expect("connect");
+    let parts = 4;
+    let t0 = Instant::now();
+    let mut arrow_bytes = 0u64;
+    for p in 1..=parts {
+        let batches = lineitem(args.scale, p, parts).expect("tpchgen");
+        arrow_bytes += batches
+            .iter()
+            .map(|b| b.get_array_memory_size() as u64)
+            .sum::<u64>();
+        let schema = batches[0].schema();
+        client
+            .put(
+                "lineitem",
+                &format!("p{p}"),
+                schema,
+                futures::stream::iter(batches.into_iter().map(Ok)),
+            )
+            .await
+            .expect("put");
+    }
+    row(
+        "DoPut lineitem (Arrow bytes in)",
+        1,
+        arrow_bytes,
+        t0.elapsed().as_secs_f64(),
+        None,
+    );
+    let table = client.table("lineitem").await.expect("table");
+    let objects: Vec<(String, u64)> = table
+        .description
+        .partitions
+        .iter()
+        .flat_map(|p| p.objects.iter().map(|o| (o.name.clone(), o.len)))
+        .collect();
+    for conc in [1usize, 4] {
+        let t0 = Instant::now();
+        let total: u64 = futures::stream::iter(objects.clone())
+            .map(|(name, len)| {
+                let c = client.clone();
+                async move { c.read_range(&name, 0, len).await.map(|b| b.len() as u64) }
+            })
+            .buffer_unordered(conc)
+            .try_fold(0u64, |a, n| async move { Ok(a + n) })
+            .await
+            .expect("range");
+        row(
+            "DoGet Range: raw Parquet bytes",
+            conc,
+            total,
+            t0.elapsed().as_secs_f64(),
+            None,
+        );
+    }
+    for conc in [1usize, 4] {
+        let before = client.stats().await.expect("stats")["requests"]["bytes_sent"]
+            .as_u64()
+            .unwrap_or(0);
+        let t0 = Instant::now();
+        let nrows: u64 = futures::stream::iter(table.description.partitions.clone())
+            .map(|p| {
+                let c = client.clone();
+                async move {
+                    let s = c.scan("lineitem", Some(&p.name), &[]).await?;
+                    s.try_fold(0u64, |a, b| async move { Ok(a + b.num_rows() as u64) })
+                        .await
+                        .map_err(csd_client::Error::from)
+                }
+            })
+            .buffer_unordered(conc)
+            .try_fold(0u64, |a, n| async move { Ok(a + n) })
+            .await
+            .expect("scan");
+        let secs = t0.elapsed().as_secs_f64();
+        let sent = client.stats().await.expect("stats")["requests"]["bytes_sent"]
+            .as_u64()
+            .unwrap_or(0)
+            - before;
+        row(
+            "DoGet Scan: Arrow batches (Flight bytes)",
+            conc,
+            sent,
+            secs,
+            Some(nrows),
+        );
+    }
+    node.shutdown().await.expect("shutdown");
+    write_json(
+        &args
+            .json
+            .unwrap_or_else(|| default_json_path("store-flight")),
+        &rows,
+    )
+    .expect("write json");
+}

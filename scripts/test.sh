@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: what README's "run the tests" command and CI run.
+# Slow suites stay behind variables: CSD_CRASH_RUNS (default 25 kill -9 rounds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# Reuse a build directory outside the clone when one exists (CI clones afresh).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/csd/target}"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo test --workspace
