@@ -92,6 +92,19 @@ impl Error {
     }
 }
 
+/// An error and its causes, `outer: inner: innermost` (tonic's transport errors say
+/// only "transport error" at the top).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// Largest message the client accepts.
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -153,7 +166,7 @@ impl NodeClient {
             .await
             .map_err(|e| Error::Connect {
                 url: url.to_string(),
-                message: e.to_string(),
+                message: error_chain(&e),
             })?;
         let raw = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)

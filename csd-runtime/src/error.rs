@@ -75,14 +75,19 @@ impl From<Error> for tonic::Status {
     }
 }
 
+/// Our own errors travel through parquet's and arrow's traits boxed as "external":
+/// unwrap them again; anything else becomes `External` with `library`'s name.
+fn unbox(inner: Box<dyn std::error::Error + Send + Sync>, library: &str) -> Error {
+    match inner.downcast::<Error>() {
+        Ok(ours) => *ours,
+        Err(other) => Error::External(format!("{library}: {other}")),
+    }
+}
+
 impl From<parquet::errors::ParquetError> for Error {
     fn from(e: parquet::errors::ParquetError) -> Self {
         match e {
-            // Our own errors travel through parquet's writer/reader traits as External.
-            parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
-                Ok(ours) => *ours,
-                Err(other) => Error::External(format!("parquet: {other}")),
-            },
+            parquet::errors::ParquetError::External(inner) => unbox(inner, "parquet"),
             other => Error::External(format!("parquet: {other}")),
         }
     }
@@ -91,10 +96,7 @@ impl From<parquet::errors::ParquetError> for Error {
 impl From<arrow::error::ArrowError> for Error {
     fn from(e: arrow::error::ArrowError) -> Self {
         match e {
-            arrow::error::ArrowError::ExternalError(inner) => match inner.downcast::<Error>() {
-                Ok(ours) => *ours,
-                Err(other) => Error::External(format!("arrow: {other}")),
-            },
+            arrow::error::ArrowError::ExternalError(inner) => unbox(inner, "arrow"),
             other => Error::External(format!("arrow: {other}")),
         }
     }
@@ -110,10 +112,7 @@ impl From<arrow_flight::error::FlightError> for Error {
                 Error::InvalidArgument(format!("flight stream: {m}"))
             }
             F::NotYetImplemented(m) => Error::InvalidArgument(format!("not implemented: {m}")),
-            F::ExternalError(inner) => match inner.downcast::<Error>() {
-                Ok(ours) => *ours,
-                Err(other) => Error::External(format!("flight: {other}")),
-            },
+            F::ExternalError(inner) => unbox(inner, "flight"),
         }
     }
 }

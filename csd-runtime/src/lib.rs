@@ -6,6 +6,7 @@
 //! * [`ticket`]: the Flight ticket format (versioned protobuf), with input limits.
 //! * [`service`]: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
 //! * [`node`]: configuration and start-up of a whole node.
+//! * [`timer`]: a microsecond-precision timer for emulation (devices, links).
 //!
 //! Dependencies point down: this crate knows nothing of SQL or DNNs.
 
@@ -18,4 +19,5 @@ pub mod pool;
 pub mod service;
 pub mod table;
 pub mod ticket;
+pub mod timer;
 pub use error::{Error, Result};

@@ -6,20 +6,18 @@
 //! command takes `latency + bytes/bandwidth`, and `c` concurrent commands reach
 //! `min(bandwidth, c * bytes / (latency + bytes/bandwidth))` with
 //! `c = min(commands offered, queue_depth, parallelism)` ([`TimingModel::predicted_throughput`]).
-//! Completions are released by a timer thread with microsecond timer slack, since
-//! tokio's timer wheel has millisecond granularity.
+//! Completions are released by [`crate::timer`] (microsecond precision), since tokio's
+//! timer wheel has millisecond granularity.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::Semaphore;
 
 use super::{BlockDevice, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command};
 use crate::error::{Error, Result};
@@ -127,7 +125,7 @@ pub struct EmulatedDevice {
     slots: Semaphore,
     units: Semaphore,
     bus_free: Mutex<Instant>,
-    timer: Option<Arc<Timer>>,
+    timed: bool,
     /// Writes hold a read guard while they run; flush takes the write guard, so it
     /// waits for every earlier write even when its caller stopped waiting.
     write_barrier: Arc<tokio::sync::RwLock<()>>,
@@ -178,11 +176,6 @@ impl EmulatedDevice {
                 )
             }
         };
-        let timer = if model.is_timed() {
-            Some(Timer::start()?)
-        } else {
-            None
-        };
         Ok(EmulatedDevice {
             geometry: Geometry {
                 name,
@@ -193,7 +186,7 @@ impl EmulatedDevice {
             slots: Semaphore::new(model.queue_depth),
             units: Semaphore::new(model.parallelism),
             bus_free: Mutex::new(Instant::now()),
-            timer,
+            timed: model.is_timed(),
             write_barrier: Arc::new(tokio::sync::RwLock::new(())),
             counters: DeviceCounters::default(),
             model,
@@ -231,10 +224,10 @@ impl EmulatedDevice {
             .acquire()
             .await
             .map_err(|_| Error::Internal("device closed".into()))?;
-        let deadline = self.timer.as_ref().map(|_| self.deadline(bytes, mbps));
+        let deadline = self.timed.then(|| self.deadline(bytes, mbps));
         let out = work.await?;
-        if let (Some(timer), Some(deadline)) = (&self.timer, deadline) {
-            timer.sleep_until(deadline).await;
+        if let Some(deadline) = deadline {
+            crate::timer::sleep_until(deadline).await;
         }
         Ok(out)
     }
@@ -329,124 +322,5 @@ impl BlockDevice for EmulatedDevice {
 
     fn stats(&self) -> DeviceStats {
         self.counters.snapshot()
-    }
-}
-
-/// Releases waiters at precise instants from a dedicated thread.
-struct Timer {
-    state: Mutex<TimerState>,
-    cv: Condvar,
-}
-
-struct TimerState {
-    heap: BinaryHeap<Reverse<Entry>>,
-    seq: u64,
-    stop: bool,
-}
-
-struct Entry {
-    at: Instant,
-    seq: u64,
-    tx: oneshot::Sender<()>,
-}
-impl PartialEq for Entry {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
-/// Below this a wait is not worth a thread hand-off.
-const TIMER_EPSILON: Duration = Duration::from_micros(5);
-
-impl Timer {
-    fn start() -> Result<Arc<Self>> {
-        let t = Arc::new(Timer {
-            state: Mutex::new(TimerState {
-                heap: BinaryHeap::new(),
-                seq: 0,
-                stop: false,
-            }),
-            cv: Condvar::new(),
-        });
-        // The thread holds only a Weak: it ends when the device (and its Arc) goes.
-        let weak = Arc::downgrade(&t);
-        std::thread::Builder::new()
-            .name("csd-nvme-timer".into())
-            .spawn(move || {
-                // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
-                while let Some(t) = weak.upgrade() {
-                    if !t.tick() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| Error::io("starting the emulated-device timer thread", e))?;
-        Ok(t)
-    }
-
-    /// Fires due entries, then waits (bounded, so the thread notices its device is gone).
-    fn tick(&self) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.stop {
-            return false;
-        }
-        let now = Instant::now();
-        while st
-            .heap
-            .peek()
-            .is_some_and(|e| e.0.at <= now + TIMER_EPSILON)
-        {
-            if let Some(Reverse(e)) = st.heap.pop() {
-                let _ = e.tx.send(());
-            }
-        }
-        let wait = st
-            .heap
-            .peek()
-            .map(|e| e.0.at.saturating_duration_since(now))
-            .unwrap_or(Duration::from_millis(100));
-        let _ = self
-            .cv
-            .wait_timeout(st, wait.min(Duration::from_millis(100)));
-        true
-    }
-
-    async fn sleep_until(&self, at: Instant) {
-        if at <= Instant::now() + TIMER_EPSILON {
-            return;
-        }
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            let seq = st.seq;
-            st.seq += 1;
-            let earliest = st.heap.peek().is_none_or(|e| at < e.0.at);
-            st.heap.push(Reverse(Entry { at, seq, tx }));
-            if earliest {
-                self.cv.notify_one();
-            }
-        }
-        let _ = rx.await;
-    }
-}
-
-impl Drop for EmulatedDevice {
-    fn drop(&mut self) {
-        if let Some(t) = &self.timer {
-            t.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
-            t.cv.notify_one();
-        }
     }
 }

@@ -138,17 +138,7 @@ fn kill_9_mid_put() {
                 );
                 found.insert(o.name.clone(), i);
             }
-            let s = store.stats().await;
-            let used: u64 = store
-                .list("")
-                .iter()
-                .flat_map(|o| o.extents.iter().map(|e| e.blocks))
-                .sum();
-            assert_eq!(
-                used + s.free_blocks,
-                s.data_blocks,
-                "run {run}: space accounting"
-            );
+            crate::store::assert_consistent(&store).await;
             found
         });
         for name in acked.iter().filter(|n| !in_flight_delete.contains(*n)) {

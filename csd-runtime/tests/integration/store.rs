@@ -18,7 +18,7 @@ async fn open(dev: &Arc<dyn BlockDevice>) -> ObjectStore {
 }
 
 /// Checks that committed objects plus free space account for the whole data region.
-async fn assert_consistent(store: &ObjectStore) {
+pub async fn assert_consistent(store: &ObjectStore) {
     let s = store.stats().await;
     let used: u64 = store
         .list("")

@@ -1,0 +1,160 @@
+//! A process-wide timer with microsecond precision, for emulation (device timing
+//! models, link latency and pacing). tokio's timer wheel ticks in milliseconds, which
+//! would turn an 80 µs NVMe read or a 100 µs link into a millisecond.
+//!
+//! One thread keeps a heap of deadlines and sleeps on a condition variable with its
+//! timer slack set to 1 ns; waiters are tokio oneshots.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+/// Releases waiters at precise instants from a dedicated thread.
+struct Timer {
+    state: Mutex<TimerState>,
+    cv: Condvar,
+}
+
+struct TimerState {
+    heap: BinaryHeap<Reverse<Entry>>,
+    seq: u64,
+    stop: bool,
+}
+
+struct Entry {
+    at: Instant,
+    seq: u64,
+    tx: oneshot::Sender<()>,
+}
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Below this a wait is not worth a thread hand-off.
+const TIMER_EPSILON: Duration = Duration::from_micros(5);
+
+impl Timer {
+    fn global() -> &'static Timer {
+        static TIMER: OnceLock<&'static Timer> = OnceLock::new();
+        TIMER.get_or_init(|| {
+            let t: &'static Timer = Box::leak(Box::new(Timer {
+                state: Mutex::new(TimerState {
+                    heap: BinaryHeap::new(),
+                    seq: 0,
+                    stop: false,
+                }),
+                cv: Condvar::new(),
+            }));
+            let spawned = std::thread::Builder::new()
+                .name("csd-timer".into())
+                .spawn(move || {
+                    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
+                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+                    while t.tick() {}
+                });
+            if spawned.is_err() {
+                // Without the thread nothing would fire: degrade to not waiting at all.
+                t.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+            }
+            t
+        })
+    }
+
+    /// Fires due entries, then waits until the next deadline (at most 100 ms).
+    fn tick(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        while st
+            .heap
+            .peek()
+            .is_some_and(|e| e.0.at <= now + TIMER_EPSILON)
+        {
+            if let Some(Reverse(e)) = st.heap.pop() {
+                let _ = e.tx.send(());
+            }
+        }
+        let wait = st
+            .heap
+            .peek()
+            .map(|e| e.0.at.saturating_duration_since(now))
+            .unwrap_or(Duration::from_millis(100));
+        let _ = self
+            .cv
+            .wait_timeout(st, wait.min(Duration::from_millis(100)));
+        true
+    }
+
+    async fn sleep_until(&self, at: Instant) {
+        if at <= Instant::now() + TIMER_EPSILON {
+            return;
+        }
+        if self.state.lock().unwrap_or_else(|p| p.into_inner()).stop {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let seq = st.seq;
+            st.seq += 1;
+            let earliest = st.heap.peek().is_none_or(|e| at < e.0.at);
+            st.heap.push(Reverse(Entry { at, seq, tx }));
+            if earliest {
+                self.cv.notify_one();
+            }
+        }
+        let _ = rx.await;
+    }
+}
+
+/// Completes at `at`, to within tens of microseconds.
+pub async fn sleep_until(at: Instant) {
+    Timer::global().sleep_until(at).await
+}
+
+/// Completes after `d`.
+pub async fn sleep(d: Duration) {
+    sleep_until(Instant::now() + d).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sleeps_are_precise_and_ordered() {
+        let t0 = Instant::now();
+        let a = sleep_until(t0 + Duration::from_micros(300));
+        let b = sleep_until(t0 + Duration::from_micros(100));
+        let (ta, tb) = tokio::join!(
+            async {
+                a.await;
+                t0.elapsed()
+            },
+            async {
+                b.await;
+                t0.elapsed()
+            }
+        );
+        assert!(
+            tb >= Duration::from_micros(80) && ta >= Duration::from_micros(280),
+            "{tb:?} {ta:?}"
+        );
+        assert!(tb < ta);
+    }
+}
