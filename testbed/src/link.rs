@@ -114,7 +114,7 @@ pub struct ThrottledLink {
 }
 
 /// Largest chunk moved at once (keeps pacing fine-grained).
-const CHUNK: usize = 64 * 1024;
+const CHUNK: usize = 256 * 1024;
 
 impl ThrottledLink {
     /// Listens on 127.0.0.1:0 and forwards each connection to `upstream` through the link.
@@ -225,7 +225,20 @@ async fn pump(
     pacer: Arc<Pacer>,
     count: impl Fn(u64),
 ) -> std::io::Result<()> {
-    // Enough slots for a bandwidth-delay product of 64 MiB.
+    if latency.is_zero() {
+        // No delay line needed: pace and forward in place.
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = from.read(&mut buf).await?;
+            if n == 0 {
+                return to.shutdown().await;
+            }
+            pacer.take(n).await;
+            to.write_all(&buf[..n]).await?;
+            count(n as u64);
+        }
+    }
+    // Enough slots for a bandwidth-delay product of 256 MiB.
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(1024);
     let reader = async move {
         let mut buf = vec![0u8; CHUNK];

@@ -106,7 +106,7 @@ async fn main() {
         });
         link.shutdown().await;
     }
-    for lat_us in [100u64, 1000, 10_000] {
+    for lat_us in [0u64, 100, 1000, 10_000] {
         let link = ThrottledLink::start(LinkSpec::mbit(1000.0, lat_us), upstream)
             .await
             .expect("link");
@@ -121,7 +121,12 @@ async fn main() {
         }
         let rtt = t0.elapsed() / n;
         let want = Duration::from_micros(2 * lat_us);
-        let ratio = rtt.as_secs_f64() / want.as_secs_f64();
+        // With no latency configured the "ratio" is meaningless: report the proxy's own RTT.
+        let ratio = if lat_us == 0 {
+            f64::NAN
+        } else {
+            rtt.as_secs_f64() / want.as_secs_f64()
+        };
         println!(
             "{:<22} {:>11.0} us {:>11.0} us {:>8.3}",
             format!("RTT, {lat_us} us one way"),
