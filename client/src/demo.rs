@@ -37,6 +37,14 @@ impl Default for DemoOptions {
     }
 }
 
+/// Prints a line; a closed stdout (`csd demo | head`) is not an error worth a panic.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
@@ -66,7 +74,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     };
     let node = match node::start(&config).await {
         Err(csd_runtime::Error::Unavailable(why)) if opts.device.is_none() => {
-            println!(
+            say!(
                 "io_uring device unavailable ({why});\nfalling back to the emulated NVMe backend on the same file"
             );
             config.device = format!("emulated:file={default_device}");
@@ -75,7 +83,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         other => other?,
     };
     let stats = node.state.stats().await;
-    println!(
+    say!(
         "storage node   {}  device {} ({:.0} MB), {} CPU workers",
         node.url,
         stats.device.geometry.name,
@@ -95,7 +103,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         .flatten()
         .map(|b| b.get_array_memory_size())
         .sum();
-    println!(
+    say!(
         "generated      TPC-H lineitem SF {}: {rows} rows, {:.1} MB in Arrow, in {:.2?}",
         opts.scale,
         mb(arrow_bytes as u64),
@@ -119,7 +127,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     }
     bar.finish_and_clear();
     let put_time = t0.elapsed();
-    println!(
+    say!(
         "stored         {rows} rows as {} Parquet partitions: {:.1} MB on the device ({:.1}x smaller than Arrow), {:.2?} ({:.0} MB/s of Arrow)",
         opts.partitions,
         mb(stored),
@@ -130,7 +138,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
 
     // Describe.
     let info = client.table("lineitem").await?;
-    println!(
+    say!(
         "listed         table {}: {} columns, {} rows, {} partitions",
         info.name,
         info.schema.fields().len(),
@@ -162,7 +170,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         .as_u64()
         .unwrap_or(0)
         - before;
-    println!(
+    say!(
         "read back      all {rows} rows, identical to the generated data, {:.1} MB over Flight in {:.2?}",
         mb(full_sent),
         t0.elapsed()
@@ -183,7 +191,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         .as_u64()
         .unwrap_or(0)
         - before;
-    println!(
+    say!(
         "projected      2 of 16 columns, {n} rows: {:.1} MB over Flight ({:.1}x less) in {:.2?}",
         mb(proj_sent),
         full_sent as f64 / proj_sent.max(1) as f64,
@@ -193,7 +201,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     // Raw range read of a Parquet footer, as a compute tier without pushdown does.
     let obj = &info.description.partitions[0].objects[0];
     let tail = client.read_range(&obj.name, obj.len - 8, 8).await?;
-    println!(
+    say!(
         "range read     last 8 bytes of {}: footer length {} + magic {:?}",
         obj.name,
         u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]),
@@ -201,7 +209,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     );
 
     let s = client.stats().await?;
-    println!(
+    say!(
         "node stats     device: {} reads / {:.1} MB read, {} writes / {:.1} MB written; store: {} objects, {:.1} MB, catalog generation {}",
         s["device"]["stats"]["reads"],
         mb(s["device"]["stats"]["bytes_read"].as_u64().unwrap_or(0)),
@@ -215,7 +223,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     node.shutdown().await?;
     if opts.keep {
         let kept = dir.keep();
-        println!("kept           device in {}", kept.display());
+        say!("kept           device in {}", kept.display());
     }
     Ok(())
 }

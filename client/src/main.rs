@@ -305,6 +305,13 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Demo { .. }) {
+        // Pure client commands behave like other Unix tools under `csd ls | head`: end
+        // quietly on a closed pipe instead of panicking in println!. Not where a node is
+        // hosted: a peer closing its socket would then kill the node.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let level = if matches!(cli.command, Command::Serve(_)) {
         "info"
     } else {

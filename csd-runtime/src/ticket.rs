@@ -154,6 +154,18 @@ mod tests {
     }
 
     #[test]
+    fn fuzz_seeds_are_valid_tickets() {
+        for seed in [
+            &include_bytes!("../fuzz/seeds/ticket_decode/scan")[..],
+            include_bytes!("../fuzz/seeds/ticket_decode/scan_all"),
+            include_bytes!("../fuzz/seeds/ticket_decode/range"),
+        ] {
+            let t = Ticket::decode(seed).unwrap();
+            assert_eq!(Ticket::decode(&t.encode()).unwrap(), t);
+        }
+    }
+
+    #[test]
     fn rejects_garbage_without_panicking() {
         for bad in [
             &b""[..],

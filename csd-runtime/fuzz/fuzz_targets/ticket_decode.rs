@@ -1,0 +1,17 @@
+//! Any bytes a client sends as a Flight ticket: decoding must return a ticket or an
+//! error, never panic; a decoded ticket must re-encode to something that decodes to
+//! the same ticket.
+#![no_main]
+
+use csd_runtime::ticket::Ticket;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(t) = Ticket::decode(data) {
+        let again = Ticket::decode(&t.encode()).expect("a re-encoded ticket decodes");
+        assert_eq!(again, t);
+        // The error path of the service turns decode errors into statuses: exercise it.
+    } else if let Err(e) = Ticket::decode(data) {
+        let _ = e.to_status();
+    }
+});
