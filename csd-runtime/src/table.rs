@@ -211,6 +211,16 @@ fn check_same_schema(table: &str, want: &SchemaRef, got: &SchemaRef) -> Result<(
     }
 }
 
+/// Types Parquet cannot hold are the caller's problem (INVALID_ARGUMENT), not the node's.
+fn unstorable(e: parquet::errors::ParquetError) -> Error {
+    match e {
+        parquet::errors::ParquetError::NYI(m) => {
+            Error::InvalidArgument(format!("cannot store this data as Parquet: {m}"))
+        }
+        other => other.into(),
+    }
+}
+
 fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
     let mut parts = name.split('/');
     let (t, p, f) = (parts.next()?, parts.next()?, parts.next()?);
@@ -307,15 +317,16 @@ impl TableStore {
         };
         let name = format!("{table}/{partition}/{seq:08}.parquet");
         let writer = self.store.create(&name)?;
-        let mut pw = AsyncArrowWriter::try_new(writer, schema.clone(), Some(self.props.clone()))?;
+        let mut pw = AsyncArrowWriter::try_new(writer, schema.clone(), Some(self.props.clone()))
+            .map_err(unstorable)?;
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             if batch.schema().fields() != schema.fields() {
                 check_same_schema(table, &schema, &batch.schema())?;
             }
-            pw.write(&batch).await?;
+            pw.write(&batch).await.map_err(unstorable)?;
         }
-        pw.finish().await?;
+        pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;
         let metadata = ObjectReader::new(self.store.clone(), object.clone())
             .load_metadata()

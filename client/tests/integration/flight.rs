@@ -267,6 +267,28 @@ async fn bad_input_gets_clear_statuses_and_the_node_survives() {
         .unwrap_err();
     assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
     assert!(s.message().contains("too large"), "{s:?}");
+    // A schema Parquet cannot hold is the caller's problem, not the node's.
+    let odd = Arc::new(Schema::new(vec![Field::new(
+        "i",
+        DataType::Interval(arrow::datatypes::IntervalUnit::MonthDayNano),
+        false,
+    )]));
+    let ob = RecordBatch::try_new(
+        odd.clone(),
+        vec![Arc::new(arrow::array::IntervalMonthDayNanoArray::from(
+            vec![arrow::datatypes::IntervalMonthDayNano::new(1, 2, 3)],
+        ))],
+    )
+    .unwrap();
+    let e = c.put("odd", "0", odd, stream(vec![ob])).await.unwrap_err();
+    assert!(
+        e.code() == Some(Code::InvalidArgument) && e.to_string().contains("Parquet"),
+        "{e}"
+    );
+    assert!(
+        c.table("odd").await.is_err(),
+        "a failed first append must not leave a table behind"
+    );
     // Unknown action.
     let s = raw
         .do_action(Action::new("format-disk", ""))
