@@ -117,6 +117,28 @@ enum Backing {
     File(Arc<File>),
 }
 
+/// `len` zero bytes, lazily backed by the OS (calloc), or a clear error where
+/// `vec![0; len]` would abort the process.
+fn zeroed_vec(len: usize) -> Result<Vec<u8>> {
+    let too_big = || {
+        Error::ResourcesExhausted(format!(
+            "cannot allocate {len} bytes for an in-memory device: lower --capacity"
+        ))
+    };
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| too_big())?;
+    // SAFETY: layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(too_big());
+    }
+    // SAFETY: allocated by the global allocator with the layout of a Vec<u8> of
+    // capacity `len`, and every byte is initialised (zero).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
 /// Emulated NVMe device.
 pub struct EmulatedDevice {
     geometry: Geometry,
@@ -153,7 +175,7 @@ impl EmulatedDevice {
                 let len = usize::try_from(bytes)
                     .map_err(|_| Error::ResourcesExhausted("capacity exceeds memory".into()))?;
                 (
-                    Backing::Memory(RwLock::new(vec![0u8; len])),
+                    Backing::Memory(RwLock::new(zeroed_vec(len)?)),
                     "emulated:mem".to_string(),
                 )
             }
