@@ -134,6 +134,12 @@ impl Drop for DmaBuf {
     }
 }
 
+impl AsRef<[u8]> for DmaBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl std::ops::Deref for DmaBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -117,7 +117,7 @@ const WRITE_UNIT: usize = 1 << 20;
 /// Writes in flight per object writer.
 const WRITES_IN_FLIGHT: usize = 4;
 /// Largest single device command issued by reads.
-const READ_UNIT: u64 = 1 << 20;
+const READ_UNIT: u64 = 4 << 20;
 
 struct CommitState {
     generation: u64,
@@ -547,17 +547,27 @@ impl ObjectStore {
             .chunks(2)
             .map(|c| dev.read(c[0], DmaBuf::recycled((c[1] * bs) as usize)));
         let bufs = futures::future::try_join_all(reads).await?;
-        let mut out = BytesMut::with_capacity(((last_block - first_block) * bs) as usize);
-        for b in &bufs {
-            out.extend_from_slice(b);
-        }
-        if (out.len() as u64) < end - first_block * bs {
+        let want = (end - first_block * bs) as usize;
+        if bufs.iter().map(|b| b.len()).sum::<usize>() < want {
             return Err(Error::Corrupt(format!(
                 "object {}: extents end before its length",
                 info.name
             )));
         }
-        out.truncate((end - first_block * bs) as usize);
+        if bufs.len() == 1 {
+            // One command: the DMA buffer itself backs the bytes (no copy); it returns
+            // to the pool when the last slice of it is dropped.
+            let only = bufs
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Internal("no read buffer".into()))?;
+            return Ok(Bytes::from_owner(only).slice(..want));
+        }
+        let mut out = BytesMut::with_capacity(want);
+        for b in &bufs {
+            out.extend_from_slice(b);
+        }
+        out.truncate(want);
         Ok(out.freeze())
     }
 
