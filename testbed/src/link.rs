@@ -297,19 +297,24 @@ mod tests {
         addr
     }
 
+    /// Sends `data` through the link and returns the byte count the sink reports.
+    async fn send_through(link: &ThrottledLink, data: &[u8]) -> u64 {
+        let mut s = TcpStream::connect(link.addr()).await.unwrap();
+        s.write_all(data).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got).await.unwrap();
+        u64::from_le_bytes(got)
+    }
+
     #[tokio::test]
     async fn carries_every_byte_and_adds_latency() {
         let link = ThrottledLink::start(LinkSpec::mbit(0.0, 20_000), sink().await)
             .await
             .unwrap();
         let t0 = Instant::now();
-        let mut s = TcpStream::connect(link.addr()).await.unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
-        s.write_all(&data).await.unwrap();
-        s.shutdown().await.unwrap();
-        let mut got = [0u8; 8];
-        s.read_exact(&mut got).await.unwrap();
-        assert_eq!(u64::from_le_bytes(got), data.len() as u64);
+        assert_eq!(send_through(&link, &data).await, data.len() as u64);
         // Data there and the answer back: at least two one-way latencies.
         assert!(
             t0.elapsed() >= Duration::from_millis(40),
@@ -331,12 +336,7 @@ mod tests {
             .await
             .unwrap();
         let t0 = Instant::now();
-        let mut s = TcpStream::connect(link.addr()).await.unwrap();
-        s.write_all(&vec![7u8; 400_000]).await.unwrap();
-        s.shutdown().await.unwrap();
-        let mut got = [0u8; 8];
-        s.read_exact(&mut got).await.unwrap();
-        assert_eq!(u64::from_le_bytes(got), 400_000);
+        assert_eq!(send_through(&link, &vec![7u8; 400_000]).await, 400_000);
         let secs = t0.elapsed().as_secs_f64();
         // Lower bound only (timing upper bounds belong in benchmarks); burst is 2 ms.
         assert!(

@@ -50,6 +50,20 @@ struct Row {
 
 const PIECE: u64 = 4 << 20;
 
+/// Runs `read` over `items` with `conc` in flight and sums the bytes they return.
+async fn sum_bytes<T, F, Fut>(items: Vec<T>, conc: usize, read: F) -> u64
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, String>>,
+{
+    futures::stream::iter(items)
+        .map(read)
+        .buffer_unordered(conc)
+        .try_fold(0u64, |a, n| async move { Ok(a + n) })
+        .await
+        .expect("read")
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -111,21 +125,18 @@ async fn main() {
     for conc in [1usize, 4] {
         let t0 = Instant::now();
         let pieces = size.div_ceil(PIECE);
-        let total: u64 = futures::stream::iter(0..pieces)
-            .map(|i| {
-                let (store, info) = (store.clone(), info.clone());
-                async move {
-                    let off = i * PIECE;
-                    store
-                        .read_object_range(&info, off, PIECE.min(size - off))
-                        .await
-                        .map(|b| b.len() as u64)
-                }
-            })
-            .buffer_unordered(conc)
-            .try_fold(0u64, |a, n| async move { Ok(a + n) })
-            .await
-            .expect("get");
+        let total = sum_bytes((0..pieces).collect(), conc, |i| {
+            let (store, info) = (store.clone(), info.clone());
+            async move {
+                let off = i * PIECE;
+                store
+                    .read_object_range(&info, off, PIECE.min(size - off))
+                    .await
+                    .map(|b| b.len() as u64)
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
         row(
             "object get, 4 MiB ranges (verified)",
             conc,
@@ -145,19 +156,16 @@ async fn main() {
                     .map(move |o| (e.lba + o, (PIECE / bs).min(e.blocks - o)))
             })
             .collect();
-        let total: u64 = futures::stream::iter(cmds)
-            .map(|(lba, n)| {
-                let dev = dev.clone();
-                async move {
-                    dev.read(lba, DmaBuf::recycled((n * bs) as usize))
-                        .await
-                        .map(|b| b.len() as u64)
-                }
-            })
-            .buffer_unordered(conc)
-            .try_fold(0u64, |a, n| async move { Ok(a + n) })
-            .await
-            .expect("raw read");
+        let total = sum_bytes(cmds, conc, |(lba, n)| {
+            let dev = dev.clone();
+            async move {
+                dev.read(lba, DmaBuf::recycled((n * bs) as usize))
+                    .await
+                    .map(|b| b.len() as u64)
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
         row(
             "  raw device reads of the same extents",
             conc,
@@ -216,15 +224,16 @@ async fn main() {
         .collect();
     for conc in [1usize, 4] {
         let t0 = Instant::now();
-        let total: u64 = futures::stream::iter(objects.clone())
-            .map(|(name, len)| {
-                let c = client.clone();
-                async move { c.read_range(&name, 0, len).await.map(|b| b.len() as u64) }
-            })
-            .buffer_unordered(conc)
-            .try_fold(0u64, |a, n| async move { Ok(a + n) })
-            .await
-            .expect("range");
+        let total = sum_bytes(objects.clone(), conc, |(name, len)| {
+            let c = client.clone();
+            async move {
+                c.read_range(&name, 0, len)
+                    .await
+                    .map(|b| b.len() as u64)
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
         row(
             "DoGet Range: raw Parquet bytes",
             conc,
