@@ -91,7 +91,7 @@ struct ServeArgs {
     /// Listen address.
     #[arg(long)]
     listen: Option<String>,
-    /// URL advertised to clients (default grpc://<listen address>).
+    /// URL advertised to clients (default: `grpc://` + the bound listen address).
     #[arg(long)]
     advertise: Option<String>,
     /// CPU workers for operator work.

@@ -1,4 +1,14 @@
-//! Flight tickets: a version byte followed by a protobuf [`TicketProto`].
+//! Flight tickets: a version byte (`1`) followed by a protobuf message, so any
+//! Flight client can build them:
+//!
+//! ```text
+//! message Ticket { oneof kind { Scan scan = 1; Range range = 2; } }
+//! message Scan   { string table = 1; optional string partition = 2; repeated string columns = 3; }
+//! message Range  { string object = 1; uint64 offset = 2; uint64 length = 3; }
+//! ```
+//!
+//! A `Scan` answers Arrow IPC batches (columns in table order; empty `columns` = all);
+//! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes.
 //!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.
