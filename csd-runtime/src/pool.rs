@@ -49,14 +49,6 @@ impl CpuPool {
             None => unreachable!("the runtime lives until drop"),
         }
     }
-
-    /// Runs `fut` on the pool and waits for it.
-    pub async fn run<T: Send + 'static>(
-        &self,
-        fut: impl Future<Output = Result<T>> + Send + 'static,
-    ) -> Result<T> {
-        self.spawn(fut).await
-    }
 }
 
 impl Drop for CpuPool {

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use arrow::datatypes::SchemaRef;
@@ -406,13 +405,12 @@ impl AsyncFileWriter for ObjectWriter {
     }
 }
 
-/// Reads one stored Parquet object by range, counting the bytes it reads.
+/// Reads one stored Parquet object by range (checksums verified by the store).
 #[derive(Clone)]
 pub struct ObjectReader {
     store: ObjectStore,
     object: Arc<ObjectInfo>,
     metadata: Option<Arc<ParquetMetaData>>,
-    bytes_read: Arc<AtomicU64>,
 }
 
 impl ObjectReader {
@@ -422,7 +420,6 @@ impl ObjectReader {
             store,
             object,
             metadata: None,
-            bytes_read: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -430,17 +427,6 @@ impl ObjectReader {
     pub fn with_metadata(mut self, m: Arc<ParquetMetaData>) -> Self {
         self.metadata = Some(m);
         self
-    }
-
-    /// Shares a byte counter (e.g. one per request).
-    pub fn with_counter(mut self, c: Arc<AtomicU64>) -> Self {
-        self.bytes_read = c;
-        self
-    }
-
-    /// Bytes read so far.
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// Loads footer + page index + Arrow schema.
@@ -462,13 +448,10 @@ impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
             let len = range.end.saturating_sub(range.start);
-            let b = self
-                .store
+            self.store
                 .read_object_range(&self.object, range.start, len)
                 .await
-                .map_err(to_parquet)?;
-            self.bytes_read.fetch_add(len, Ordering::Relaxed);
-            Ok(b)
+                .map_err(to_parquet)
         }
         .boxed()
     }
@@ -480,7 +463,6 @@ impl AsyncFileReader for ObjectReader {
         async move {
             let reads = ranges.into_iter().map(|r| {
                 let len = r.end.saturating_sub(r.start);
-                self.bytes_read.fetch_add(len, Ordering::Relaxed);
                 self.store.read_object_range(&self.object, r.start, len)
             });
             futures::future::try_join_all(reads)

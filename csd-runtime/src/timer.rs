@@ -148,11 +148,6 @@ pub async fn sleep_until(at: Instant) {
     Timer::global().sleep_until(at).await
 }
 
-/// Completes after `d`.
-pub async fn sleep(d: Duration) {
-    sleep_until(Instant::now() + d).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,17 +50,6 @@ impl TimingModel {
         }
     }
 
-    /// A datacenter NVMe SSD, roughly: 80 µs, 3 GB/s read, 1.5 GB/s write.
-    pub fn datacenter_nvme() -> Self {
-        TimingModel {
-            latency_us: 80.0,
-            read_mbps: 3000.0,
-            write_mbps: 1500.0,
-            queue_depth: 64,
-            parallelism: 16,
-        }
-    }
-
     pub(crate) fn validate(&self) -> Result<()> {
         let ok = self.latency_us >= 0.0
             && self.read_mbps >= 0.0
