@@ -6,7 +6,7 @@ use std::time::Instant;
 use arrow::compute::concat_batches;
 use arrow::record_batch::RecordBatch;
 use csd_runtime::node::{self, NodeConfig};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tpchgen::generators::LineItemGenerator;
 use tpchgen_arrow::LineItemArrow;
@@ -118,8 +118,10 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     for (i, batches) in parts.iter().enumerate() {
         let schema = batches[0].schema();
         let b2 = bar.clone();
-        let stream = futures::stream::iter(batches.clone())
-            .map_ok_inspect(move |b: &RecordBatch| b2.inc(b.num_rows() as u64));
+        let stream = futures::stream::iter(batches.clone()).map(move |b| {
+            b2.inc(b.num_rows() as u64);
+            Ok(b)
+        });
         let s = client
             .put("lineitem", &format!("p{i}"), schema, stream)
             .await?;
@@ -226,25 +228,4 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         say!("kept           device in {}", kept.display());
     }
     Ok(())
-}
-
-trait MapOkInspect: Sized {
-    fn map_ok_inspect<F: FnMut(&RecordBatch) + Send + 'static>(
-        self,
-        f: F,
-    ) -> futures::stream::BoxStream<'static, Result<RecordBatch>>;
-}
-
-impl<S: futures::Stream<Item = RecordBatch> + Send + 'static> MapOkInspect for S {
-    fn map_ok_inspect<F: FnMut(&RecordBatch) + Send + 'static>(
-        self,
-        mut f: F,
-    ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
-        use futures::StreamExt;
-        self.map(move |b| {
-            f(&b);
-            Ok(b)
-        })
-        .boxed()
-    }
 }

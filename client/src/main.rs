@@ -211,12 +211,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "csd storage node listening on {} (device {})",
         node.url, config.device
     );
+    let mut node = node;
     tokio::select! {
         r = tokio::signal::ctrl_c() => {
             r.map_err(|e| Error::InvalidInput(format!("signal handler: {e}")))?;
             println!("shutting down");
             node.shutdown().await?;
         }
+        // The server ending on its own is an error worth reporting, not a hang.
+        r = node.wait() => r?,
     }
     Ok(())
 }

@@ -90,8 +90,8 @@ impl RunningNode {
             .map_err(|e| Error::Internal(format!("server task: {e}")))?
     }
 
-    /// Waits until the server stops (e.g. after ctrl-c handling by the caller).
-    pub async fn wait(mut self) -> Result<()> {
+    /// Waits until the server stops by itself (an error, or a shutdown elsewhere).
+    pub async fn wait(&mut self) -> Result<()> {
         (&mut self.server)
             .await
             .map_err(|e| Error::Internal(format!("server task: {e}")))?

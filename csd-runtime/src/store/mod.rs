@@ -536,16 +536,15 @@ impl ObjectStore {
             let mut x = a;
             while x < b {
                 let n = (b - x).min(READ_UNIT / bs);
-                cmds.push(e.lba + (x - lo));
-                cmds.push(n);
+                cmds.push((e.lba + (x - lo), n));
                 x += n;
             }
             logical = hi;
         }
         let dev = &self.inner.dev;
         let reads = cmds
-            .chunks(2)
-            .map(|c| dev.read(c[0], DmaBuf::recycled((c[1] * bs) as usize)));
+            .iter()
+            .map(|&(lba, n)| dev.read(lba, DmaBuf::recycled((n * bs) as usize)));
         let bufs = futures::future::try_join_all(reads).await?;
         let want = (end - first_block * bs) as usize;
         if bufs.iter().map(|b| b.len()).sum::<usize>() < want {
