@@ -62,7 +62,13 @@ enum Command {
         #[arg(long, default_value = "grpc://127.0.0.1:50051")]
         node: String,
     },
-    /// Start an embedded node, store a generated TPC-H table, read it back.
+    /// Run SQL over the nodes' tables, with the data-reducing part pushed to the nodes.
+    ///
+    /// Prints the result on stdout, and rows, time and bytes moved on stderr. With no
+    /// query and no -f, reads statements from stdin (an interactive prompt on a
+    /// terminal), each ended by `;`.
+    Sql(SqlArgs),
+    /// Start an embedded node, load TPC-H, run queries with and without pushdown.
     Demo {
         /// TPC-H scale factor.
         #[arg(long, default_value_t = 0.1)]
@@ -74,6 +80,34 @@ enum Command {
         #[arg(long)]
         keep: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct SqlArgs {
+    /// Storage node URL (repeat for several nodes).
+    #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
+    nodes: Vec<String>,
+    /// Read everything to the compute tier and run the query here (the baseline).
+    #[arg(long)]
+    no_pushdown: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Compression of pushed-down answers: none, lz4 or zstd.
+    #[arg(long, default_value = "lz4")]
+    compression: String,
+    /// Read the SQL from this file.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// The SQL (one or more statements separated by `;`).
+    query: Option<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Table,
+    Csv,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -206,7 +240,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         config.memory = v;
     }
     config.format |= args.format;
-    let node = node::start(&config).await?;
+    let node = node::start_with(&config, csd_query_pushdown::registry()).await?;
     println!(
         "csd storage node listening on {} (device {})",
         node.url, config.device
@@ -224,9 +258,138 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+fn df(e: datafusion::error::DataFusionError) -> Error {
+    Error::InvalidInput(e.to_string())
+}
+
+/// Splits a script into statements at `;` outside quotes.
+fn statements(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';') => {
+                if !cur.trim().is_empty() {
+                    out.push(cur.trim().to_string());
+                }
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+async fn run_sql(session: &csd_query_pushdown::CsdSession, sql: &str, format: Format) -> Result<()> {
+    use std::io::Write;
+    let r = session.run(sql).await.map_err(df)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| Error::InvalidInput(format!("writing the result: {e}"));
+    match format {
+        Format::Table => {
+            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(&r.batches)?).map_err(io)?
+        }
+        Format::Csv => {
+            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            for b in &r.batches {
+                w.write(b)?;
+            }
+        }
+        Format::Json => {
+            let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+            for b in &r.batches {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+    }
+    drop(out);
+    let scanned: u64 = r.node_runs.iter().map(|n| n.report.bytes_read).sum();
+    eprintln!(
+        "{} rows in {:.1} ms; {} bytes moved from the nodes{}",
+        r.rows(),
+        r.elapsed.as_secs_f64() * 1e3,
+        r.bytes_moved,
+        if session.pushdown() {
+            format!(" (pushdown: nodes read {scanned} bytes from their devices)")
+        } else {
+            " (no pushdown: Parquet byte ranges)".to_string()
+        }
+    );
+    Ok(())
+}
+
+async fn sql(args: SqlArgs) -> Result<()> {
+    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes).await.map_err(df)?;
+    let session = cluster
+        .session(csd_query_pushdown::SessionOptions {
+            pushdown: !args.no_pushdown,
+            compression: args.compression.parse()?,
+            target_partitions: None,
+        })
+        .await
+        .map_err(df)?;
+    let script = match (&args.query, &args.file) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidInput("give a query or -f FILE, not both".into()));
+        }
+        (Some(q), None) => Some(q.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| Error::InvalidInput(format!("{}: {e}", f.display())))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(script) = script {
+        for s in statements(&script) {
+            run_sql(&session, &s, args.format).await?;
+        }
+        return Ok(());
+    }
+    // Interactive: statements end with `;`; errors are printed and the prompt goes on.
+    use std::io::{BufRead, IsTerminal, Write};
+    let tty = std::io::stdin().is_terminal();
+    let mut pending = String::new();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if tty {
+            eprint!("{}", if pending.is_empty() { "csd> " } else { "  -> " });
+            let _ = std::io::stderr().flush();
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|e| Error::InvalidInput(format!("reading stdin: {e}")))?;
+        pending.push_str(&line);
+        pending.push('\n');
+        if line.trim_end().ends_with(';') {
+            for s in statements(&pending) {
+                if let Err(e) = run_sql(&session, &s, args.format).await {
+                    if !tty {
+                        return Err(e);
+                    }
+                    eprintln!("error: {e}");
+                }
+            }
+            pending.clear();
+        }
+    }
+    for s in statements(&pending) {
+        run_sql(&session, &s, args.format).await?;
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Sql(args) => sql(args).await,
         Command::Put {
             file,
             table,

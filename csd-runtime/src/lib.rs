@@ -4,7 +4,9 @@
 //! * [`store`]: a crash-safe, checksummed object store on raw blocks.
 //! * [`table`]: tables and partitions held as Parquet objects the node writes itself.
 //! * [`ticket`]: the Flight ticket format (versioned protobuf), with input limits.
+//! * [`operator`]: the one trait pushed-down work (SQL fragments, DNN prefixes) plugs into.
 //! * [`service`]: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
+//! * [`client`]: [`NodeClient`](client::NodeClient), the Rust side of the wire protocol.
 //! * [`node`]: configuration and start-up of a whole node.
 //! * [`timer`]: a microsecond-precision timer for emulation (devices, links).
 //!
@@ -14,7 +16,9 @@ pub mod device;
 pub mod error;
 pub mod store;
 
+pub mod client;
 pub mod node;
+pub mod operator;
 pub mod pool;
 pub mod service;
 pub mod table;

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::device::{DeviceSpec, parse_size};
 use crate::error::{Error, Result};
+use crate::operator::OperatorRegistry;
 use crate::pool::CpuPool;
 use crate::service::{FlightNode, NodeState};
 use crate::store::{FormatMode, ObjectStore, StoreOptions};
@@ -106,8 +107,14 @@ impl Drop for RunningNode {
     }
 }
 
-/// Opens device, store and tables, binds the listener and starts serving.
+/// Opens device, store and tables, binds the listener and starts serving (raw scans
+/// and ranges only; see [`start_with`] for pushed-down operators).
 pub async fn start(config: &NodeConfig) -> Result<RunningNode> {
+    start_with(config, OperatorRegistry::new()).await
+}
+
+/// [`start`], serving `operators` too.
+pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Result<RunningNode> {
     let spec: DeviceSpec = config.device.parse()?;
     let capacity = config.capacity.as_deref().map(parse_size).transpose()?;
     let memory_budget = parse_size(&config.memory)?;
@@ -138,7 +145,9 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode> {
         .advertise
         .clone()
         .unwrap_or_else(|| format!("grpc://{addr}"));
-    let state = Arc::new(NodeState::new(tables, pool, url.clone(), memory_budget));
+    let state = Arc::new(
+        NodeState::new(tables, pool, url.clone(), memory_budget).with_operators(operators),
+    );
     let service = FlightServiceServer::new(FlightNode::new(state.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -5,7 +5,7 @@
 //! | `DoPut` | descriptor path `[table]` or `[table, partition]` (default partition `0`): stores the Arrow stream as one new Parquet object; answers a `PutResult` whose metadata is the JSON [`PutSummary`](crate::table::PutSummary) |
 //! | `ListFlights` | one `FlightInfo` per table (criteria expression: optional name prefix): schema, rows, bytes, one endpoint per partition with its scan ticket; `app_metadata` is JSON [`TableDescription`] |
 //! | `GetFlightInfo` / `GetSchema` | the same for one table (descriptor path `[table]`) |
-//! | `DoGet` | a [`Ticket`]: `Scan` streams Arrow batches; `Range` streams raw object bytes in `data_body` chunks |
+//! | `DoGet` | a [`Ticket`]: `Scan` streams Arrow batches; `Range` streams raw object bytes in `data_body` chunks; `Operator` runs a registered [`Operator`](crate::operator::Operator) and streams its batches, then an [`OperatorReport`](crate::operator::OperatorReport) |
 //! | `DoAction` | `stats` (JSON node figures), `delete` (body `table` or `table/partition`), `objects` (body: name prefix) |
 //!
 //! Errors become gRPC statuses only through [`Error::to_status`].
@@ -36,10 +36,11 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
+use crate::operator::{OperatorContext, OperatorRegistry, OperatorReport, RequestMetrics};
 use crate::pool::{AbortOnDrop, CpuPool};
 use crate::store::ObjectStore;
 use crate::table::{ObjectReader, ParquetObject, Table, TableStore};
-use crate::ticket::Ticket;
+use crate::ticket::{Compression, Ticket};
 
 /// Bytes per `data_body` chunk of a raw range stream.
 pub const RANGE_CHUNK: u64 = 1 << 20;
@@ -70,6 +71,8 @@ pub struct NodeState {
     pub memory_budget: u64,
     /// Counters.
     pub counters: ServiceCounters,
+    /// Pushed-down operators this node runs.
+    pub operators: OperatorRegistry,
     started: Instant,
 }
 
@@ -82,8 +85,15 @@ impl NodeState {
             location,
             memory_budget,
             counters: ServiceCounters::default(),
+            operators: OperatorRegistry::new(),
             started: Instant::now(),
         }
+    }
+
+    /// Serves `operators` too.
+    pub fn with_operators(mut self, operators: OperatorRegistry) -> Self {
+        self.operators = operators;
+        self
     }
 
     fn store(&self) -> &ObjectStore {
@@ -328,19 +338,37 @@ impl FlightNode {
     }
 
     /// Drives `stream` on the CPU pool, forwarding items through a small channel.
-    fn run_stream<S>(&self, mut stream: S) -> TaskStream
+    fn run_stream<S>(&self, stream: S) -> TaskStream
     where
         S: Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
         S: Unpin,
     {
+        self.run_stream_then(stream, |_| None)
+    }
+
+    /// Like [`run_stream`](Self::run_stream); after the last item (if all went well)
+    /// sends `trailer(bytes sent)` when that gives a message.
+    fn run_stream_then<S, T>(&self, mut stream: S, trailer: T) -> TaskStream
+    where
+        S: Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
+        S: Unpin,
+        T: FnOnce(u64) -> Option<FlightData> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(4);
         let task = self.state.pool.spawn(async move {
+            let mut sent = 0u64;
             while let Some(item) = stream.next().await {
                 let item = item.map_err(|e| Error::from(e).to_status());
                 let stop = item.is_err();
-                if tx.send(item).await.is_err() || stop {
-                    break;
+                if let Ok(d) = &item {
+                    sent += (d.data_body.len() + d.data_header.len()) as u64;
                 }
+                if tx.send(item).await.is_err() || stop {
+                    return Ok(());
+                }
+            }
+            if let Some(last) = trailer(sent) {
+                let _ = tx.send(Ok(last)).await;
             }
             Ok(())
         });
@@ -349,6 +377,67 @@ impl FlightNode {
             _task: task,
             sent: self.state.counters.bytes_sent.clone(),
         }
+    }
+
+    /// Runs a pushed-down operator: plans on the CPU pool (a bad request fails the
+    /// call itself), then streams its batches and the trailing [`OperatorReport`].
+    async fn operator(
+        &self,
+        name: &str,
+        args: Bytes,
+        compression: Compression,
+    ) -> Result<TaskStream> {
+        let started = Instant::now();
+        let op = self.state.operators.get(name).cloned().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "operator {name:?} is not served by this node (it serves: {})",
+                self.state.operators.names().join(", ")
+            ))
+        })?;
+        let metrics = Arc::new(RequestMetrics::default());
+        let ctx = OperatorContext {
+            node: self.state.clone(),
+            metrics: metrics.clone(),
+        };
+        let opened = self
+            .state
+            .pool
+            .spawn(async move { op.open(ctx, args).await })
+            .await?;
+        let options = IpcWriteOptions::default().try_with_compression(match compression {
+            Compression::None => None,
+            Compression::Lz4Frame => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+            Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
+        })?;
+        let rows = Arc::new(AtomicU64::new(0));
+        let batches = opened.batches.map({
+            let rows = rows.clone();
+            move |b| match b {
+                Ok(b) => {
+                    rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                    Ok(b)
+                }
+                Err(e) => Err(FlightError::ExternalError(Box::new(e))),
+            }
+        });
+        let encoder = FlightDataEncoderBuilder::new()
+            .with_options(options)
+            .with_schema(opened.schema)
+            .build(batches);
+        let name = name.to_string();
+        Ok(self.run_stream_then(encoder, move |bytes_sent| {
+            let report = OperatorReport {
+                operator: name,
+                bytes_read: metrics.bytes_read.load(Ordering::Relaxed),
+                bytes_sent,
+                rows_scanned: metrics.rows_scanned.load(Ordering::Relaxed),
+                rows_returned: rows.load(Ordering::Relaxed),
+                elapsed_us: started.elapsed().as_micros() as u64,
+                details: Default::default(),
+            };
+            let json = serde_json::to_vec(&report).ok()?;
+            Some(FlightData::new().with_app_metadata(json))
+        }))
     }
 
     fn range(
@@ -627,6 +716,14 @@ impl FlightService for FlightNode {
                 offset,
                 length,
             } => self.range(&object, offset, length)?,
+            Ticket::Operator {
+                name,
+                args,
+                compression,
+            } => self
+                .operator(&name, args.into(), compression)
+                .await?
+                .boxed(),
         };
         Ok(Response::new(stream))
     }

@@ -411,6 +411,7 @@ pub struct ObjectReader {
     store: ObjectStore,
     object: Arc<ObjectInfo>,
     metadata: Option<Arc<ParquetMetaData>>,
+    bytes_read: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl ObjectReader {
@@ -420,6 +421,19 @@ impl ObjectReader {
             store,
             object,
             metadata: None,
+            bytes_read: None,
+        }
+    }
+
+    /// Adds every byte read from the device to `counter` (per-request figures).
+    pub fn with_counter(mut self, counter: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.bytes_read = Some(counter);
+        self
+    }
+
+    fn count(&self, n: u64) {
+        if let Some(c) = &self.bytes_read {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -448,10 +462,13 @@ impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
             let len = range.end.saturating_sub(range.start);
-            self.store
+            let b = self
+                .store
                 .read_object_range(&self.object, range.start, len)
                 .await
-                .map_err(to_parquet)
+                .map_err(to_parquet)?;
+            self.count(b.len() as u64);
+            Ok(b)
         }
         .boxed()
     }
@@ -465,9 +482,11 @@ impl AsyncFileReader for ObjectReader {
                 let len = r.end.saturating_sub(r.start);
                 self.store.read_object_range(&self.object, r.start, len)
             });
-            futures::future::try_join_all(reads)
+            let out = futures::future::try_join_all(reads)
                 .await
-                .map_err(to_parquet)
+                .map_err(to_parquet)?;
+            self.count(out.iter().map(|b| b.len() as u64).sum());
+            Ok(out)
         }
         .boxed()
     }

@@ -2,13 +2,19 @@
 //! Flight client can build them:
 //!
 //! ```text
-//! message Ticket { oneof kind { Scan scan = 1; Range range = 2; } }
-//! message Scan   { string table = 1; optional string partition = 2; repeated string columns = 3; }
-//! message Range  { string object = 1; uint64 offset = 2; uint64 length = 3; }
+//! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; } }
+//! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
+//! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
+//! message Operator { string name = 1; bytes args = 2; Compression compression = 3; }
+//! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
 //! ```
 //!
 //! A `Scan` answers Arrow IPC batches (columns in table order; empty `columns` = all);
-//! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes.
+//! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes; an
+//! `Operator` runs pushed-down work (see [`crate::operator`]; `args` is the operator's
+//! own format, e.g. a Substrait plan for `"sql"`) and answers Arrow IPC batches,
+//! compressed as asked, followed by one `FlightData` with only `app_metadata` (JSON
+//! [`OperatorReport`](crate::operator::OperatorReport)).
 //!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.
@@ -43,11 +49,46 @@ pub enum Ticket {
         /// Byte count.
         length: u64,
     },
+    /// Run a pushed-down operator.
+    Operator {
+        /// Operator name (`"sql"`, …).
+        name: String,
+        /// The operator's arguments.
+        args: Vec<u8>,
+        /// Compression of the answer's Arrow IPC bodies.
+        compression: Compression,
+    },
+}
+
+/// Arrow IPC body compression of an operator's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum Compression {
+    /// Uncompressed (fastest on loopback).
+    None = 0,
+    /// LZ4 frame: cheap, about 2x on typical columns.
+    Lz4Frame = 1,
+    /// ZSTD: more CPU, smallest; pays on slow links.
+    Zstd = 2,
+}
+
+impl std::str::FromStr for Compression {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(Compression::None),
+            "lz4" | "lz4_frame" => Ok(Compression::Lz4Frame),
+            "zstd" => Ok(Compression::Zstd),
+            _ => Err(Error::InvalidArgument(format!(
+                "compression {s:?} is not one of none, lz4, zstd"
+            ))),
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct TicketProto {
-    #[prost(oneof = "Kind", tags = "1, 2")]
+    #[prost(oneof = "Kind", tags = "1, 2, 3")]
     kind: Option<Kind>,
 }
 
@@ -57,6 +98,18 @@ enum Kind {
     Scan(ScanProto),
     #[prost(message, tag = "2")]
     Range(RangeProto),
+    #[prost(message, tag = "3")]
+    Operator(OperatorProto),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct OperatorProto {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(bytes = "vec", tag = "2")]
+    args: Vec<u8>,
+    #[prost(enumeration = "Compression", tag = "3")]
+    compression: i32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -101,6 +154,15 @@ impl Ticket {
                 offset,
                 length,
             }),
+            Ticket::Operator {
+                name,
+                args,
+                compression,
+            } => Kind::Operator(OperatorProto {
+                name,
+                args,
+                compression: compression as i32,
+            }),
         };
         let mut out = vec![TICKET_VERSION];
         TicketProto { kind: Some(kind) }
@@ -112,7 +174,7 @@ impl Ticket {
     /// Decodes untrusted bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         if bytes.len() > MAX_TICKET_BYTES {
-            return Err(Error::ResourcesExhausted(format!(
+            return Err(Error::InvalidArgument(format!(
                 "ticket of {} bytes exceeds the {MAX_TICKET_BYTES}-byte limit",
                 bytes.len()
             )));
@@ -138,6 +200,16 @@ impl Ticket {
                 offset: r.offset,
                 length: r.length,
             }),
+            Some(Kind::Operator(o)) => Ok(Ticket::Operator {
+                compression: Compression::try_from(o.compression).map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "ticket asks for unknown compression {}",
+                        o.compression
+                    ))
+                })?,
+                name: o.name,
+                args: o.args,
+            }),
             None => Err(Error::InvalidArgument("ticket names no operation".into())),
         }
     }
@@ -161,6 +233,12 @@ mod tests {
             length: 9,
         };
         assert_eq!(Ticket::decode(&r.encode()).unwrap(), r);
+        let o = Ticket::Operator {
+            name: "sql".into(),
+            args: vec![1, 2, 3],
+            compression: Compression::Zstd,
+        };
+        assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
     }
 
     #[test]
@@ -204,7 +282,7 @@ mod tests {
         let huge = vec![1u8; MAX_TICKET_BYTES + 1];
         assert!(matches!(
             Ticket::decode(&huge),
-            Err(Error::ResourcesExhausted(_))
+            Err(Error::InvalidArgument(_))
         ));
     }
 }

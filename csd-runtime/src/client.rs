@@ -1,0 +1,403 @@
+//! [`NodeClient`] talks Arrow Flight to one storage node: store tables
+//! ([`NodeClient::put`]), list them, scan them back, read object bytes by range, run
+//! pushed-down operators ([`NodeClient::operator`]), delete, and read node figures.
+//! It lives here, beside the ticket format and the service, because this crate owns
+//! the wire protocol; the operator crates and `csd-client` use it.
+
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder, FlightRecordBatchStream};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{
+    Action, Criteria, FlightClient, FlightDescriptor, FlightInfo, Ticket as FlightTicket,
+};
+use bytes::{Bytes, BytesMut};
+use crate::service::TableDescription;
+use crate::table::PutSummary;
+use crate::ticket::Ticket;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::operator::OperatorReport;
+use crate::ticket::Compression;
+use tonic::transport::{Channel, Endpoint};
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The node answered with an error status.
+    #[error("node error ({code:?}): {message}")]
+    Rpc {
+        /// gRPC code.
+        code: tonic::Code,
+        /// The node's message.
+        message: String,
+    },
+    /// The node could not be reached.
+    #[error("cannot reach {url}: {message}")]
+    Connect {
+        /// Node URL.
+        url: String,
+        /// Why.
+        message: String,
+    },
+    /// Bad input from the user (file, arguments).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The node sent something we cannot read.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+    /// From the runtime (embedded node).
+    #[error(transparent)]
+    Runtime(#[from] crate::Error),
+}
+
+/// Client result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Error::Rpc {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+impl From<FlightError> for Error {
+    fn from(e: FlightError) -> Self {
+        match e {
+            FlightError::Tonic(s) => (*s).into(),
+            other => Error::Protocol(other.to_string()),
+        }
+    }
+}
+
+impl From<arrow::error::ArrowError> for Error {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        Error::InvalidInput(e.to_string())
+    }
+}
+
+impl Error {
+    /// The gRPC code, if the node answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// An error and its causes, `outer: inner: innermost` (tonic's transport errors say
+/// only "transport error" at the top).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Largest message the client accepts.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// A table as a node describes it.
+#[derive(Debug, Clone)]
+pub struct TableInfo {
+    /// Name.
+    pub name: String,
+    /// Arrow schema.
+    pub schema: SchemaRef,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Partitions and their objects.
+    pub description: TableDescription,
+}
+
+impl TryFrom<FlightInfo> for TableInfo {
+    type Error = Error;
+    fn try_from(info: FlightInfo) -> Result<Self> {
+        let schema = std::sync::Arc::new(info.clone().try_decode_schema()?);
+        let description: TableDescription = serde_json::from_slice(&info.app_metadata)
+            .map_err(|e| Error::Protocol(format!("table description: {e}")))?;
+        Ok(TableInfo {
+            name: description.table.clone(),
+            schema,
+            rows: info.total_records.max(0) as u64,
+            bytes: info.total_bytes.max(0) as u64,
+            description,
+        })
+    }
+}
+
+/// A connection to one storage node.
+#[derive(Clone)]
+pub struct NodeClient {
+    url: String,
+    raw: FlightServiceClient<Channel>,
+}
+
+impl NodeClient {
+    /// Connects to `url` (`grpc://host:port`, `http://host:port` or `host:port`).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let http = match url.split_once("://") {
+            Some(("grpc" | "http", rest)) => format!("http://{rest}"),
+            Some((scheme, _)) => {
+                return Err(Error::InvalidInput(format!(
+                    "node URL {url:?}: scheme {scheme} is not grpc or http"
+                )));
+            }
+            None => format!("http://{url}"),
+        };
+        let channel = Endpoint::from_shared(http)
+            .map_err(|e| Error::InvalidInput(format!("node URL {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| Error::Connect {
+                url: url.to_string(),
+                message: error_chain(&e),
+            })?;
+        let raw = FlightServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(NodeClient {
+            url: url.to_string(),
+            raw,
+        })
+    }
+
+    /// The node's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn flight(&self) -> FlightClient {
+        FlightClient::new_from_inner(self.raw.clone())
+    }
+
+    /// Stores `batches` as one new object of `table`/`partition`.
+    pub async fn put<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Send + 'static,
+    {
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![
+                table.into(),
+                partition.into(),
+            ])))
+            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))));
+        let mut results = self.flight().do_put(data).await?;
+        let first = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol("DoPut returned no result".into()))?;
+        serde_json::from_slice(&first.app_metadata)
+            .map_err(|e| Error::Protocol(format!("put summary: {e}")))
+    }
+
+    /// All tables (optionally those whose names start with `prefix`).
+    pub async fn list_tables(&self, prefix: &str) -> Result<Vec<TableInfo>> {
+        let infos: Vec<FlightInfo> = self
+            .flight()
+            .list_flights(
+                Criteria {
+                    expression: prefix.to_string().into(),
+                }
+                .expression,
+            )
+            .await?
+            .try_collect()
+            .await?;
+        infos.into_iter().map(TableInfo::try_from).collect()
+    }
+
+    /// One table.
+    pub async fn table(&self, name: &str) -> Result<TableInfo> {
+        self.flight()
+            .get_flight_info(FlightDescriptor::new_path(vec![name.into()]))
+            .await?
+            .try_into()
+    }
+
+    /// Streams a table (or one partition), optionally only some columns.
+    pub async fn scan(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[&str],
+    ) -> Result<FlightRecordBatchStream> {
+        let ticket = Ticket::Scan {
+            table: table.into(),
+            partition: partition.map(Into::into),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+        };
+        Ok(self
+            .flight()
+            .do_get(FlightTicket::new(ticket.encode()))
+            .await?)
+    }
+
+    /// Reads `len` raw bytes at `offset` of a stored object.
+    pub async fn read_range(&self, object: &str, offset: u64, len: u64) -> Result<Bytes> {
+        let ticket = Ticket::Range {
+            object: object.into(),
+            offset,
+            length: len,
+        };
+        let mut stream = self
+            .raw
+            .clone()
+            .do_get(FlightTicket::new(ticket.encode()))
+            .await?
+            .into_inner();
+        let mut out = BytesMut::with_capacity(len as usize);
+        while let Some(d) = stream.message().await? {
+            out.extend_from_slice(&d.data_body);
+        }
+        if out.len() as u64 != len {
+            return Err(Error::Protocol(format!(
+                "asked for {len} bytes of {object}, got {}",
+                out.len()
+            )));
+        }
+        Ok(out.freeze())
+    }
+
+    /// Runs the pushed-down operator `name` with `args`; the answer's IPC bodies are
+    /// compressed with `compression`. Fails at once if the node refuses the request.
+    pub async fn operator(
+        &self,
+        name: &str,
+        args: Vec<u8>,
+        compression: Compression,
+    ) -> Result<OperatorReply> {
+        let ticket = Ticket::Operator {
+            name: name.into(),
+            args,
+            compression,
+        };
+        let inner = self
+            .raw
+            .clone()
+            .do_get(FlightTicket::new(ticket.encode()))
+            .await?
+            .into_inner();
+        let stats = Arc::new(ReplyStats::default());
+        // The trailing report has no IPC header (arrow-flight's decoder would refuse
+        // it): take it out here.
+        let counted = inner.filter_map({
+            let stats = stats.clone();
+            move |d| {
+                let out = match d {
+                    Ok(d) => {
+                        stats.bytes_received.fetch_add(
+                            (d.data_header.len() + d.data_body.len()) as u64,
+                            Ordering::Relaxed,
+                        );
+                        if d.data_header.is_empty() && !d.app_metadata.is_empty() {
+                            match serde_json::from_slice(&d.app_metadata) {
+                                Ok(r) => {
+                                    if let Ok(mut g) = stats.report.lock() {
+                                        *g = Some(r);
+                                    }
+                                    None
+                                }
+                                Err(e) => Some(Err(FlightError::ProtocolError(format!(
+                                    "request report: {e}"
+                                )))),
+                            }
+                        } else {
+                            Some(Ok(d))
+                        }
+                    }
+                    Err(s) => Some(Err(FlightError::Tonic(Box::new(s)))),
+                };
+                futures::future::ready(out)
+            }
+        });
+        let batches = FlightDataDecoder::new(counted)
+            .filter_map(|d| {
+                futures::future::ready(match d {
+                    Err(e) => Some(Err(Error::from(e))),
+                    Ok(d) => match d.payload {
+                        DecodedPayload::RecordBatch(b) => Some(Ok(b)),
+                        DecodedPayload::Schema(_) | DecodedPayload::None => None,
+                    },
+                })
+            })
+            .boxed();
+        Ok(OperatorReply { batches, stats })
+    }
+
+    async fn action(&self, kind: &str, body: Vec<u8>) -> Result<serde_json::Value> {
+        let mut results = self.flight().do_action(Action::new(kind, body)).await?;
+        let r = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol(format!("action {kind} returned nothing")))?;
+        serde_json::from_slice(&r).map_err(|e| Error::Protocol(format!("action {kind}: {e}")))
+    }
+
+    /// Deletes `table` or `table/partition`; returns objects deleted.
+    pub async fn delete(&self, target: &str) -> Result<u64> {
+        let v = self.action("delete", target.as_bytes().to_vec()).await?;
+        Ok(v["deleted_objects"].as_u64().unwrap_or(0))
+    }
+
+    /// Node, device, store and request figures.
+    pub async fn stats(&self) -> Result<serde_json::Value> {
+        self.action("stats", vec![]).await
+    }
+
+    /// Stored objects whose names start with `prefix`.
+    pub async fn objects(&self, prefix: &str) -> Result<serde_json::Value> {
+        self.action("objects", serde_json::to_vec(prefix).unwrap_or_default())
+            .await
+    }
+}
+
+/// The answer of [`NodeClient::operator`]: a stream of batches and, once it has
+/// ended, the node's [`OperatorReport`].
+pub struct OperatorReply {
+    /// The batches.
+    pub batches: BoxStream<'static, Result<RecordBatch>>,
+    /// Bytes received and the node's report (filled as the stream is read).
+    pub stats: Arc<ReplyStats>,
+}
+
+/// What a client learns about one operator request.
+#[derive(Debug, Default)]
+pub struct ReplyStats {
+    /// Bytes of `FlightData` headers and bodies received.
+    pub bytes_received: AtomicU64,
+    /// The node's report, once the stream has ended.
+    pub report: Mutex<Option<OperatorReport>>,
+}
+
+impl ReplyStats {
+    /// The node's report, if it has arrived.
+    pub fn report(&self) -> Option<OperatorReport> {
+        self.report.lock().ok().and_then(|g| g.clone())
+    }
+}

@@ -1,0 +1,300 @@
+//! `CsdScanExec`: the compute-side leaf that runs a pushed fragment on every endpoint
+//! (one output partition per node partition, read in parallel) and collects what each
+//! node reports, for `EXPLAIN ANALYZE` and the byte counts of `csd sql`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatchOptions;
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use csd_runtime::operator::OperatorReport;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PhysicalExpr, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::error::to_datafusion;
+use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
+use crate::table::CsdTable;
+
+/// What one endpoint did for one execution.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointRun {
+    /// `node-url/partition`.
+    pub endpoint: String,
+    /// Bytes received from the node (Arrow IPC, after compression).
+    pub bytes_received: u64,
+    /// The node's report.
+    pub report: OperatorReport,
+}
+
+/// Runs a pushed fragment on all endpoints of a table.
+#[derive(Debug)]
+pub struct CsdScanExec {
+    table: CsdTable,
+    schema: SchemaRef,
+    plan: Arc<Vec<u8>>,
+    mode: Mode,
+    describe: String,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    runs: Arc<Vec<Mutex<Option<EndpointRun>>>>,
+}
+
+impl CsdScanExec {
+    /// A scan of `table` answering `schema`, running Substrait `plan` in `mode`;
+    /// `describe` is what EXPLAIN shows as pushed.
+    pub fn new(
+        table: CsdTable,
+        schema: SchemaRef,
+        plan: Vec<u8>,
+        mode: Mode,
+        describe: String,
+    ) -> Self {
+        let n = table.endpoints().len();
+        let props = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(n.max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        CsdScanExec {
+            table,
+            schema,
+            plan: Arc::new(plan),
+            mode,
+            describe,
+            props: Arc::new(props),
+            metrics: ExecutionPlanMetricsSet::new(),
+            runs: Arc::new((0..n).map(|_| Mutex::new(None)).collect()),
+        }
+    }
+
+    /// What each endpoint did in the last execution (those that finished).
+    pub fn runs(&self) -> Vec<EndpointRun> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.lock().ok().and_then(|g| g.clone()))
+            .collect()
+    }
+
+    /// Table scanned.
+    pub fn table(&self) -> &CsdTable {
+        &self.table
+    }
+}
+
+impl DisplayAs for CsdScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let mode = match self.mode {
+            Mode::Complete => "rows",
+            Mode::PartialAggregate => "partial aggregate",
+        };
+        let eps: Vec<String> = self
+            .table
+            .endpoints()
+            .iter()
+            .map(|e| format!("{}/{}", e.client.url(), e.partition))
+            .collect();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", self.table.name())?;
+                writeln!(f, "returns={mode}")?;
+                write!(f, "endpoints={}", eps.len())
+            }
+            _ => {
+                write!(
+                    f,
+                    "CsdScanExec: table={}, returns={mode}, pushed=[{}], endpoints=[{}]",
+                    self.table.name(),
+                    self.describe,
+                    eps.join(", ")
+                )?;
+                let runs = self.runs();
+                if !runs.is_empty() {
+                    let per: Vec<String> = runs
+                        .iter()
+                        .map(|r| {
+                            format!(
+                                "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
+                                r.endpoint,
+                                r.report.bytes_read,
+                                r.report.bytes_sent,
+                                r.report.rows_scanned,
+                                r.report.rows_returned,
+                                r.report.elapsed_us as f64 / 1000.0
+                            )
+                        })
+                        .collect();
+                    write!(f, ", at_nodes=[{}]", per.join("; "))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for CsdScanExec {
+    fn name(&self) -> &str {
+        "CsdScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.schema.clone();
+        let Some(ep) = self.table.endpoints().get(partition).cloned() else {
+            // A table with no partitions anywhere: one empty partition.
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::empty(),
+            )));
+        };
+        let args = SqlFragment {
+            table: self.table.name().to_string(),
+            partition: Some(ep.partition.clone()),
+            plan: self.plan.as_ref().clone(),
+            mode: self.mode as i32,
+        }
+        .to_bytes();
+        let compression = self.table.compression();
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let received = MetricBuilder::new(&self.metrics).counter("bytes_received", partition);
+        let node_read = MetricBuilder::new(&self.metrics).counter("node_bytes_read", partition);
+        let node_scanned =
+            MetricBuilder::new(&self.metrics).counter("node_rows_scanned", partition);
+        let slot = self.runs.clone();
+        if let Some(m) = slot.get(partition)
+            && let Ok(mut g) = m.lock()
+        {
+            *g = None;
+        }
+        let out_schema = schema.clone();
+        let endpoint = format!("{}/{}", ep.client.url(), ep.partition);
+        let open = async move {
+            let reply = ep
+                .client
+                .operator(OPERATOR_NAME, args, compression)
+                .await
+                .map_err(to_datafusion)?;
+            let stats = reply.stats.clone();
+            let batches = reply.batches.map(move |b| {
+                let b = b.map_err(to_datafusion)?;
+                output_rows.add(b.num_rows());
+                relabel(b, &out_schema)
+            });
+            let done = futures::stream::once(async move {
+                let bytes = stats.bytes_received.load(std::sync::atomic::Ordering::Relaxed);
+                received.add(bytes as usize);
+                let report = stats.report().unwrap_or_default();
+                node_read.add(report.bytes_read as usize);
+                node_scanned.add(report.rows_scanned as usize);
+                if let Some(m) = slot.get(partition)
+                    && let Ok(mut g) = m.lock()
+                {
+                    *g = Some(EndpointRun {
+                        endpoint,
+                        bytes_received: bytes,
+                        report,
+                    });
+                }
+                None
+            })
+            .filter_map(futures::future::ready);
+            Ok::<_, DataFusionError>(batches.chain(done))
+        };
+        let stream = futures::stream::once(open).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// The node's batch under our schema: same columns by position. Names may differ
+/// after the Substrait round trip; decimal precision may too (a literal's width),
+/// which a cast fixes exactly; any other difference is an error, never a silent
+/// conversion.
+fn relabel(b: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if b.num_columns() != schema.fields().len() {
+        return Err(DataFusionError::Execution(format!(
+            "storage node returned {} columns, expected {} ({schema})",
+            b.num_columns(),
+            schema.fields().len()
+        )));
+    }
+    let mut cols = Vec::with_capacity(b.num_columns());
+    for (c, f) in b.columns().iter().zip(schema.fields()) {
+        if c.data_type() == f.data_type() {
+            cols.push(c.clone());
+            continue;
+        }
+        let same_scale = matches!(
+            (c.data_type(), f.data_type()),
+            (DataType::Decimal128(_, s1), DataType::Decimal128(_, s2)) if s1 == s2
+        );
+        if !same_scale {
+            return Err(DataFusionError::Execution(format!(
+                "storage node returned {} for column {}, expected {}",
+                c.data_type(),
+                f.name(),
+                f.data_type()
+            )));
+        }
+        let strict = arrow::compute::CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        cols.push(arrow::compute::cast_with_options(c, f.data_type(), &strict)?);
+    }
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        cols,
+        &RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
+    )?)
+}

@@ -1,0 +1,212 @@
+//! Compute side: a table held by storage nodes, as a DataFusion `TableProvider`.
+//!
+//! Discovered from the nodes (`ListFlights`); every (node, partition) pair is one
+//! endpoint and one partition of the scan, read in parallel. Projection, the filters
+//! a node can evaluate exactly, and LIMIT travel to the nodes as a Substrait
+//! fragment; the optimizer rule in [`crate::rule`] adds partial aggregates and top-k.
+
+use std::sync::{Arc, OnceLock};
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use csd_runtime::client::NodeClient;
+use csd_runtime::service::ObjectDescription;
+use csd_runtime::ticket::Compression;
+use datafusion::catalog::Session;
+use datafusion::common::{DataFusionError, Result, TableReference};
+use datafusion::datasource::{TableProvider, TableType, provider_as_source};
+use datafusion::execution::SessionState;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_substrait::logical_plan::producer::to_substrait_plan;
+use prost::Message;
+
+use crate::exec::CsdScanExec;
+use crate::fragment::Mode;
+use crate::pushable::pushable;
+
+/// One partition of a table on one node.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// The node.
+    pub client: NodeClient,
+    /// Partition name.
+    pub partition: String,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Its Parquet objects.
+    pub objects: Vec<ObjectDescription>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.client.url(), self.partition)
+    }
+}
+
+/// A table spread over storage nodes, with pushdown.
+#[derive(Debug, Clone)]
+pub struct CsdTable {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: String,
+    schema: SchemaRef,
+    endpoints: Vec<Endpoint>,
+    compression: Compression,
+}
+
+impl CsdTable {
+    /// A table called `name` with `schema`, held as `endpoints`; results travel with
+    /// `compression`.
+    pub fn new(
+        name: String,
+        schema: SchemaRef,
+        endpoints: Vec<Endpoint>,
+        compression: Compression,
+    ) -> Self {
+        CsdTable {
+            inner: Arc::new(Inner {
+                name,
+                schema,
+                endpoints,
+                compression,
+            }),
+        }
+    }
+
+    /// Table name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Where it lives.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.inner.endpoints
+    }
+
+    /// Answer compression.
+    pub fn compression(&self) -> Compression {
+        self.inner.compression
+    }
+
+    /// Encodes `fragment` (a plan over this table) as Substrait, with the table named
+    /// bare as the node knows it.
+    pub fn substrait(&self, fragment: &LogicalPlan, state: &SessionState) -> Result<Vec<u8>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        let bare = fragment
+            .clone()
+            .transform_up(|p| match p {
+                LogicalPlan::TableScan(mut s) => {
+                    s.table_name = TableReference::bare(self.name());
+                    Ok(Transformed::yes(LogicalPlan::TableScan(s)))
+                }
+                other => Ok(Transformed::no(other)),
+            })?
+            .data;
+        Ok(to_substrait_plan(&bare, state)?.encode_to_vec())
+    }
+
+    /// Whether `e` can be evaluated exactly at the node and travels as Substrait.
+    pub fn can_push(&self, e: &Expr) -> bool {
+        if !pushable(e) {
+            return false;
+        }
+        // Make sure it encodes: a filter over a scan of this table.
+        static STATE: OnceLock<SessionState> = OnceLock::new();
+        let state = STATE.get_or_init(|| SessionStateBuilder::new().with_default_features().build());
+        let plan = LogicalPlanBuilder::scan(
+            self.name(),
+            provider_as_source(Arc::new(self.clone())),
+            None,
+        )
+        .and_then(|b| b.filter(e.clone()))
+        .and_then(|b| b.build());
+        match plan {
+            Ok(p) => to_substrait_plan(&p, state).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// `session` as the full state the Substrait producer needs.
+pub(crate) fn session_state(session: &dyn Session) -> Result<&SessionState> {
+    session
+        .as_any()
+        .downcast_ref::<SessionState>()
+        .ok_or_else(|| DataFusionError::Internal("csd tables need a DataFusion SessionState".into()))
+}
+
+#[async_trait]
+impl TableProvider for CsdTable {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.can_push(f) {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        session: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let state = session_state(session)?;
+        let mut b = LogicalPlanBuilder::scan_with_filters(
+            TableReference::bare(self.name()),
+            provider_as_source(Arc::new(self.clone())),
+            projection.cloned(),
+            filters.to_vec(),
+        )?;
+        if limit.is_some() {
+            b = b.limit(0, limit)?;
+        }
+        let fragment = b.build()?;
+        let schema = Arc::new(fragment.schema().as_arrow().clone());
+        let plan = self.substrait(&fragment, state)?;
+        Ok(Arc::new(CsdScanExec::new(
+            self.clone(),
+            schema,
+            plan,
+            Mode::Complete,
+            describe(&fragment),
+        )))
+    }
+}
+
+/// A fragment on one line, for EXPLAIN: `Limit: … ← TableScan: …`.
+pub fn describe(fragment: &LogicalPlan) -> String {
+    fragment
+        .display_indent()
+        .to_string()
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ← ")
+}
