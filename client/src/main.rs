@@ -333,7 +333,7 @@ async fn sql(args: SqlArgs) -> Result<()> {
         .session(csd_query_pushdown::SessionOptions {
             pushdown: !args.no_pushdown,
             compression: args.compression.parse()?,
-            target_partitions: None,
+            ..Default::default()
         })
         .await
         .map_err(df)?;

@@ -213,16 +213,16 @@ impl ObjectStore for NodeRangeStore {
 }
 
 /// A table read by the baseline: its objects on all nodes, scanned by DataFusion here.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RangeReadTable {
     schema: SchemaRef,
-    files: Vec<(String, u64)>,
+    files: Vec<(String, u64, u64)>,
     store: Arc<NodeRangeStore>,
 }
 
 impl RangeReadTable {
-    /// `files` are store paths (see [`NodeRangeStore::path`]) and lengths.
-    pub fn new(schema: SchemaRef, files: Vec<(String, u64)>, store: Arc<NodeRangeStore>) -> Self {
+    /// `files` are store paths (see [`NodeRangeStore::path`]), lengths and rows.
+    pub fn new(schema: SchemaRef, files: Vec<(String, u64, u64)>, store: Arc<NodeRangeStore>) -> Self {
         RangeReadTable { schema, files, store }
     }
 }

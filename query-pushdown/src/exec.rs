@@ -10,7 +10,8 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use csd_runtime::operator::OperatorReport;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::stats::Precision;
+use datafusion::common::{DataFusionError, Result, Statistics};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -48,6 +49,8 @@ pub struct CsdScanExec {
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     runs: Arc<Vec<Mutex<Option<EndpointRun>>>>,
+    row_fraction: Option<f64>,
+    limit: Option<usize>,
 }
 
 impl CsdScanExec {
@@ -76,7 +79,17 @@ impl CsdScanExec {
             props: Arc::new(props),
             metrics: ExecutionPlanMetricsSet::new(),
             runs: Arc::new((0..n).map(|_| Mutex::new(None)).collect()),
+            row_fraction: None,
+            limit: None,
         }
+    }
+
+    /// Estimates rows as `fraction` of the endpoints' rows, at most `limit` per
+    /// endpoint (for the optimizer; `None` fraction: unknown).
+    pub fn with_estimate(mut self, fraction: Option<f64>, limit: Option<usize>) -> Self {
+        self.row_fraction = fraction;
+        self.limit = limit;
+        self
     }
 
     /// What each endpoint did in the last execution (those that finished).
@@ -253,6 +266,25 @@ impl ExecutionPlan for CsdScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        // Row estimates let DataFusion order joins: the endpoints' rows scaled by the
+        // same default selectivity its FilterExec assumes; unknown for aggregates.
+        let eps = self.table.endpoints();
+        let rows: u64 = match partition {
+            Some(p) => eps.get(p).map(|e| e.rows).unwrap_or(0),
+            None => eps.iter().map(|e| e.rows).sum(),
+        };
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if let Some(f) = self.row_fraction {
+            let mut n = (rows as f64 * f) as usize;
+            if let Some(l) = self.limit {
+                n = n.min(l);
+            }
+            stats = stats.with_num_rows(Precision::Inexact(n));
+        }
+        Ok(Arc::new(stats))
     }
 }
 

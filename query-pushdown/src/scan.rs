@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
-use datafusion::common::{DFSchema, Result};
+use datafusion::common::stats::Precision;
+use datafusion::common::{DFSchema, Result, Statistics};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
@@ -36,7 +37,7 @@ pub fn exact(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
     vec![TableProviderFilterPushDown::Exact; filters.len()]
 }
 
-/// Scans `files` (name, length) of a table with `schema` under `url`: reads the
+/// Scans `files` (name, length, rows) of a table with `schema` under `url`: reads the
 /// columns of `projection` and `filters`, applies `filters` exactly (DataFusion
 /// pushes them into the Parquet reader for pruning and late materialization), and
 /// returns `projection`. `limit` applies when there are no filters (callers keep
@@ -46,7 +47,7 @@ pub fn parquet_scan(
     state: &dyn Session,
     url: &ObjectStoreUrl,
     schema: &SchemaRef,
-    files: Vec<(String, u64)>,
+    files: Vec<(String, u64, u64)>,
     projection: Option<&Vec<usize>>,
     filters: &[Expr],
     limit: Option<usize>,
@@ -59,7 +60,12 @@ pub fn parquet_scan(
     }
     let group: FileGroup = files
         .into_iter()
-        .map(|(name, len)| PartitionedFile::new(name, len))
+        .map(|(name, len, rows)| {
+            // Row counts (from the footers, as DataFusion's listing tables collect
+            // them) let the optimizer order joins.
+            let stats = Statistics::new_unknown(schema).with_num_rows(Precision::Exact(rows as usize));
+            PartitionedFile::new(name, len).with_statistics(Arc::new(stats))
+        })
         .collect::<Vec<_>>()
         .into();
     // Columns read: the projection plus whatever the filters need.

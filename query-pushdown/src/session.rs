@@ -30,6 +30,9 @@ pub struct SessionOptions {
     pub compression: Compression,
     /// DataFusion partitions on the compute tier (default: its cores).
     pub target_partitions: Option<usize>,
+    /// With pushdown: read scans that reduce nothing (no filter, no limit) as Parquet
+    /// byte ranges instead of asking the node (see [`CsdTable::with_direct_reads`]).
+    pub direct_unfiltered: bool,
 }
 
 impl Default for SessionOptions {
@@ -38,6 +41,7 @@ impl Default for SessionOptions {
             pushdown: true,
             compression: Compression::Lz4Frame,
             target_partitions: None,
+            direct_unfiltered: true,
         }
     }
 }
@@ -118,64 +122,61 @@ impl Cluster {
         let config = scan::configure(config);
         let runtime = RuntimeEnvBuilder::new().build_arc()?;
         let tables = self.tables().await?;
-        let mut baseline = None;
-        let state = if opts.pushdown {
-            SessionStateBuilder::new()
-                .with_default_features()
-                .with_config(config)
-                .with_runtime_env(runtime)
+        // Byte-range reads of the nodes' objects: the whole baseline, and with
+        // pushdown the scans that would reduce nothing.
+        let objects: Vec<(usize, String, u64)> = tables
+            .values()
+            .flat_map(|t| {
+                t.endpoints.iter().zip(&t.node_of).flat_map(|(e, n)| {
+                    e.objects.iter().map(|o| (*n, o.name.clone(), o.len))
+                })
+            })
+            .collect();
+        let ranges = Arc::new(NodeRangeStore::new(self.nodes.clone(), &objects));
+        let url = datafusion::execution::object_store::ObjectStoreUrl::parse(CLUSTER_URL)?;
+        runtime.register_object_store(url.as_ref(), ranges.clone());
+        let mut builder = SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config)
+            .with_runtime_env(runtime);
+        if opts.pushdown {
+            builder = builder
                 .with_query_planner(Arc::new(CsdQueryPlanner))
-                .with_optimizer_rule(Arc::new(PushdownRule))
-                .build()
-        } else {
-            let objects: Vec<(usize, String, u64)> = tables
-                .values()
-                .flat_map(|t| {
-                    t.endpoints.iter().zip(&t.node_of).flat_map(|(e, n)| {
-                        e.objects.iter().map(|o| (*n, o.name.clone(), o.len))
-                    })
+                .with_optimizer_rule(Arc::new(PushdownRule));
+        }
+        let ctx = SessionContext::new_with_state(builder.build());
+        for (name, t) in tables {
+            let files = t
+                .endpoints
+                .iter()
+                .zip(&t.node_of)
+                .flat_map(|(e, n)| {
+                    e.objects
+                        .iter()
+                        .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len, o.rows))
                 })
                 .collect();
-            let store = Arc::new(NodeRangeStore::new(self.nodes.clone(), &objects));
-            let url = datafusion::execution::object_store::ObjectStoreUrl::parse(CLUSTER_URL)?;
-            runtime.register_object_store(url.as_ref(), store.clone());
-            baseline = Some(store);
-            SessionStateBuilder::new()
-                .with_default_features()
-                .with_config(config)
-                .with_runtime_env(runtime)
-                .build()
-        };
-        let ctx = SessionContext::new_with_state(state);
-        for (name, t) in tables {
-            if let Some(store) = &baseline {
-                let files = t
-                    .endpoints
-                    .iter()
-                    .zip(&t.node_of)
-                    .flat_map(|(e, n)| {
-                        e.objects
-                            .iter()
-                            .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len))
-                    })
-                    .collect();
-                ctx.register_table(
-                    name.as_str(),
-                    Arc::new(RangeReadTable::new(t.schema.clone(), files, store.clone())),
-                )?;
+            let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
+            if opts.pushdown {
+                let mut table = CsdTable::new(
+                    name.clone(),
+                    t.schema.clone(),
+                    t.endpoints.clone(),
+                    opts.compression,
+                );
+                if opts.direct_unfiltered {
+                    table = table.with_direct_reads(direct);
+                }
+                ctx.register_table(name.as_str(), Arc::new(table))?;
             } else {
-                ctx.register_table(
-                    name.as_str(),
-                    Arc::new(CsdTable::new(
-                        name.clone(),
-                        t.schema.clone(),
-                        t.endpoints.clone(),
-                        opts.compression,
-                    )),
-                )?;
+                ctx.register_table(name.as_str(), Arc::new(direct))?;
             }
         }
-        Ok(CsdSession { ctx, baseline })
+        Ok(CsdSession {
+            ctx,
+            ranges,
+            pushdown: opts.pushdown,
+        })
     }
 }
 
@@ -183,7 +184,8 @@ impl Cluster {
 pub struct CsdSession {
     /// The DataFusion context (register more tables, run `sql`, …).
     pub ctx: SessionContext,
-    baseline: Option<Arc<NodeRangeStore>>,
+    ranges: Arc<NodeRangeStore>,
+    pushdown: bool,
 }
 
 /// One query's answer and what it cost.
@@ -195,7 +197,8 @@ pub struct QueryRun {
     pub schema: SchemaRef,
     /// Wall time.
     pub elapsed: Duration,
-    /// Bytes that crossed the network from the nodes.
+    /// Bytes that crossed the network from the nodes (pushed-down answers plus
+    /// Parquet byte ranges; when several queries run at once, theirs are mixed in).
     pub bytes_moved: u64,
     /// Per endpoint, what the nodes did (pushdown only).
     pub node_runs: Vec<EndpointRun>,
@@ -218,23 +221,21 @@ impl QueryRun {
 impl CsdSession {
     /// Whether this session pushes work down.
     pub fn pushdown(&self) -> bool {
-        self.baseline.is_none()
+        self.pushdown
     }
 
     /// Runs one SQL statement to completion.
     pub async fn run(&self, sql: &str) -> Result<QueryRun> {
         let started = Instant::now();
-        let before = self.baseline.as_ref().map(|s| s.bytes_read()).unwrap_or(0);
+        let before = self.ranges.bytes_read();
         let df = self.ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
         let batches = collect(plan.clone(), self.ctx.task_ctx()).await?;
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
-        let bytes_moved = match &self.baseline {
-            Some(s) => s.bytes_read() - before,
-            None => node_runs.iter().map(|r| r.bytes_received).sum(),
-        };
+        let bytes_moved = self.ranges.bytes_read() - before
+            + node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
         Ok(QueryRun {
             batches,
             schema,

@@ -294,10 +294,10 @@ impl TableProvider for NodeTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let mut files: Vec<(String, u64)> = self
+        let mut files: Vec<(String, u64, u64)> = self
             .objects
             .values()
-            .map(|o| (o.object.name.clone(), o.object.len))
+            .map(|o| (o.object.name.clone(), o.object.len, o.rows()))
             .collect();
         files.sort();
         let reader = Arc::new(NodeReaderFactory {

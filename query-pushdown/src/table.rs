@@ -24,6 +24,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_substrait::logical_plan::producer::to_substrait_plan;
 use prost::Message;
 
+use crate::baseline::RangeReadTable;
 use crate::exec::CsdScanExec;
 use crate::fragment::Mode;
 use crate::pushable::pushable;
@@ -61,6 +62,7 @@ struct Inner {
     schema: SchemaRef,
     endpoints: Vec<Endpoint>,
     compression: Compression,
+    direct: Option<RangeReadTable>,
 }
 
 impl CsdTable {
@@ -78,6 +80,26 @@ impl CsdTable {
                 schema,
                 endpoints,
                 compression,
+                direct: None,
+            }),
+        }
+    }
+
+    /// Scans that would not reduce anything (no filter, no limit) read the Parquet
+    /// objects by range through `direct` instead: compressed column chunks are
+    /// smaller than the same columns as Arrow IPC, and the node's CPU is spared.
+    pub fn with_direct_reads(self, direct: RangeReadTable) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|a| Inner {
+            name: a.name.clone(),
+            schema: a.schema.clone(),
+            endpoints: a.endpoints.clone(),
+            compression: a.compression,
+            direct: None,
+        });
+        CsdTable {
+            inner: Arc::new(Inner {
+                direct: Some(direct),
+                ..inner
             }),
         }
     }
@@ -177,6 +199,12 @@ impl TableProvider for CsdTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if filters.is_empty()
+            && limit.is_none()
+            && let Some(direct) = &self.inner.direct
+        {
+            return direct.scan(session, projection, filters, limit).await;
+        }
         let state = session_state(session)?;
         let mut b = LogicalPlanBuilder::scan_with_filters(
             TableReference::bare(self.name()),
@@ -190,13 +218,12 @@ impl TableProvider for CsdTable {
         let fragment = b.build()?;
         let schema = Arc::new(fragment.schema().as_arrow().clone());
         let plan = self.substrait(&fragment, state)?;
-        Ok(Arc::new(CsdScanExec::new(
-            self.clone(),
-            schema,
-            plan,
-            Mode::Complete,
-            describe(&fragment),
-        )))
+        // DataFusion's FilterExec assumes 20% selectivity without column statistics.
+        let fraction = if filters.is_empty() { 1.0 } else { 0.2 };
+        Ok(Arc::new(
+            CsdScanExec::new(self.clone(), schema, plan, Mode::Complete, describe(&fragment))
+                .with_estimate(Some(fraction), limit),
+        ))
     }
 }
 

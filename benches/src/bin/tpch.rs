@@ -168,7 +168,7 @@ async fn main() {
             .session(SessionOptions {
                 pushdown: true,
                 compression: if mbit > 0.0 { compression } else { Compression::None },
-                target_partitions: None,
+                ..SessionOptions::default()
             })
             .await
             .expect("session");

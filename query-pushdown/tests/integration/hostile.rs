@@ -305,3 +305,34 @@ async fn hostile_fragments_are_refused() {
     assert_eq!(rows(c, fragment(&agg, Mode::Complete)).await, 10);
     assert!(rows(c, fragment(&agg, Mode::PartialAggregate)).await >= 10);
 }
+
+const SEEDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/fragment_decode");
+
+/// Writes the fuzz seeds (real fragments): `cargo test -p csd-query-pushdown --test
+/// integration write_fuzz_seeds -- --ignored`.
+#[tokio::test]
+#[ignore]
+async fn write_fuzz_seeds() {
+    std::fs::create_dir_all(SEEDS).unwrap();
+    for (name, sql, mode) in [
+        ("scan", "select a, s from t where a > 900 and s like 's1%'", Mode::Complete),
+        ("topk", "select a from t where a in (1, 2, 3) order by a desc limit 2", Mode::Complete),
+        ("agg", "select s, count(*), avg(a) from t where a < 10 group by s", Mode::PartialAggregate),
+        ("case", "select case when a > 5 then upper(s) else s end from t where a between 1 and 9", Mode::Complete),
+    ] {
+        std::fs::write(format!("{SEEDS}/{name}"), fragment(&plan_of(sql).await, mode)).unwrap();
+    }
+}
+
+/// The checked-in seeds are valid fragments (so the fuzzer starts from real plans).
+#[test]
+fn fuzz_seeds_are_valid_fragments() {
+    let mut n = 0;
+    for e in std::fs::read_dir(SEEDS).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        let (f, _, plan) = SqlFragment::decode_checked(&bytes).unwrap();
+        csd_query_pushdown::fragment::validate(&plan, &f.table, &|_| true).unwrap();
+        n += 1;
+    }
+    assert!(n >= 4);
+}
