@@ -55,7 +55,11 @@ fn df(e: datafusion::error::DataFusionError) -> Error {
 }
 
 /// Generates TPC-H `lineitem` part `part` (1-based) of `parts` at `scale`.
-pub fn lineitem(scale: f64, part: i32, parts: i32) -> Result<Vec<arrow::record_batch::RecordBatch>> {
+pub fn lineitem(
+    scale: f64,
+    part: i32,
+    parts: i32,
+) -> Result<Vec<arrow::record_batch::RecordBatch>> {
     Ok(tpch::generate("lineitem", scale, part, parts)?.1)
 }
 
@@ -99,10 +103,15 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         ProgressStyle::with_template("loading        {spinner} {msg} {pos} rows {per_sec}")
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
-    tpch::load(std::slice::from_ref(&client), opts.scale, opts.partitions, |t, rows| {
-        bar.set_message(t.to_string());
-        bar.inc(rows);
-    })
+    tpch::load(
+        std::slice::from_ref(&client),
+        opts.scale,
+        opts.partitions,
+        |t, rows| {
+            bar.set_message(t.to_string());
+            bar.inc(rows);
+        },
+    )
     .await?;
     bar.finish_and_clear();
     let tables = client.list_tables("").await?;
@@ -116,8 +125,13 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         t0.elapsed()
     );
 
-    let cluster = Cluster::connect(std::slice::from_ref(&node.url)).await.map_err(df)?;
-    let on = cluster.session(SessionOptions::default()).await.map_err(df)?;
+    let cluster = Cluster::connect(std::slice::from_ref(&node.url))
+        .await
+        .map_err(df)?;
+    let on = cluster
+        .session(SessionOptions::default())
+        .await
+        .map_err(df)?;
     let off = cluster
         .session(SessionOptions {
             pushdown: false,
@@ -127,7 +141,13 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         .map_err(df)?;
     say!(
         "\n{:<6} {:>6} {:>13} {:>13} {:>13} {:>13} {:>9}",
-        "query", "rows", "pushdown ms", "no-push ms", "pushdown MB", "no-push MB", "saved"
+        "query",
+        "rows",
+        "pushdown ms",
+        "no-push ms",
+        "pushdown MB",
+        "no-push MB",
+        "saved"
     );
     let (mut moved_on, mut moved_off) = (0u64, 0u64);
     for q in &opts.queries {

@@ -288,17 +288,26 @@ fn statements(text: &str) -> Vec<String> {
     out
 }
 
-async fn run_sql(session: &csd_query_pushdown::CsdSession, sql: &str, format: Format) -> Result<()> {
+async fn run_sql(
+    session: &csd_query_pushdown::CsdSession,
+    sql: &str,
+    format: Format,
+) -> Result<()> {
     use std::io::Write;
     let r = session.run(sql).await.map_err(df)?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| Error::InvalidInput(format!("writing the result: {e}"));
     match format {
-        Format::Table => {
-            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(&r.batches)?).map_err(io)?
-        }
+        Format::Table => writeln!(
+            out,
+            "{}",
+            arrow::util::pretty::pretty_format_batches(&r.batches)?
+        )
+        .map_err(io)?,
         Format::Csv => {
-            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            let mut w = arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
             for b in &r.batches {
                 w.write(b)?;
             }
@@ -328,7 +337,9 @@ async fn run_sql(session: &csd_query_pushdown::CsdSession, sql: &str, format: Fo
 }
 
 async fn sql(args: SqlArgs) -> Result<()> {
-    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes).await.map_err(df)?;
+    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes)
+        .await
+        .map_err(df)?;
     let session = cluster
         .session(csd_query_pushdown::SessionOptions {
             pushdown: !args.no_pushdown,
@@ -339,7 +350,9 @@ async fn sql(args: SqlArgs) -> Result<()> {
         .map_err(df)?;
     let script = match (&args.query, &args.file) {
         (Some(_), Some(_)) => {
-            return Err(Error::InvalidInput("give a query or -f FILE, not both".into()));
+            return Err(Error::InvalidInput(
+                "give a query or -f FILE, not both".into(),
+            ));
         }
         (Some(q), None) => Some(q.clone()),
         (None, Some(f)) => Some(

@@ -6,6 +6,9 @@
 
 use std::time::Duration;
 
+use crate::service::TableDescription;
+use crate::table::PutSummary;
+use crate::ticket::Ticket;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder, FlightRecordBatchStream};
@@ -16,9 +19,6 @@ use arrow_flight::{
     Action, Criteria, FlightClient, FlightDescriptor, FlightInfo, Ticket as FlightTicket,
 };
 use bytes::{Bytes, BytesMut};
-use crate::service::TableDescription;
-use crate::table::PutSummary;
-use crate::ticket::Ticket;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -45,7 +45,12 @@ pub struct NodeRangeStore {
 
 impl fmt::Debug for NodeRangeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NodeRangeStore({} nodes, {} objects)", self.nodes.len(), self.objects.len())
+        write!(
+            f,
+            "NodeRangeStore({} nodes, {} objects)",
+            self.nodes.len(),
+            self.objects.len()
+        )
     }
 }
 
@@ -92,7 +97,10 @@ impl NodeRangeStore {
         let len = *self.objects.get(location).ok_or_else(not_found)?;
         let s = location.as_ref();
         let (node, name) = s.split_once('/').ok_or_else(not_found)?;
-        let i: usize = node.trim_start_matches('n').parse().map_err(|_| not_found())?;
+        let i: usize = node
+            .trim_start_matches('n')
+            .parse()
+            .map_err(|_| not_found())?;
         let client = self.nodes.get(i).ok_or_else(not_found)?;
         Ok((client, name.to_string(), len))
     }
@@ -131,7 +139,12 @@ fn read_only() -> object_store::Error {
 
 #[async_trait]
 impl ObjectStore for NodeRangeStore {
-    async fn put_opts(&self, _: &Path, _: PutPayload, _: PutOptions) -> object_store::Result<PutResult> {
+    async fn put_opts(
+        &self,
+        _: &Path,
+        _: PutPayload,
+        _: PutOptions,
+    ) -> object_store::Result<PutResult> {
         Err(read_only())
     }
 
@@ -143,7 +156,11 @@ impl ObjectStore for NodeRangeStore {
         Err(read_only())
     }
 
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
         let (_, _, len) = self.locate(location)?;
         let range = match options.range {
             None => 0..len,
@@ -162,14 +179,20 @@ impl ObjectStore for NodeRangeStore {
         }
         let bytes = self.read(location, range.clone()).await?;
         Ok(GetResult {
-            payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(bytes) }).boxed()),
+            payload: GetResultPayload::Stream(
+                futures::stream::once(async move { Ok(bytes) }).boxed(),
+            ),
             meta,
             range,
             attributes: Default::default(),
         })
     }
 
-    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
         futures::stream::iter(ranges.iter().cloned())
             .map(|r| self.read(location, r))
             .buffered(8)
@@ -222,8 +245,16 @@ pub struct RangeReadTable {
 
 impl RangeReadTable {
     /// `files` are store paths (see [`NodeRangeStore::path`]), lengths and rows.
-    pub fn new(schema: SchemaRef, files: Vec<(String, u64, u64)>, store: Arc<NodeRangeStore>) -> Self {
-        RangeReadTable { schema, files, store }
+    pub fn new(
+        schema: SchemaRef,
+        files: Vec<(String, u64, u64)>,
+        store: Arc<NodeRangeStore>,
+    ) -> Self {
+        RangeReadTable {
+            schema,
+            files,
+            store,
+        }
     }
 }
 
@@ -235,7 +266,10 @@ impl TableProvider for RangeReadTable {
     fn table_type(&self) -> TableType {
         TableType::Base
     }
-    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(scan::exact(filters))
     }
     async fn scan(
@@ -246,7 +280,10 @@ impl TableProvider for RangeReadTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
-        let reader = Arc::new(CachedParquetFileReaderFactory::new(self.store.clone(), cache));
+        let reader = Arc::new(CachedParquetFileReaderFactory::new(
+            self.store.clone(),
+            cache,
+        ));
         scan::parquet_scan(
             state,
             &ObjectStoreUrl::parse(CLUSTER_URL)?,

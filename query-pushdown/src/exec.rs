@@ -9,8 +9,8 @@ use arrow::array::RecordBatchOptions;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use csd_runtime::operator::OperatorReport;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, Statistics};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
@@ -241,7 +241,9 @@ impl ExecutionPlan for CsdScanExec {
                 relabel(b, &out_schema)
             });
             let done = futures::stream::once(async move {
-                let bytes = stats.bytes_received.load(std::sync::atomic::Ordering::Relaxed);
+                let bytes = stats
+                    .bytes_received
+                    .load(std::sync::atomic::Ordering::Relaxed);
                 received.add(bytes as usize);
                 let report = stats.report().unwrap_or_default();
                 node_read.add(report.bytes_read as usize);
@@ -322,7 +324,11 @@ fn relabel(b: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
             safe: false,
             ..Default::default()
         };
-        cols.push(arrow::compute::cast_with_options(c, f.data_type(), &strict)?);
+        cols.push(arrow::compute::cast_with_options(
+            c,
+            f.data_type(),
+            &strict,
+        )?);
     }
     Ok(RecordBatch::try_new_with_options(
         schema.clone(),

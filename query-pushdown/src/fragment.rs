@@ -45,8 +45,8 @@ use csd_runtime::Error;
 pub use csd_runtime::Error as NodeError;
 use datafusion_substrait::substrait::proto::{
     self, Expression, FunctionArgument, Plan, Rel, expression::RexType,
-    extensions::simple_extension_declaration::MappingType, function_argument::ArgType,
-    plan_rel, read_rel, rel::RelType,
+    extensions::simple_extension_declaration::MappingType, function_argument::ArgType, plan_rel,
+    read_rel, rel::RelType,
 };
 use prost::Message;
 
@@ -148,7 +148,11 @@ impl SqlFragment {
 
 /// Checks `plan` against the supported subset. `functions_ok` says whether a scalar
 /// function name (without its `:signature` suffix) may run here.
-pub fn validate(plan: &Plan, table: &str, functions_ok: &dyn Fn(&str) -> bool) -> Result<(), Error> {
+pub fn validate(
+    plan: &Plan,
+    table: &str,
+    functions_ok: &dyn Fn(&str) -> bool,
+) -> Result<(), Error> {
     if plan.extensions.len() > MAX_FUNCTIONS {
         return Err(invalid(format!(
             "plan declares {} functions, more than the {MAX_FUNCTIONS} allowed",
@@ -163,7 +167,12 @@ pub fn validate(plan: &Plan, table: &str, functions_ok: &dyn Fn(&str) -> bool) -
     for ext in &plan.extensions {
         match &ext.mapping_type {
             Some(MappingType::ExtensionFunction(f)) => {
-                let base = f.name.split(':').next().unwrap_or_default().to_ascii_lowercase();
+                let base = f
+                    .name
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
                 if AGGREGATES.contains(&base.as_str()) {
                     v.aggregates.insert(f.function_anchor);
                 } else if functions_ok(&base) {
@@ -311,7 +320,10 @@ impl Validator<'_> {
             Some(RelType::Sort(s)) => {
                 let w = child(&s.input)?;
                 for f in &s.sorts {
-                    let e = f.expr.as_ref().ok_or_else(|| invalid("sort key without expression"))?;
+                    let e = f
+                        .expr
+                        .as_ref()
+                        .ok_or_else(|| invalid("sort key without expression"))?;
                     self.expr(e, 0, w)?;
                 }
                 (&s.common, w)
@@ -374,7 +386,11 @@ impl Validator<'_> {
         use proto::rel_common::EmitKind;
         match common.as_ref().and_then(|c| c.emit_kind.as_ref()) {
             Some(EmitKind::Emit(e)) => {
-                if let Some(bad) = e.output_mapping.iter().find(|i| **i < 0 || **i as usize >= width) {
+                if let Some(bad) = e
+                    .output_mapping
+                    .iter()
+                    .find(|i| **i < 0 || **i as usize >= width)
+                {
                     return Err(invalid(format!(
                         "output mapping names column {bad} of {width}"
                     )));
@@ -410,7 +426,10 @@ impl Validator<'_> {
                 use proto::expression::field_reference::{ReferenceType, RootType};
                 use proto::expression::reference_segment::ReferenceType as Seg;
                 let direct = match (&f.reference_type, &f.root_type) {
-                    (Some(ReferenceType::DirectReference(seg)), Some(RootType::RootReference(_)))
+                    (
+                        Some(ReferenceType::DirectReference(seg)),
+                        Some(RootType::RootReference(_)),
+                    )
                     | (Some(ReferenceType::DirectReference(seg)), None) => Some(seg),
                     _ => None,
                 };

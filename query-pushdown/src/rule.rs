@@ -25,16 +25,14 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchemaRef, DataFusionError, Result};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::context::QueryPlanner;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, Sort, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_planner::{
-    DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner,
-};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use crate::exec::CsdScanExec;
 use crate::fragment::Mode;
@@ -72,12 +70,18 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
     }
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let what = match self.kind {
-            PushKind::PartialAggregate => "partial aggregate at the storage nodes, final merge here",
+            PushKind::PartialAggregate => {
+                "partial aggregate at the storage nodes, final merge here"
+            }
             PushKind::TopK => "top-k at every storage-node partition, merged here",
         };
         write!(f, "CsdPushdown: {what}")
     }
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+    fn with_exprs_and_inputs(
+        &self,
+        _exprs: Vec<Expr>,
+        mut inputs: Vec<LogicalPlan>,
+    ) -> Result<Self> {
         let fragment = inputs
             .pop()
             .ok_or_else(|| DataFusionError::Internal("CsdPushdown needs its fragment".into()))?;
@@ -130,7 +134,9 @@ impl OptimizerRule for PushdownRule {
             }
             match &p {
                 LogicalPlan::Aggregate(a)
-                    if a.group_expr.iter().all(|g| !matches!(g, Expr::GroupingSet(_)) && pushable(g))
+                    if a.group_expr
+                        .iter()
+                        .all(|g| !matches!(g, Expr::GroupingSet(_)) && pushable(g))
                         && a.aggr_expr.iter().all(pushable_aggregate)
                         && csd_source(&a.input).is_some() =>
                 {
@@ -175,7 +181,9 @@ fn table_of(fragment: &LogicalPlan) -> Result<CsdTable> {
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    found.ok_or_else(|| DataFusionError::Internal("pushed fragment has no storage-node table".into()))
+    found.ok_or_else(|| {
+        DataFusionError::Internal("pushed fragment has no storage-node table".into())
+    })
 }
 
 #[async_trait]

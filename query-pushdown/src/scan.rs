@@ -11,6 +11,7 @@ use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::{DFSchema, Result, Statistics};
 use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -19,7 +20,6 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
 
 /// The session options both sides scan with.
 pub fn configure(config: datafusion::prelude::SessionConfig) -> datafusion::prelude::SessionConfig {
@@ -63,7 +63,8 @@ pub fn parquet_scan(
         .map(|(name, len, rows)| {
             // Row counts (from the footers, as DataFusion's listing tables collect
             // them) let the optimizer order joins.
-            let stats = Statistics::new_unknown(schema).with_num_rows(Precision::Exact(rows as usize));
+            let stats =
+                Statistics::new_unknown(schema).with_num_rows(Precision::Exact(rows as usize));
             PartitionedFile::new(name, len).with_statistics(Arc::new(stats))
         })
         .collect::<Vec<_>>()

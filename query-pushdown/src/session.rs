@@ -127,9 +127,10 @@ impl Cluster {
         let objects: Vec<(usize, String, u64)> = tables
             .values()
             .flat_map(|t| {
-                t.endpoints.iter().zip(&t.node_of).flat_map(|(e, n)| {
-                    e.objects.iter().map(|o| (*n, o.name.clone(), o.len))
-                })
+                t.endpoints
+                    .iter()
+                    .zip(&t.node_of)
+                    .flat_map(|(e, n)| e.objects.iter().map(|o| (*n, o.name.clone(), o.len)))
             })
             .collect();
         let ranges = Arc::new(NodeRangeStore::new(self.nodes.clone(), &objects));

@@ -42,12 +42,45 @@ const NODE_URL: &str = "csd-node://local";
 /// Substrait names the DataFusion consumer maps to operators and builtins (not in
 /// the function registry by these names).
 const BUILTINS: &[&str] = &[
-    "and", "or", "not", "xor", "and_not", "equal", "not_equal", "lt", "lte", "gt", "gte",
-    "add", "subtract", "multiply", "divide", "modulus", "mod", "negate", "like", "ilike",
-    "is_null", "is_not_null", "is_true", "is_false", "is_not_true", "is_not_false",
-    "is_unknown", "is_not_unknown", "is_distinct_from", "is_not_distinct_from", "between",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right", "concat",
-    "string_concat", "extract",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "and_not",
+    "equal",
+    "not_equal",
+    "lt",
+    "lte",
+    "gt",
+    "gte",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "modulus",
+    "mod",
+    "negate",
+    "like",
+    "ilike",
+    "is_null",
+    "is_not_null",
+    "is_true",
+    "is_false",
+    "is_not_true",
+    "is_not_false",
+    "is_unknown",
+    "is_not_unknown",
+    "is_distinct_from",
+    "is_not_distinct_from",
+    "between",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "shift_left",
+    "shift_right",
+    "concat",
+    "string_concat",
+    "extract",
 ];
 
 /// The `"sql"` operator.
@@ -83,12 +116,13 @@ impl Operator for SqlOperator {
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream> {
         let (frag, mode, plan) = SqlFragment::decode_checked(&args)?;
         let table = ctx.node.tables.table(&frag.table)?;
-        let objects: Vec<ParquetObject> = match &frag.partition {
-            Some(p) => table.partitions.get(p).cloned().ok_or_else(|| {
-                Error::NotFound(format!("partition {p} of table {}", frag.table))
-            })?,
-            None => table.partitions.values().flatten().cloned().collect(),
-        };
+        let objects: Vec<ParquetObject> =
+            match &frag.partition {
+                Some(p) => table.partitions.get(p).cloned().ok_or_else(|| {
+                    Error::NotFound(format!("partition {p} of table {}", frag.table))
+                })?,
+                None => table.partitions.values().flatten().cloned().collect(),
+            };
 
         let config = scan::configure(
             SessionConfig::new()
@@ -132,7 +166,10 @@ impl Operator for SqlOperator {
 
         let provider = NodeTable {
             schema: table.schema.clone(),
-            objects: objects.iter().map(|o| (o.object.name.clone(), o.clone())).collect(),
+            objects: objects
+                .iter()
+                .map(|o| (o.object.name.clone(), o.clone()))
+                .collect(),
             store: ctx.node.tables.object_store().clone(),
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
@@ -147,7 +184,9 @@ impl Operator for SqlOperator {
             .catch_unwind()
             .await
             .map_err(|_| {
-                Error::InvalidArgument("the Substrait plan is inconsistent and cannot be planned".into())
+                Error::InvalidArgument(
+                    "the Substrait plan is inconsistent and cannot be planned".into(),
+                )
             })?
             .map_err(|e| Error::InvalidArgument(format!("cannot plan the fragment: {e}")))?;
         check_logical(&logical, mode)?;
@@ -166,9 +205,7 @@ impl Operator for SqlOperator {
                 physical
             };
         let schema: SchemaRef = physical.schema();
-        let stream = physical
-            .execute(0, state.task_ctx())
-            .map_err(to_runtime)?;
+        let stream = physical.execute(0, state.task_ctx()).map_err(to_runtime)?;
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
             metrics

@@ -143,7 +143,8 @@ impl CsdTable {
         }
         // Make sure it encodes: a filter over a scan of this table.
         static STATE: OnceLock<SessionState> = OnceLock::new();
-        let state = STATE.get_or_init(|| SessionStateBuilder::new().with_default_features().build());
+        let state =
+            STATE.get_or_init(|| SessionStateBuilder::new().with_default_features().build());
         let plan = LogicalPlanBuilder::scan(
             self.name(),
             provider_as_source(Arc::new(self.clone())),
@@ -163,7 +164,9 @@ pub(crate) fn session_state(session: &dyn Session) -> Result<&SessionState> {
     session
         .as_any()
         .downcast_ref::<SessionState>()
-        .ok_or_else(|| DataFusionError::Internal("csd tables need a DataFusion SessionState".into()))
+        .ok_or_else(|| {
+            DataFusionError::Internal("csd tables need a DataFusion SessionState".into())
+        })
 }
 
 #[async_trait]
@@ -221,8 +224,14 @@ impl TableProvider for CsdTable {
         // DataFusion's FilterExec assumes 20% selectivity without column statistics.
         let fraction = if filters.is_empty() { 1.0 } else { 0.2 };
         Ok(Arc::new(
-            CsdScanExec::new(self.clone(), schema, plan, Mode::Complete, describe(&fragment))
-                .with_estimate(Some(fraction), limit),
+            CsdScanExec::new(
+                self.clone(),
+                schema,
+                plan,
+                Mode::Complete,
+                describe(&fragment),
+            )
+            .with_estimate(Some(fraction), limit),
         ))
     }
 }

@@ -4,12 +4,12 @@
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
+use arrow::record_batch::RecordBatchReader;
 use csd_runtime::client::NodeClient;
 use tpchgen::generators::{
     CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator,
     PartSuppGenerator, RegionGenerator, SupplierGenerator,
 };
-use arrow::record_batch::RecordBatchReader;
 use tpchgen_arrow::{
     CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow,
     SupplierArrow,
@@ -68,7 +68,9 @@ pub fn generate(
     let (schema, batches) = match table {
         "nation" => collect(NationArrow::new(NationGenerator::new(scale, 1, 1)).with_batch_size(B)),
         "region" => collect(RegionArrow::new(RegionGenerator::new(scale, 1, 1)).with_batch_size(B)),
-        "part" => collect(PartArrow::new(PartGenerator::new(scale, part, parts)).with_batch_size(B)),
+        "part" => {
+            collect(PartArrow::new(PartGenerator::new(scale, part, parts)).with_batch_size(B))
+        }
         "supplier" => collect(
             SupplierArrow::new(SupplierGenerator::new(scale, part, parts)).with_batch_size(B),
         ),
@@ -78,7 +80,9 @@ pub fn generate(
         "customer" => collect(
             CustomerArrow::new(CustomerGenerator::new(scale, part, parts)).with_batch_size(B),
         ),
-        "orders" => collect(OrderArrow::new(OrderGenerator::new(scale, part, parts)).with_batch_size(B)),
+        "orders" => {
+            collect(OrderArrow::new(OrderGenerator::new(scale, part, parts)).with_batch_size(B))
+        }
         "lineitem" => collect(
             LineItemArrow::new(LineItemGenerator::new(scale, part, parts)).with_batch_size(B),
         ),
@@ -107,7 +111,11 @@ pub async fn load(
     let n = nodes.len().max(1);
     let parts = (parts_per_node.max(1) * n) as i32;
     for table in TABLES {
-        let parts = if matches!(table, "nation" | "region") { 1 } else { parts };
+        let parts = if matches!(table, "nation" | "region") {
+            1
+        } else {
+            parts
+        };
         for p in 0..parts {
             let (schema, batches) = generate(table, scale, p + 1, parts)?;
             let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();

@@ -105,10 +105,15 @@ fn canonical(r: &QueryRun) -> Vec<String> {
 }
 
 async fn best(s: &CsdSession, sql: &str, runs: usize) -> QueryRun {
-    s.run(sql).await.unwrap_or_else(|e| panic!("warm-up failed: {e}"));
+    s.run(sql)
+        .await
+        .unwrap_or_else(|e| panic!("warm-up failed: {e}"));
     let mut best: Option<QueryRun> = None;
     for _ in 0..runs.max(1) {
-        let r = s.run(sql).await.unwrap_or_else(|e| panic!("query failed: {e}"));
+        let r = s
+            .run(sql)
+            .await
+            .unwrap_or_else(|e| panic!("query failed: {e}"));
         if best.as_ref().is_none_or(|b| r.elapsed < b.elapsed) {
             best = Some(r);
         }
@@ -122,13 +127,18 @@ async fn main() {
     let dir = scratch_dir(args.dir.clone()).expect("scratch dir");
     let mut nodes: Vec<RunningNode> = Vec::new();
     for i in 0..args.nodes {
-        let device = args
-            .device
-            .clone()
-            .unwrap_or_else(|| dir.path().join(format!("node{i}.img")).display().to_string());
+        let device = args.device.clone().unwrap_or_else(|| {
+            dir.path()
+                .join(format!("node{i}.img"))
+                .display()
+                .to_string()
+        });
         let config = NodeConfig {
             device,
-            capacity: Some(format!("{}MiB", (1500.0 * args.scale / args.nodes as f64).max(256.0) as u64)),
+            capacity: Some(format!(
+                "{}MiB",
+                (1500.0 * args.scale / args.nodes as f64).max(256.0) as u64
+            )),
             listen: "127.0.0.1:0".into(),
             cpus: args.cpus,
             memory: "4GiB".into(),
@@ -141,14 +151,24 @@ async fn main() {
                 .expect("start node"),
         );
     }
-    let clients: Vec<NodeClient> = futures::future::try_join_all(nodes.iter().map(|n| NodeClient::connect(&n.url)))
-        .await
-        .expect("connect");
+    let clients: Vec<NodeClient> =
+        futures::future::try_join_all(nodes.iter().map(|n| NodeClient::connect(&n.url)))
+            .await
+            .expect("connect");
     let t0 = std::time::Instant::now();
-    println!("loading TPC-H SF {} into {} node(s)…", args.scale, args.nodes);
-    tpch::load(&clients, args.scale, args.parts, |_, _| {}).await.expect("load");
+    println!(
+        "loading TPC-H SF {} into {} node(s)…",
+        args.scale, args.nodes
+    );
+    tpch::load(&clients, args.scale, args.parts, |_, _| {})
+        .await
+        .expect("load");
     println!("loaded in {:.1?}", t0.elapsed());
-    let queries: Vec<u32> = if args.queries.is_empty() { (1..=22).collect() } else { args.queries.clone() };
+    let queries: Vec<u32> = if args.queries.is_empty() {
+        (1..=22).collect()
+    } else {
+        args.queries.clone()
+    };
     let compression: Compression = args.compression.parse().expect("compression");
 
     let mut rows = Vec::new();
@@ -157,7 +177,11 @@ async fn main() {
         let mut links = Vec::new();
         let urls: Vec<String> = if mbit > 0.0 {
             for n in &nodes {
-                links.push(ThrottledLink::start(LinkSpec::mbit(mbit, 0), n.addr).await.expect("link"));
+                links.push(
+                    ThrottledLink::start(LinkSpec::mbit(mbit, 0), n.addr)
+                        .await
+                        .expect("link"),
+                );
             }
             links.iter().map(|l| l.url()).collect()
         } else {
@@ -167,16 +191,27 @@ async fn main() {
         let on = cluster
             .session(SessionOptions {
                 pushdown: true,
-                compression: if mbit > 0.0 { compression } else { Compression::None },
+                compression: if mbit > 0.0 {
+                    compression
+                } else {
+                    Compression::None
+                },
                 ..SessionOptions::default()
             })
             .await
             .expect("session");
         let off = cluster
-            .session(SessionOptions { pushdown: false, ..SessionOptions::default() })
+            .session(SessionOptions {
+                pushdown: false,
+                ..SessionOptions::default()
+            })
             .await
             .expect("session");
-        let label = if mbit > 0.0 { format!("{mbit} Mbit/s") } else { "loopback".into() };
+        let label = if mbit > 0.0 {
+            format!("{mbit} Mbit/s")
+        } else {
+            "loopback".into()
+        };
         println!("\n== {label} ==");
         println!(
             "{:<4} {:>7} {:>11} {:>11} {:>8} {:>13} {:>13} {:>8}",
@@ -202,7 +237,14 @@ async fn main() {
             };
             println!(
                 "Q{:<3} {:>7} {:>11.1} {:>11.1} {:>7.2}x {:>13} {:>13} {:>7.1}x",
-                q, row.rows, row.pushdown_ms, row.baseline_ms, row.speedup, row.pushdown_bytes, row.baseline_bytes, row.byte_ratio
+                q,
+                row.rows,
+                row.pushdown_ms,
+                row.baseline_ms,
+                row.speedup,
+                row.pushdown_bytes,
+                row.baseline_bytes,
+                row.byte_ratio
             );
             here.push(row);
         }
@@ -223,7 +265,9 @@ async fn main() {
             pb,
             bb,
             bb as f64 / pb.max(1) as f64,
-            worst.map(|w| format!("   worst pushdown/baseline time: {w:.2}")).unwrap_or_default()
+            worst
+                .map(|w| format!("   worst pushdown/baseline time: {w:.2}"))
+                .unwrap_or_default()
         );
         totals.push(Total {
             link_mbit: mbit,
@@ -251,7 +295,11 @@ async fn main() {
         rows,
         totals,
     };
-    write_json(&args.json.unwrap_or_else(|| default_json_path("tpch")), &report).expect("json");
+    write_json(
+        &args.json.unwrap_or_else(|| default_json_path("tpch")),
+        &report,
+    )
+    .expect("json");
     for n in nodes {
         n.shutdown().await.expect("shutdown");
     }

@@ -42,7 +42,9 @@ fn batch(from: i64, rows: i64) -> RecordBatch {
     let cols: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(ids.clone())),
         Arc::new(StringArray::from(
-            ids.iter().map(|i| NAMES[(*i % 8) as usize]).collect::<Vec<_>>(),
+            ids.iter()
+                .map(|i| NAMES[(*i % 8) as usize])
+                .collect::<Vec<_>>(),
         )),
         Arc::new(
             Decimal128Array::from(
@@ -122,10 +124,16 @@ async fn edge_cases_match_local() {
     let mut all = Vec::new();
     // Two partitions per node, 40k rows in all: several row groups and pages.
     for p in 0..4i64 {
-        let batches: Vec<RecordBatch> = (0..5).map(|k| batch(p * 10_000 + k * 2000, 2000)).collect();
+        let batches: Vec<RecordBatch> =
+            (0..5).map(|k| batch(p * 10_000 + k * 2000, 2000)).collect();
         all.extend(batches.clone());
         clients[(p % 2) as usize]
-            .put("t", &format!("p{p}"), schema(), futures::stream::iter(batches.into_iter().map(Ok)))
+            .put(
+                "t",
+                &format!("p{p}"),
+                schema(),
+                futures::stream::iter(batches.into_iter().map(Ok)),
+            )
             .await
             .unwrap();
     }
@@ -140,10 +148,9 @@ async fn edge_cases_match_local() {
         Arc::new(|args: &[ColumnarValue]| {
             let a = args[0].clone().into_array(1)?;
             let a = a.as_any().downcast_ref::<Int64Array>().unwrap();
-            Ok(ColumnarValue::Array(Arc::new(arrow::compute::kernels::numeric::mul(
-                a,
-                &Int64Array::new_scalar(2),
-            )?)))
+            Ok(ColumnarValue::Array(Arc::new(
+                arrow::compute::kernels::numeric::mul(a, &Int64Array::new_scalar(2))?,
+            )))
         }),
     );
     for ctx in [&local, &on.ctx, &off.ctx] {

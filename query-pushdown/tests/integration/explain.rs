@@ -6,13 +6,22 @@ use csd_query_pushdown::{CsdSession, tpch};
 use crate::{nodes, sessions};
 
 async fn explain(s: &CsdSession, sql: &str) -> String {
-    let b = s.ctx.sql(&format!("explain {sql}")).await.unwrap().collect().await.unwrap();
+    let b = s
+        .ctx
+        .sql(&format!("explain {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
     pretty_format_batches(&b).unwrap().to_string()
 }
 
 /// The physical `CsdScanExec` lines of an EXPLAIN.
 fn scans(plan: &str) -> Vec<&str> {
-    plan.lines().filter(|l| l.contains("CsdScanExec:")).collect()
+    plan.lines()
+        .filter(|l| l.contains("CsdScanExec:"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -27,10 +36,20 @@ async fn explain_shows_what_is_pushed() {
     let s = scans(&q1);
     assert_eq!(s.len(), 1, "{q1}");
     assert!(s[0].contains("returns=partial aggregate"), "{q1}");
-    assert!(s[0].contains("Aggregate: groupBy=[[lineitem.l_returnflag, lineitem.l_linestatus]]"), "{q1}");
-    assert!(s[0].contains("l_shipdate <= Date32(\"1998-09-02\")"), "{q1}");
+    assert!(
+        s[0].contains("Aggregate: groupBy=[[lineitem.l_returnflag, lineitem.l_linestatus]]"),
+        "{q1}"
+    );
+    assert!(
+        s[0].contains("l_shipdate <= Date32(\"1998-09-02\")"),
+        "{q1}"
+    );
     for n in &nodes {
-        assert!(s[0].contains(&format!("{}/p", n.url)), "endpoint of {} missing: {q1}", n.url);
+        assert!(
+            s[0].contains(&format!("{}/p", n.url)),
+            "endpoint of {} missing: {q1}",
+            n.url
+        );
     }
     // DataFusion's final aggregate stays on the compute tier.
     assert!(q1.contains("AggregateExec: mode=Final"), "{q1}");
@@ -41,12 +60,22 @@ async fn explain_shows_what_is_pushed() {
     assert!(s[0].contains("l_discount >= Decimal128(0.05,15,2)"), "{q6}");
     assert!(s[0].contains("l_quantity < Decimal128(24.00,15,2)"), "{q6}");
     assert!(s[0].contains("returns=partial aggregate"), "{q6}");
-    assert!(!q6.contains("FilterExec"), "no filter should remain here: {q6}");
+    assert!(
+        !q6.contains("FilterExec"),
+        "no filter should remain here: {q6}"
+    );
 
     // Top-k: sorted and cut at the nodes, merged here.
-    let topk = explain(&on, "select l_orderkey, l_extendedprice from lineitem order by l_extendedprice desc limit 5").await;
+    let topk = explain(
+        &on,
+        "select l_orderkey, l_extendedprice from lineitem order by l_extendedprice desc limit 5",
+    )
+    .await;
     assert!(topk.contains("CsdPushdown: top-k"), "{topk}");
-    assert!(scans(&topk)[0].contains("Sort: lineitem.l_extendedprice DESC NULLS FIRST, fetch=5"), "{topk}");
+    assert!(
+        scans(&topk)[0].contains("Sort: lineitem.l_extendedprice DESC NULLS FIRST, fetch=5"),
+        "{topk}"
+    );
 
     // LIMIT alone: each node stops after 3 rows.
     let lim = explain(&on, "select l_comment from lineitem limit 3").await;
@@ -54,24 +83,40 @@ async fn explain_shows_what_is_pushed() {
     assert!(scans(&lim)[0].contains("projection=[l_comment]"), "{lim}");
 
     // A volatile filter stays here; the exact one goes to the nodes.
-    let vol = explain(&on, "select count(*) from lineitem where random() < 0.5 and l_quantity < 10").await;
+    let vol = explain(
+        &on,
+        "select count(*) from lineitem where random() < 0.5 and l_quantity < 10",
+    )
+    .await;
     assert!(vol.contains("FilterExec: random()"), "{vol}");
     assert!(!scans(&vol)[0].contains("random"), "{vol}");
     assert!(scans(&vol)[0].contains("l_quantity <"), "{vol}");
-    assert!(!vol.contains("CsdPushdown"), "no aggregate push above a local filter: {vol}");
+    assert!(
+        !vol.contains("CsdPushdown"),
+        "no aggregate push above a local filter: {vol}"
+    );
 
     // Joins stay here; the filtered side pushes its filters and projection, the side
     // that would reduce nothing (orders, no filter) is read as Parquet byte ranges.
     let q12 = explain(&on, tpch::query(12).unwrap()).await;
     let s = scans(&q12);
     assert_eq!(s.len(), 1, "{q12}");
-    assert!(s[0].contains("table=lineitem") && s[0].contains("l_shipmode"), "{q12}");
-    assert!(q12.contains("DataSourceExec") && q12.contains("o_orderpriority"), "{q12}");
+    assert!(
+        s[0].contains("table=lineitem") && s[0].contains("l_shipmode"),
+        "{q12}"
+    );
+    assert!(
+        q12.contains("DataSourceExec") && q12.contains("o_orderpriority"),
+        "{q12}"
+    );
     assert!(q12.contains("HashJoinExec"), "{q12}");
 
     // Without pushdown nothing is pushed: DataFusion reads Parquet by range.
     let base = explain(&off, tpch::query(1).unwrap()).await;
-    assert!(!base.contains("CsdScanExec") && base.contains("DataSourceExec"), "{base}");
+    assert!(
+        !base.contains("CsdScanExec") && base.contains("DataSourceExec"),
+        "{base}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -91,15 +136,58 @@ async fn explain_analyze_reports_each_node() {
     let line = text.lines().find(|l| l.contains("CsdScanExec:")).unwrap();
     assert!(line.contains("at_nodes=["), "{text}");
     for n in &nodes {
-        let at = line.split(&format!("{}/p", n.url)).nth(2).unwrap_or_else(|| panic!("{} missing in {line}", n.url));
-        let read: u64 = at.split("device_read=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-        let scanned: u64 = at.split("rows_scanned=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        let at = line
+            .split(&format!("{}/p", n.url))
+            .nth(2)
+            .unwrap_or_else(|| panic!("{} missing in {line}", n.url));
+        let read: u64 = at
+            .split("device_read=")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let scanned: u64 = at
+            .split("rows_scanned=")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(read > 0 && scanned > 0, "{line}");
     }
     // The same figures through the API: pushdown moved far fewer bytes than it read.
     let run = on.run(tpch::query(6).unwrap()).await.unwrap();
     let read: u64 = run.node_runs.iter().map(|r| r.report.bytes_read).sum();
     assert_eq!(run.node_runs.len(), 2);
-    assert!(run.bytes_moved * 10 < read, "moved {} of {read} read", run.bytes_moved);
+    assert!(
+        run.bytes_moved * 10 < read,
+        "moved {} of {read} read",
+        run.bytes_moved
+    );
     assert_eq!(run.rows(), 1);
+}
+
+/// Prints EXPLAIN for TPC-H query `CSD_EXPLAIN_Q` (a debugging aid):
+/// `CSD_EXPLAIN_Q=22 cargo test -p csd-query-pushdown --test integration print_explain -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn print_explain() {
+    let q: u32 = std::env::var("CSD_EXPLAIN_Q").unwrap().parse().unwrap();
+    let sf: f64 = std::env::var("CSD_EXPLAIN_SF")
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(0.01);
+    let (nodes, clients) = nodes(1).await;
+    tpch::load(&clients, sf, 2, |_, _| {}).await.unwrap();
+    let (on, _) = sessions(&nodes).await;
+    println!("{}", explain(&on, tpch::query(q).unwrap()).await);
+    let r = on.run(tpch::query(q).unwrap()).await.unwrap();
+    println!("moved {} bytes", r.bytes_moved);
+    for n in &r.node_runs {
+        println!("{n:?}");
+    }
 }

@@ -32,7 +32,9 @@ fn data() -> RecordBatch {
         schema(),
         vec![
             Arc::new(Int64Array::from_iter_values(0..1000)),
-            Arc::new(StringArray::from_iter_values((0..1000).map(|i| format!("s{i}")))),
+            Arc::new(StringArray::from_iter_values(
+                (0..1000).map(|i| format!("s{i}")),
+            )),
         ],
     )
     .unwrap()
@@ -68,7 +70,10 @@ async fn refused(c: &NodeClient, args: Vec<u8>) -> (Code, String) {
 }
 
 async fn rows(c: &NodeClient, args: Vec<u8>) -> usize {
-    let reply = c.operator(OPERATOR_NAME, args, Compression::Zstd).await.unwrap();
+    let reply = c
+        .operator(OPERATOR_NAME, args, Compression::Zstd)
+        .await
+        .unwrap();
     let b: Vec<RecordBatch> = reply.batches.try_collect().await.unwrap();
     b.iter().map(RecordBatch::num_rows).sum()
 }
@@ -116,16 +121,18 @@ fn lit(i: i64) -> Expression {
 
 fn call(anchor: u32, args: Vec<Expression>) -> Expression {
     Expression {
-        rex_type: Some(expression::RexType::ScalarFunction(expression::ScalarFunction {
-            function_reference: anchor,
-            arguments: args
-                .into_iter()
-                .map(|e| FunctionArgument {
-                    arg_type: Some(function_argument::ArgType::Value(e)),
-                })
-                .collect(),
-            ..Default::default()
-        })),
+        rex_type: Some(expression::RexType::ScalarFunction(
+            expression::ScalarFunction {
+                function_reference: anchor,
+                arguments: args
+                    .into_iter()
+                    .map(|e| FunctionArgument {
+                        arg_type: Some(function_argument::ArgType::Value(e)),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        )),
     }
 }
 
@@ -144,7 +151,9 @@ fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 async fn hostile_fragments_are_refused() {
     let (_nodes, clients) = nodes(1).await;
     let c = &clients[0];
-    c.put("t", "p0", schema(), futures::stream::iter(vec![Ok(data())])).await.unwrap();
+    c.put("t", "p0", schema(), futures::stream::iter(vec![Ok(data())]))
+        .await
+        .unwrap();
     let good = plan_of("select a, s from t where a > 900").await;
     assert_eq!(rows(c, fragment(&good, Mode::Complete)).await, 99);
 
@@ -158,7 +167,13 @@ async fn hostile_fragments_are_refused() {
     bytes.truncate(bytes.len() - 3);
     cases.push((
         "truncated plan",
-        SqlFragment { table: "t".into(), partition: None, plan: bytes, mode: 0 }.to_bytes(),
+        SqlFragment {
+            table: "t".into(),
+            partition: None,
+            plan: bytes,
+            mode: 0,
+        }
+        .to_bytes(),
         "Substrait",
     ));
     cases.push(("garbage", vec![0xff; 64], "malformed"));
@@ -167,17 +182,18 @@ async fn hostile_fragments_are_refused() {
     let deep = {
         let mut p = good.clone();
         let not_anchor = 4242;
-        p.extensions.push(proto::extensions::SimpleExtensionDeclaration {
-            mapping_type: Some(
-                proto::extensions::simple_extension_declaration::MappingType::ExtensionFunction(
-                    proto::extensions::simple_extension_declaration::ExtensionFunction {
-                        function_anchor: not_anchor,
-                        name: "not:bool".into(),
-                        ..Default::default()
-                    },
+        p.extensions
+            .push(proto::extensions::SimpleExtensionDeclaration {
+                mapping_type: Some(
+                    proto::extensions::simple_extension_declaration::MappingType::ExtensionFunction(
+                        proto::extensions::simple_extension_declaration::ExtensionFunction {
+                            function_anchor: not_anchor,
+                            name: "not:bool".into(),
+                            ..Default::default()
+                        },
+                    ),
                 ),
-            ),
-        });
+            });
         big_stack(move || {
             let c = condition(root(&mut p));
             let mut e = c.take().map(|b| *b).unwrap();
@@ -200,7 +216,11 @@ async fn hostile_fragments_are_refused() {
         }
         *c = Some(Box::new(e));
     }
-    cases.push(("28-deep expression", fragment(&p, Mode::Complete), "deeper than"));
+    cases.push((
+        "28-deep expression",
+        fragment(&p, Mode::Complete),
+        "deeper than",
+    ));
 
     // A million-element IN list (too big for a ticket), and 20,000 (over the limit).
     for n in [1_000_000usize, 20_000] {
@@ -218,10 +238,14 @@ async fn hostile_fragments_are_refused() {
     }
 
     // Unknown and volatile functions.
-    for (name, why) in [("no_such_function:i64", "cannot run"), ("random", "cannot run")] {
+    for (name, why) in [
+        ("no_such_function:i64", "cannot run"),
+        ("random", "cannot run"),
+    ] {
         let mut p = good.clone();
-        if let Some(proto::extensions::simple_extension_declaration::MappingType::ExtensionFunction(f)) =
-            p.extensions[0].mapping_type.as_mut()
+        if let Some(
+            proto::extensions::simple_extension_declaration::MappingType::ExtensionFunction(f),
+        ) = p.extensions[0].mapping_type.as_mut()
         {
             f.name = name.into();
         }
@@ -232,18 +256,27 @@ async fn hostile_fragments_are_refused() {
     let mut p = plan_of("select a from t where a + 1 > 2 and a > 3").await;
     {
         *condition(root(&mut p)) = Some(Box::new(Expression {
-            rex_type: Some(expression::RexType::Selection(Box::new(expression::FieldReference {
-                reference_type: Some(expression::field_reference::ReferenceType::DirectReference(
-                    expression::ReferenceSegment {
-                        reference_type: Some(expression::reference_segment::ReferenceType::StructField(
-                            Box::new(expression::reference_segment::StructField { field: 0, child: None }),
-                        )),
-                    },
-                )),
-                root_type: Some(expression::field_reference::RootType::RootReference(
-                    expression::field_reference::RootReference {},
-                )),
-            }))),
+            rex_type: Some(expression::RexType::Selection(Box::new(
+                expression::FieldReference {
+                    reference_type: Some(
+                        expression::field_reference::ReferenceType::DirectReference(
+                            expression::ReferenceSegment {
+                                reference_type: Some(
+                                    expression::reference_segment::ReferenceType::StructField(
+                                        Box::new(expression::reference_segment::StructField {
+                                            field: 0,
+                                            child: None,
+                                        }),
+                                    ),
+                                ),
+                            },
+                        ),
+                    ),
+                    root_type: Some(expression::field_reference::RootType::RootReference(
+                        expression::field_reference::RootReference {},
+                    )),
+                },
+            ))),
         }));
     }
     cases.push(("non-boolean filter", fragment(&p, Mode::Complete), ""));
@@ -251,12 +284,18 @@ async fn hostile_fragments_are_refused() {
     let mut q = p.clone();
     if let Some(e) = condition(root(&mut q)).as_mut()
         && let Some(expression::RexType::Selection(f)) = e.rex_type.as_mut()
-        && let Some(expression::field_reference::ReferenceType::DirectReference(seg)) = f.reference_type.as_mut()
-        && let Some(expression::reference_segment::ReferenceType::StructField(sf)) = seg.reference_type.as_mut()
+        && let Some(expression::field_reference::ReferenceType::DirectReference(seg)) =
+            f.reference_type.as_mut()
+        && let Some(expression::reference_segment::ReferenceType::StructField(sf)) =
+            seg.reference_type.as_mut()
     {
         sf.field = 7;
     }
-    cases.push(("column out of range", fragment(&q, Mode::Complete), "out of range"));
+    cases.push((
+        "column out of range",
+        fragment(&q, Mode::Complete),
+        "out of range",
+    ));
 
     // Reading local files, another table, or joining.
     let mut p = good.clone();
@@ -288,7 +327,11 @@ async fn hostile_fragments_are_refused() {
     cases.push(("cross join", fragment(&p, Mode::Complete), "not allowed"));
 
     // Partial aggregation of something that is not an aggregate.
-    cases.push(("partial non-aggregate", fragment(&good, Mode::PartialAggregate), "aggregate"));
+    cases.push((
+        "partial non-aggregate",
+        fragment(&good, Mode::PartialAggregate),
+        "aggregate",
+    ));
 
     for (what, args, why) in cases {
         let (code, msg) = refused(c, args).await;
@@ -296,7 +339,11 @@ async fn hostile_fragments_are_refused() {
         assert!(msg.contains(why), "{what}: {msg:?} should mention {why:?}");
     }
     // An operator the node does not have.
-    let e = c.operator("nope", vec![], Compression::None).await.err().unwrap();
+    let e = c
+        .operator("nope", vec![], Compression::None)
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
 
     // The node is fine afterwards.
@@ -315,12 +362,32 @@ const SEEDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/fragment_de
 async fn write_fuzz_seeds() {
     std::fs::create_dir_all(SEEDS).unwrap();
     for (name, sql, mode) in [
-        ("scan", "select a, s from t where a > 900 and s like 's1%'", Mode::Complete),
-        ("topk", "select a from t where a in (1, 2, 3) order by a desc limit 2", Mode::Complete),
-        ("agg", "select s, count(*), avg(a) from t where a < 10 group by s", Mode::PartialAggregate),
-        ("case", "select case when a > 5 then upper(s) else s end from t where a between 1 and 9", Mode::Complete),
+        (
+            "scan",
+            "select a, s from t where a > 900 and s like 's1%'",
+            Mode::Complete,
+        ),
+        (
+            "topk",
+            "select a from t where a in (1, 2, 3) order by a desc limit 2",
+            Mode::Complete,
+        ),
+        (
+            "agg",
+            "select s, count(*), avg(a) from t where a < 10 group by s",
+            Mode::PartialAggregate,
+        ),
+        (
+            "case",
+            "select case when a > 5 then upper(s) else s end from t where a between 1 and 9",
+            Mode::Complete,
+        ),
     ] {
-        std::fs::write(format!("{SEEDS}/{name}"), fragment(&plan_of(sql).await, mode)).unwrap();
+        std::fs::write(
+            format!("{SEEDS}/{name}"),
+            fragment(&plan_of(sql).await, mode),
+        )
+        .unwrap();
     }
 }
 

@@ -63,7 +63,12 @@ pub async fn sessions(nodes: &[RunningNode]) -> (CsdSession, CsdSession) {
 }
 
 /// Registers `batches` as a local in-memory table of `ctx`.
-pub fn register_local(ctx: &SessionContext, name: &str, schema: SchemaRef, batches: Vec<RecordBatch>) {
+pub fn register_local(
+    ctx: &SessionContext,
+    name: &str,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) {
     let t = MemTable::try_new(schema, vec![batches]).unwrap();
     ctx.register_table(name, Arc::new(t)).unwrap();
 }
@@ -77,7 +82,13 @@ pub fn canonical(batches: &[RecordBatch]) -> Vec<String> {
         let fmts: Vec<_> = b
             .columns()
             .iter()
-            .map(|c| (c.data_type().clone(), ArrayFormatter::try_new(c.as_ref(), &opts).unwrap(), c.clone()))
+            .map(|c| {
+                (
+                    c.data_type().clone(),
+                    ArrayFormatter::try_new(c.as_ref(), &opts).unwrap(),
+                    c.clone(),
+                )
+            })
             .collect();
         for r in 0..b.num_rows() {
             let cells: Vec<String> = fmts

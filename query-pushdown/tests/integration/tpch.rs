@@ -26,7 +26,9 @@ fn local(scale: f64) -> SessionContext {
 async fn all_queries(node_count: usize, parts_per_node: usize) {
     let sf = scale();
     let (nodes, clients) = nodes(node_count).await;
-    tpch::load(&clients, sf, parts_per_node, |_, _| {}).await.unwrap();
+    tpch::load(&clients, sf, parts_per_node, |_, _| {})
+        .await
+        .unwrap();
     let local = local(sf);
     let (on, off) = sessions(&nodes).await;
     let mut nonempty = 0;
@@ -38,7 +40,10 @@ async fn all_queries(node_count: usize, parts_per_node: usize) {
         }
     }
     // The comparison means something only if the queries return rows.
-    assert!(nonempty >= 18, "only {nonempty} of 22 queries returned rows");
+    assert!(
+        nonempty >= 18,
+        "only {nonempty} of 22 queries returned rows"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
