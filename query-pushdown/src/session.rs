@@ -31,7 +31,7 @@ pub struct SessionOptions {
     /// DataFusion partitions on the compute tier (default: its cores).
     pub target_partitions: Option<usize>,
     /// With pushdown: read scans that reduce nothing (no filter, no limit) as Parquet
-    /// byte ranges instead of asking the node (see [`CsdTable::with_direct_reads`]).
+    /// byte ranges instead of asking the node (see [`CsdTable::new`]).
     pub direct_unfiltered: bool,
 }
 
@@ -159,15 +159,13 @@ impl Cluster {
                 .collect();
             let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
             if opts.pushdown {
-                let mut table = CsdTable::new(
+                let table = CsdTable::new(
                     name.clone(),
                     t.schema.clone(),
                     t.endpoints.clone(),
                     opts.compression,
+                    opts.direct_unfiltered.then_some(direct),
                 );
-                if opts.direct_unfiltered {
-                    table = table.with_direct_reads(direct);
-                }
                 ctx.register_table(name.as_str(), Arc::new(table))?;
             } else {
                 ctx.register_table(name.as_str(), Arc::new(direct))?;

@@ -24,6 +24,7 @@ use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown, Volatility};
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -87,6 +88,7 @@ const BUILTINS: &[&str] = &[
 #[derive(Default)]
 pub struct SqlOperator {
     memory: OnceLock<Arc<dyn MemoryPool>>,
+    rules: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>>,
 }
 
 impl SqlOperator {
@@ -140,14 +142,19 @@ impl Operator for SqlOperator {
             Arc::new(object_store::memory::InMemory::new()),
         );
         // Partial aggregation needs the partial/final split kept as planned.
-        let rules = SessionStateBuilder::new()
-            .with_default_features()
-            .build()
-            .physical_optimizers()
-            .iter()
-            .filter(|r| r.name() != "CombinePartialFinalAggregate")
-            .cloned()
-            .collect();
+        let rules = self
+            .rules
+            .get_or_init(|| {
+                SessionStateBuilder::new()
+                    .with_default_features()
+                    .build()
+                    .physical_optimizers()
+                    .iter()
+                    .filter(|r| r.name() != "CombinePartialFinalAggregate")
+                    .cloned()
+                    .collect()
+            })
+            .clone();
         let state = SessionStateBuilder::new()
             .with_default_features()
             .with_config(config)

@@ -67,12 +67,16 @@ struct Inner {
 
 impl CsdTable {
     /// A table called `name` with `schema`, held as `endpoints`; results travel with
-    /// `compression`.
+    /// `compression`. With `direct`, scans that would not reduce anything (no
+    /// filter, no limit) read the Parquet objects by range instead: compressed column
+    /// chunks are smaller than the same columns as Arrow IPC, and the node's CPU is
+    /// spared.
     pub fn new(
         name: String,
         schema: SchemaRef,
         endpoints: Vec<Endpoint>,
         compression: Compression,
+        direct: Option<RangeReadTable>,
     ) -> Self {
         CsdTable {
             inner: Arc::new(Inner {
@@ -80,26 +84,7 @@ impl CsdTable {
                 schema,
                 endpoints,
                 compression,
-                direct: None,
-            }),
-        }
-    }
-
-    /// Scans that would not reduce anything (no filter, no limit) read the Parquet
-    /// objects by range through `direct` instead: compressed column chunks are
-    /// smaller than the same columns as Arrow IPC, and the node's CPU is spared.
-    pub fn with_direct_reads(self, direct: RangeReadTable) -> Self {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|a| Inner {
-            name: a.name.clone(),
-            schema: a.schema.clone(),
-            endpoints: a.endpoints.clone(),
-            compression: a.compression,
-            direct: None,
-        });
-        CsdTable {
-            inner: Arc::new(Inner {
-                direct: Some(direct),
-                ..inner
+                direct,
             }),
         }
     }
