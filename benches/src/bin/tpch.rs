@@ -56,6 +56,22 @@ struct Args {
     /// JSON output path.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Use running nodes (`csd serve`, e.g. pinned to other cores with `taskset`)
+    /// instead of starting them in this process; repeat for several.
+    #[arg(long = "node")]
+    node_urls: Vec<String>,
+    /// With `--node`: the nodes already hold the data (skip loading).
+    #[arg(long)]
+    no_load: bool,
+}
+
+/// `grpc://host:port` (or `http://`) → the socket address a link forwards to.
+fn socket_addr(url: &str) -> std::net::SocketAddr {
+    let hostport = url.split("://").nth(1).unwrap_or(url).trim_end_matches('/');
+    std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("not a node address: {url}"))
 }
 
 #[derive(Serialize, Clone)]
@@ -77,7 +93,7 @@ struct Report {
     scale: f64,
     nodes: usize,
     parts_per_node: usize,
-    cpus_per_node: usize,
+    cpus_per_node: Option<usize>,
     compression: String,
     rows: Vec<Row>,
     totals: Vec<Total>,
@@ -126,7 +142,12 @@ async fn main() {
     let args = Args::parse();
     let dir = scratch_dir(args.dir.clone()).expect("scratch dir");
     let mut nodes: Vec<RunningNode> = Vec::new();
-    for i in 0..args.nodes {
+    let n_nodes = if args.node_urls.is_empty() {
+        args.nodes
+    } else {
+        0
+    };
+    for i in 0..n_nodes {
         let device = args.device.clone().unwrap_or_else(|| {
             dir.path()
                 .join(format!("node{i}.img"))
@@ -151,19 +172,28 @@ async fn main() {
                 .expect("start node"),
         );
     }
+    let node_urls: Vec<String> = if args.node_urls.is_empty() {
+        nodes.iter().map(|n| n.url.clone()).collect()
+    } else {
+        args.node_urls.clone()
+    };
+    let node_addrs: Vec<std::net::SocketAddr> = node_urls.iter().map(|u| socket_addr(u)).collect();
     let clients: Vec<NodeClient> =
-        futures::future::try_join_all(nodes.iter().map(|n| NodeClient::connect(&n.url)))
+        futures::future::try_join_all(node_urls.iter().map(|u| NodeClient::connect(u)))
             .await
             .expect("connect");
-    let t0 = std::time::Instant::now();
-    println!(
-        "loading TPC-H SF {} into {} node(s)…",
-        args.scale, args.nodes
-    );
-    tpch::load(&clients, args.scale, args.parts, |_, _| {})
-        .await
-        .expect("load");
-    println!("loaded in {:.1?}", t0.elapsed());
+    if !args.no_load {
+        let t0 = std::time::Instant::now();
+        println!(
+            "loading TPC-H SF {} into {} node(s)…",
+            args.scale,
+            clients.len()
+        );
+        tpch::load(&clients, args.scale, args.parts, |_, _| {})
+            .await
+            .expect("load");
+        println!("loaded in {:.1?}", t0.elapsed());
+    }
     let queries: Vec<u32> = if args.queries.is_empty() {
         (1..=22).collect()
     } else {
@@ -176,16 +206,16 @@ async fn main() {
     for &mbit in &args.links {
         let mut links = Vec::new();
         let urls: Vec<String> = if mbit > 0.0 {
-            for n in &nodes {
+            for &addr in &node_addrs {
                 links.push(
-                    ThrottledLink::start(LinkSpec::mbit(mbit, 0), n.addr)
+                    ThrottledLink::start(LinkSpec::mbit(mbit, 0), addr)
                         .await
                         .expect("link"),
                 );
             }
             links.iter().map(|l| l.url()).collect()
         } else {
-            nodes.iter().map(|n| n.url.clone()).collect()
+            node_urls.clone()
         };
         let cluster = Cluster::connect(&urls).await.expect("cluster");
         let on = cluster
@@ -288,9 +318,9 @@ async fn main() {
     }
     let report = Report {
         scale: args.scale,
-        nodes: args.nodes,
+        nodes: clients.len(),
         parts_per_node: args.parts,
-        cpus_per_node: args.cpus,
+        cpus_per_node: args.node_urls.is_empty().then_some(args.cpus),
         compression: args.compression.clone(),
         rows,
         totals,
