@@ -137,6 +137,26 @@ struct ServeArgs {
     /// Erase and format the device.
     #[arg(long)]
     format: bool,
+    /// Admission policy: adaptive (run, queue or push back), always (run all pushed
+    /// work, queueing), never (push every operator back to the compute tier).
+    #[arg(long)]
+    policy: Option<csd_runtime::admission::Policy>,
+    /// Queueing-delay target in milliseconds (adaptive): a request predicted to
+    /// wait longer is pushed back.
+    #[arg(long)]
+    queue_target_ms: Option<f64>,
+    /// A tenant's share: `name=weight[:reserved slots]` (repeat for several).
+    #[arg(long = "tenant")]
+    tenants: Vec<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Raw reads served at once.
+    #[arg(long)]
+    read_slots: Option<usize>,
+    /// Raw reads that may wait before the node answers RESOURCE_EXHAUSTED.
+    #[arg(long)]
+    read_queue: Option<usize>,
 }
 
 /// Reads a Parquet or CSV file on a blocking thread, feeding a channel and a progress
@@ -240,11 +260,32 @@ async fn serve(args: ServeArgs) -> Result<()> {
         config.memory = v;
     }
     config.format |= args.format;
+    if let Some(v) = args.policy {
+        config.policy = v;
+    }
+    if let Some(v) = args.queue_target_ms {
+        config.queue_target_ms = v;
+    }
+    if !args.tenants.is_empty() {
+        config.tenants = args.tenants;
+    }
+    if let Some(v) = args.metrics_listen {
+        config.metrics_listen = Some(v);
+    }
+    if let Some(v) = args.read_slots {
+        config.read_slots = v;
+    }
+    if let Some(v) = args.read_queue {
+        config.read_queue = v;
+    }
     let node = node::start_with(&config, csd_query_pushdown::registry()).await?;
     println!(
         "csd storage node listening on {} (device {})",
         node.url, config.device
     );
+    if let Some(m) = node.metrics_addr {
+        println!("metrics at http://{m}/metrics");
+    }
     let mut node = node;
     tokio::select! {
         r = tokio::signal::ctrl_c() => {

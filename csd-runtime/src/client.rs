@@ -16,7 +16,8 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{
-    Action, Criteria, FlightClient, FlightDescriptor, FlightInfo, Ticket as FlightTicket,
+    Action, Criteria, FlightClient, FlightData, FlightDescriptor, FlightInfo,
+    Ticket as FlightTicket,
 };
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
@@ -24,6 +25,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::admission::PushBack;
+use crate::error::{PUSHBACK_METADATA, RETRY_AFTER_METADATA};
 use crate::operator::OperatorReport;
 use crate::ticket::Compression;
 use tonic::transport::{Channel, Endpoint};
@@ -56,13 +59,42 @@ pub enum Error {
     /// From the runtime (embedded node).
     #[error(transparent)]
     Runtime(#[from] crate::Error),
+    /// The node's admission control handed the request back: evaluate it here.
+    #[error("pushed back by the storage node: {}", .0.reason)]
+    PushedBack(PushBack),
+    /// The node could not serve even raw reads, and kept refusing for the whole
+    /// retry budget.
+    #[error("storage node overloaded (retry in {} ms): {message}", .retry_after.as_millis())]
+    Busy {
+        /// The node's message.
+        message: String,
+        /// Its last retry hint.
+        retry_after: Duration,
+    },
 }
+
+/// How long a client keeps retrying a request the node refuses with a retry hint.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// Client result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<tonic::Status> for Error {
     fn from(s: tonic::Status) -> Self {
+        let meta = |k: &str| s.metadata().get(k).and_then(|v| v.to_str().ok());
+        if s.code() == tonic::Code::Unavailable
+            && let Some(p) = meta(PUSHBACK_METADATA).and_then(|j| serde_json::from_str(j).ok())
+        {
+            return Error::PushedBack(p);
+        }
+        if s.code() == tonic::Code::ResourceExhausted
+            && let Some(ms) = meta(RETRY_AFTER_METADATA).and_then(|v| v.parse::<u64>().ok())
+        {
+            return Error::Busy {
+                message: s.message().to_string(),
+                retry_after: Duration::from_millis(ms),
+            };
+        }
         Error::Rpc {
             code: s.code(),
             message: s.message().to_string(),
@@ -147,6 +179,7 @@ impl TryFrom<FlightInfo> for TableInfo {
 pub struct NodeClient {
     url: String,
     raw: FlightServiceClient<Channel>,
+    tenant: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl NodeClient {
@@ -177,7 +210,52 @@ impl NodeClient {
         Ok(NodeClient {
             url: url.to_string(),
             raw,
+            tenant: None,
         })
+    }
+
+    /// The same connection, sending `tenant` with every request (admission control
+    /// shares the node's CPU between tenants by their weights).
+    pub fn with_tenant(mut self, tenant: &str) -> Result<Self> {
+        let v = tenant
+            .parse()
+            .map_err(|_| Error::InvalidInput(format!("tenant {tenant:?} is not ASCII")))?;
+        self.tenant = Some(v);
+        Ok(self)
+    }
+
+    /// `DoGet` of `ticket`; a refusal with a retry hint (the node is saturated) is
+    /// retried after the hint, for up to [`RETRY_BUDGET`].
+    async fn do_get(&self, ticket: &Ticket) -> Result<tonic::Streaming<FlightData>> {
+        let started = std::time::Instant::now();
+        let bytes = ticket.encode();
+        let mut attempt = 0u32;
+        loop {
+            let mut req = tonic::Request::new(FlightTicket::new(bytes.clone()));
+            if let Some(t) = &self.tenant {
+                req.metadata_mut()
+                    .insert(crate::service::TENANT_METADATA, t.clone());
+            }
+            match self.raw.clone().do_get(req).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status) => match Error::from(status) {
+                    Error::Busy {
+                        message,
+                        retry_after,
+                    } if started.elapsed() + retry_after < RETRY_BUDGET => {
+                        attempt += 1;
+                        // The hint, stretched a little per attempt and spread so
+                        // that refused clients do not all come back at once.
+                        let spread = 1.0
+                            + 0.25 * f64::from(attempt.min(8))
+                            + (started.elapsed().subsec_nanos() % 97) as f64 / 400.0;
+                        tracing::debug!(%message, ?retry_after, attempt, "node busy, retrying");
+                        tokio::time::sleep(retry_after.mul_f64(spread)).await;
+                    }
+                    e => return Err(e),
+                },
+            }
+        }
     }
 
     /// The node's URL.
@@ -252,10 +330,10 @@ impl NodeClient {
             partition: partition.map(Into::into),
             columns: columns.iter().map(|c| c.to_string()).collect(),
         };
-        Ok(self
-            .flight()
-            .do_get(FlightTicket::new(ticket.encode()))
-            .await?)
+        let inner = self.do_get(&ticket).await?;
+        Ok(FlightRecordBatchStream::new_from_flight_data(
+            inner.map_err(|s| FlightError::Tonic(Box::new(s))),
+        ))
     }
 
     /// Reads `len` raw bytes at `offset` of a stored object.
@@ -265,12 +343,7 @@ impl NodeClient {
             offset,
             length: len,
         };
-        let mut stream = self
-            .raw
-            .clone()
-            .do_get(FlightTicket::new(ticket.encode()))
-            .await?
-            .into_inner();
+        let mut stream = self.do_get(&ticket).await?;
         let mut out = BytesMut::with_capacity(len as usize);
         while let Some(d) = stream.message().await? {
             out.extend_from_slice(&d.data_body);
@@ -285,7 +358,8 @@ impl NodeClient {
     }
 
     /// Runs the pushed-down operator `name` with `args`; the answer's IPC bodies are
-    /// compressed with `compression`. Fails at once if the node refuses the request.
+    /// compressed with `compression`. Fails at once if the node refuses the request;
+    /// [`Error::PushedBack`] means the caller should evaluate it itself.
     pub async fn operator(
         &self,
         name: &str,
@@ -297,12 +371,7 @@ impl NodeClient {
             args,
             compression,
         };
-        let inner = self
-            .raw
-            .clone()
-            .do_get(FlightTicket::new(ticket.encode()))
-            .await?
-            .into_inner();
+        let inner = self.do_get(&ticket).await?;
         let stats = Arc::new(ReplyStats::default());
         // The trailing report has no IPC header (arrow-flight's decoder would refuse
         // it): take it out here.

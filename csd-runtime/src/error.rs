@@ -39,7 +39,26 @@ pub enum Error {
     /// A bug: an invariant of ours did not hold.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Admission control hands the request back: the compute tier should read the
+    /// byte ranges and evaluate it itself (gRPC `UNAVAILABLE` with the JSON
+    /// [`PushBack`](crate::admission::PushBack) in the `csd-pushback` metadata).
+    #[error("pushed back to the compute tier: {}", .0.reason)]
+    PushedBack(crate::admission::PushBack),
+    /// Not even raw reads can be served now (gRPC `RESOURCE_EXHAUSTED` with
+    /// `retry-after-ms` metadata).
+    #[error("node overloaded, retry in {} ms: {reason}", .retry_after.as_millis())]
+    Busy {
+        /// Why.
+        reason: String,
+        /// When to retry.
+        retry_after: std::time::Duration,
+    },
 }
+
+/// Metadata key of a pushed-back request's JSON [`PushBack`](crate::admission::PushBack).
+pub const PUSHBACK_METADATA: &str = "csd-pushback";
+/// Metadata key of the retry hint (milliseconds) on `RESOURCE_EXHAUSTED`.
+pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
 
 /// Result with the node's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -64,6 +83,20 @@ impl Error {
             Error::ResourcesExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Io { .. } | Error::External(_) | Error::Internal(_) => Code::Internal,
+            Error::PushedBack(p) => {
+                let mut s = tonic::Status::unavailable(self.to_string());
+                if let Ok(v) = serde_json::to_string(p).unwrap_or_default().parse() {
+                    s.metadata_mut().insert(PUSHBACK_METADATA, v);
+                }
+                return s;
+            }
+            Error::Busy { retry_after, .. } => {
+                let mut s = tonic::Status::resource_exhausted(self.to_string());
+                if let Ok(v) = retry_after.as_millis().to_string().parse() {
+                    s.metadata_mut().insert(RETRY_AFTER_METADATA, v);
+                }
+                return s;
+            }
         };
         tonic::Status::new(code, self.to_string())
     }

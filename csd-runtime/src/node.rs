@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::admission::{Admission, AdmissionConfig, Policy, parse_tenant};
 use crate::device::{DeviceSpec, parse_size};
 use crate::error::{Error, Result};
 use crate::operator::OperatorRegistry;
@@ -41,6 +42,20 @@ pub struct NodeConfig {
     pub format: bool,
     /// How tables are written.
     pub parquet: ParquetOptions,
+    /// Admission policy: `adaptive` (default), `always` (run everything pushed
+    /// down, queueing), `never` (push every operator back).
+    pub policy: Policy,
+    /// Queueing-delay target in milliseconds: a request predicted to wait longer is
+    /// pushed back.
+    pub queue_target_ms: f64,
+    /// Tenants as `name=weight[:reserved slots]`; others get weight 1.
+    pub tenants: Vec<String>,
+    /// Serve Prometheus metrics over HTTP here (`127.0.0.1:9090`).
+    pub metrics_listen: Option<String>,
+    /// Raw reads served at once.
+    pub read_slots: usize,
+    /// Raw reads that may wait; beyond, `RESOURCE_EXHAUSTED` with a retry hint.
+    pub read_queue: usize,
 }
 
 impl Default for NodeConfig {
@@ -54,6 +69,12 @@ impl Default for NodeConfig {
             memory: "2GiB".into(),
             format: false,
             parquet: ParquetOptions::default(),
+            policy: Policy::Adaptive,
+            queue_target_ms: 50.0,
+            tenants: Vec::new(),
+            metrics_listen: None,
+            read_slots: 64,
+            read_queue: 4096,
         }
     }
 }
@@ -66,6 +87,39 @@ impl NodeConfig {
         toml::from_str(&text)
             .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
     }
+
+    /// The admission settings these flags describe, for `cpus` workers and
+    /// `memory` bytes.
+    pub fn admission(&self, memory: u64) -> Result<AdmissionConfig> {
+        let mut a = AdmissionConfig::new(self.cpus, memory);
+        a.policy = self.policy;
+        if self.read_slots == 0 {
+            return Err(Error::InvalidArgument(
+                "read slots must be at least 1".into(),
+            ));
+        }
+        a.io_in_flight = self.read_slots;
+        a.io_queue = self.read_queue;
+        if !(self.queue_target_ms.is_finite() && self.queue_target_ms >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "queue target {} ms must be a non-negative number",
+                self.queue_target_ms
+            )));
+        }
+        a.queue_target = std::time::Duration::from_secs_f64(self.queue_target_ms / 1e3);
+        for t in &self.tenants {
+            let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
+            a.tenants.insert(name, share);
+        }
+        let reserved: usize = a.tenants.values().map(|t| t.reserve).sum();
+        if reserved > a.slots {
+            return Err(Error::InvalidArgument(format!(
+                "tenants reserve {reserved} slots but the node has {} CPU workers",
+                a.slots
+            )));
+        }
+        Ok(a)
+    }
 }
 
 /// A running node. Shut it down with [`RunningNode::shutdown`].
@@ -76,6 +130,9 @@ pub struct RunningNode {
     pub url: String,
     /// Shared state (tables, pool, counters).
     pub state: Arc<NodeState>,
+    /// Where Prometheus metrics are served, with `metrics_listen`.
+    pub metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<Result<()>>,
 }
@@ -85,6 +142,9 @@ impl RunningNode {
     pub async fn shutdown(mut self) -> Result<()> {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
+        }
+        if let Some(t) = self.metrics_task.take() {
+            t.abort();
         }
         (&mut self.server)
             .await
@@ -104,6 +164,9 @@ impl Drop for RunningNode {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+        if let Some(t) = self.metrics_task.take() {
+            t.abort();
+        }
     }
 }
 
@@ -118,6 +181,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
     let spec: DeviceSpec = config.device.parse()?;
     let capacity = config.capacity.as_deref().map(parse_size).transpose()?;
     let memory_budget = parse_size(&config.memory)?;
+    let admission = config.admission(memory_budget)?;
     let dev = tokio::task::spawn_blocking({
         let spec = spec.clone();
         move || spec.open(capacity)
@@ -146,8 +210,17 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         .clone()
         .unwrap_or_else(|| format!("grpc://{addr}"));
     let state = Arc::new(
-        NodeState::new(tables, pool, url.clone(), memory_budget).with_operators(operators),
+        NodeState::new(tables, pool, url.clone(), memory_budget)
+            .with_operators(operators)
+            .with_admission(Admission::new(admission)),
     );
+    let (metrics_addr, metrics_task) = match &config.metrics_listen {
+        Some(addr) => {
+            let (a, t) = crate::metrics::serve(addr, state.clone()).await?;
+            (Some(a), Some(t))
+        }
+        None => (None, None),
+    };
     let service = FlightServiceServer::new(FlightNode::new(state.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -167,6 +240,8 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         addr,
         url,
         state,
+        metrics_addr,
+        metrics_task,
         stop: Some(stop),
         server,
     })

@@ -87,8 +87,45 @@ pub trait Operator: Send + Sync + 'static {
     /// The name tickets use.
     fn name(&self) -> &'static str;
 
-    /// Validates `args`, plans, and returns the output stream. Runs on the CPU pool.
+    /// What a request will cost, before admission decides on it: the bytes it will
+    /// read and the memory it needs. Must be cheap (decode the arguments, look at the
+    /// catalog; never read data) and must refuse malformed `args` with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), so bad requests
+    /// are refused before they queue. The default knows nothing: 0 bytes and
+    /// [`DEFAULT_MEMORY`].
+    async fn estimate(&self, _ctx: &OperatorContext, _args: &Bytes) -> Result<Estimate> {
+        Ok(Estimate::default())
+    }
+
+    /// Validates `args`, plans, and returns the output stream. Runs on the CPU pool,
+    /// after admission; the stream should use one worker (one slot) at a time.
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream>;
+
+    /// Memory the operator's requests hold now, in bytes (for the node's figures).
+    fn memory_used(&self) -> u64 {
+        0
+    }
+}
+
+/// Memory assumed for a request whose operator does not say.
+pub const DEFAULT_MEMORY: u64 = 32 << 20;
+
+/// An operator's estimate of a request (see [`Operator::estimate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Bytes it will read from the device (after the pruning it can foresee).
+    pub bytes: u64,
+    /// Memory it needs while running.
+    pub memory: u64,
+}
+
+impl Default for Estimate {
+    fn default() -> Self {
+        Estimate {
+            bytes: 0,
+            memory: DEFAULT_MEMORY,
+        }
+    }
 }
 
 /// The operators a node serves, by name.
@@ -118,10 +155,107 @@ impl OperatorRegistry {
     pub fn names(&self) -> Vec<&'static str> {
         self.ops.keys().copied().collect()
     }
+
+    /// Memory held by all operators' requests now.
+    pub fn memory_used(&self) -> u64 {
+        self.ops.values().map(|o| o.memory_used()).sum()
+    }
 }
 
 impl std::fmt::Debug for OperatorRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.ops.keys()).finish()
+    }
+}
+
+/// Copies the strings of `Utf8View`/`BinaryView` columns that reference much more
+/// buffer memory than they use into fresh, tight buffers.
+///
+/// A filtered or sliced view array still points into the whole decoded page, and
+/// Arrow IPC writes every buffer an array references: without this, 20 surviving
+/// rows can carry megabytes of page data over the wire (and again for every slice
+/// the Flight encoder cuts a large batch into). Arrays already tight are returned
+/// as they are, so this costs one pass over the views.
+pub fn compact_views(batch: RecordBatch) -> RecordBatch {
+    use arrow::array::{Array, ArrayRef, AsArray};
+    use arrow::datatypes::DataType;
+
+    fn wasteful(buffers: usize, used: usize) -> bool {
+        buffers > 2 * used + 64 * 1024
+    }
+    let mut changed = false;
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View => {
+                let a = c.as_string_view();
+                let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+                let used: usize = a.lengths().map(|l| l as usize).sum();
+                if wasteful(buffers, used) {
+                    changed = true;
+                    Arc::new(a.gc()) as ArrayRef
+                } else {
+                    c.clone()
+                }
+            }
+            DataType::BinaryView => {
+                let a = c.as_binary_view();
+                let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+                let used: usize = a.lengths().map(|l| l as usize).sum();
+                if wasteful(buffers, used) {
+                    changed = true;
+                    Arc::new(a.gc()) as ArrayRef
+                } else {
+                    c.clone()
+                }
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    if !changed {
+        return batch;
+    }
+    RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
+    .unwrap_or(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, AsArray, StringViewArray};
+    use arrow::ipc::writer::StreamWriter;
+
+    fn ipc_len(b: &RecordBatch) -> usize {
+        let mut w = StreamWriter::try_new(Vec::new(), &b.schema()).unwrap();
+        w.write(b).unwrap();
+        w.into_inner().unwrap().len()
+    }
+
+    #[test]
+    fn compact_views_drops_unreferenced_page_data() {
+        let long: Vec<String> = (0..10_000)
+            .map(|i| format!("a fairly long string {i:08}"))
+            .collect();
+        let a = StringViewArray::from_iter_values(long.iter());
+        let batch = RecordBatch::try_from_iter([("s", Arc::new(a) as _)]).unwrap();
+        let few = batch.slice(100, 20);
+        let before = ipc_len(&few);
+        let compacted = compact_views(few.clone());
+        let after = ipc_len(&compacted);
+        assert!(
+            before > 200_000,
+            "the slice carries the whole buffer: {before}"
+        );
+        assert!(after < 4_000, "compacted slice is tight: {after}");
+        assert_eq!(compacted.column(0).as_string_view().value(3), long[103]);
+        assert_eq!(compacted.column(0).len(), 20);
+        // A tight batch is returned untouched.
+        let same = compact_views(batch.clone());
+        assert!(same.column(0).to_data().ptr_eq(&batch.column(0).to_data()));
     }
 }

@@ -35,12 +35,47 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::admission::{Admission, AdmissionConfig, AdmissionStats, Ask, ReadPermit, Refusal};
 use crate::error::{Error, Result};
 use crate::operator::{OperatorContext, OperatorRegistry, OperatorReport, RequestMetrics};
 use crate::pool::{AbortOnDrop, CpuPool};
 use crate::store::ObjectStore;
 use crate::table::{ObjectReader, ParquetObject, Table, TableStore};
 use crate::ticket::{Compression, Ticket};
+
+/// `stream`, holding `permit` until it ends or is dropped.
+fn holding<S, T>(stream: S, permit: ReadPermit) -> BoxStream<'static, T>
+where
+    S: Stream<Item = T> + Send + 'static,
+{
+    stream
+        .map(move |item| {
+            let _held = &permit;
+            item
+        })
+        .boxed()
+}
+
+/// Metadata key naming the tenant of a request (default `default`).
+pub const TENANT_METADATA: &str = "csd-tenant";
+
+/// The tenant a request names: up to 64 of `[A-Za-z0-9_.-]`.
+fn tenant_of(meta: &tonic::metadata::MetadataMap) -> Result<String, Status> {
+    let Some(v) = meta.get(TENANT_METADATA) else {
+        return Ok("default".into());
+    };
+    let t = v.to_str().unwrap_or("");
+    let ok = !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if !ok {
+        return Err(Status::invalid_argument(format!(
+            "{TENANT_METADATA} must be 1 to 64 letters, digits, '_', '.' or '-'"
+        )));
+    }
+    Ok(t.to_string())
+}
 
 /// Bytes per `data_body` chunk of a raw range stream.
 pub const RANGE_CHUNK: u64 = 1 << 20;
@@ -54,7 +89,7 @@ const SCAN_BATCH_ROWS: usize = 8192;
 pub struct ServiceCounters {
     do_get: AtomicU64,
     do_put: AtomicU64,
-    bytes_sent: Arc<AtomicU64>,
+    pub(crate) bytes_sent: Arc<AtomicU64>,
     bytes_received: AtomicU64,
     rows_received: AtomicU64,
 }
@@ -73,6 +108,8 @@ pub struct NodeState {
     pub counters: ServiceCounters,
     /// Pushed-down operators this node runs.
     pub operators: OperatorRegistry,
+    /// Admission control for operator requests and raw reads.
+    pub admission: Arc<Admission>,
     started: Instant,
 }
 
@@ -81,13 +118,20 @@ impl NodeState {
     pub fn new(tables: TableStore, pool: CpuPool, location: String, memory_budget: u64) -> Self {
         NodeState {
             tables,
-            pool,
             location,
             memory_budget,
             counters: ServiceCounters::default(),
             operators: OperatorRegistry::new(),
+            admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
+            pool,
             started: Instant::now(),
         }
+    }
+
+    /// Uses `admission` (built from the node's flags) instead of the defaults.
+    pub fn with_admission(mut self, admission: Arc<Admission>) -> Self {
+        self.admission = admission;
+        self
     }
 
     /// Serves `operators` too.
@@ -115,6 +159,8 @@ impl NodeState {
             },
             store: self.store().stats().await,
             tables: self.tables.tables().len(),
+            admission: self.admission.stats(),
+            operator_memory_used: self.operators.memory_used(),
             requests: RequestReport {
                 do_get: c.do_get.load(Ordering::Relaxed),
                 do_put: c.do_put.load(Ordering::Relaxed),
@@ -137,6 +183,10 @@ pub struct NodeStats {
     pub cpus: usize,
     /// Memory budget in bytes.
     pub memory_budget: u64,
+    /// Admission control: decisions, queueing delay, learned costs, tenants.
+    pub admission: AdmissionStats,
+    /// Memory held by running operator requests now.
+    pub operator_memory_used: u64,
     /// Device shape and counters.
     pub device: DeviceReport,
     /// Object store figures.
@@ -330,6 +380,7 @@ impl FlightNode {
         }
         let batches = futures::stream::iter(streams)
             .flatten()
+            .map_ok(crate::operator::compact_views)
             .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))));
         let encoder = FlightDataEncoderBuilder::new()
             .with_schema(schema)
@@ -379,6 +430,14 @@ impl FlightNode {
         }
     }
 
+    /// A raw-read slot: bounded, refused with a retry hint only when saturated.
+    async fn read_permit(&self) -> Result<ReadPermit> {
+        self.state.admission.read().await.map_err(|r| Error::Busy {
+            reason: r.reason,
+            retry_after: r.retry_after,
+        })
+    }
+
     /// Runs a pushed-down operator: plans on the CPU pool (a bad request fails the
     /// call itself), then streams its batches and the trailing [`OperatorReport`].
     async fn operator(
@@ -386,6 +445,7 @@ impl FlightNode {
         name: &str,
         args: Bytes,
         compression: Compression,
+        tenant: String,
     ) -> Result<TaskStream> {
         let started = Instant::now();
         let op = self.state.operators.get(name).cloned().ok_or_else(|| {
@@ -399,6 +459,22 @@ impl FlightNode {
             node: self.state.clone(),
             metrics: metrics.clone(),
         };
+        // Estimated (and malformed arguments refused) before the request can queue.
+        let estimate = op.estimate(&ctx, &args).await?;
+        let ask = Ask {
+            operator: name.to_string(),
+            tenant,
+            bytes: estimate.bytes,
+            memory: estimate.memory,
+        };
+        let mut permit = self.state.admission.admit(ask).await.map_err(|r| match r {
+            Refusal::PushBack(p) => Error::PushedBack(p),
+            Refusal::Reject(r) => Error::Busy {
+                reason: r.reason,
+                retry_after: r.retry_after,
+            },
+        })?;
+        let (waited, estimated) = (permit.waited, permit.estimate);
         let opened = self
             .state
             .pool
@@ -415,7 +491,7 @@ impl FlightNode {
             move |b| match b {
                 Ok(b) => {
                     rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                    Ok(b)
+                    Ok(crate::operator::compact_views(b))
                 }
                 Err(e) => Err(FlightError::ExternalError(Box::new(e))),
             }
@@ -426,6 +502,17 @@ impl FlightNode {
             .build(batches);
         let name = name.to_string();
         Ok(self.run_stream_then(encoder, move |bytes_sent| {
+            // Ran to the end: its time teaches the cost model; the slot is freed here.
+            permit.complete();
+            drop(permit);
+            let details = [
+                ("queue_ms", waited.as_secs_f64() * 1e3),
+                ("estimate_ms", estimated.as_secs_f64() * 1e3),
+                ("estimate_bytes", estimate.bytes as f64),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), format!("{v:.3}")))
+            .collect();
             let report = OperatorReport {
                 operator: name,
                 bytes_read: metrics.bytes_read.load(Ordering::Relaxed),
@@ -433,7 +520,7 @@ impl FlightNode {
                 rows_scanned: metrics.rows_scanned.load(Ordering::Relaxed),
                 rows_returned: rows.load(Ordering::Relaxed),
                 elapsed_us: started.elapsed().as_micros() as u64,
-                details: Default::default(),
+                details,
             };
             let json = serde_json::to_vec(&report).ok()?;
             Some(FlightData::new().with_app_metadata(json))
@@ -705,25 +792,32 @@ impl FlightService for FlightNode {
         request: Request<FlightTicket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
+        let tenant = tenant_of(request.metadata())?;
         let stream = match Ticket::decode(&request.get_ref().ticket)? {
-            Ticket::Scan {
-                table,
-                partition,
-                columns,
-            } => self.scan(&table, partition.as_deref(), &columns)?.boxed(),
-            Ticket::Range {
-                object,
-                offset,
-                length,
-            } => self.range(&object, offset, length)?,
             Ticket::Operator {
                 name,
                 args,
                 compression,
             } => self
-                .operator(&name, args.into(), compression)
+                .operator(&name, args.into(), compression, tenant)
                 .await?
                 .boxed(),
+            Ticket::Scan {
+                table,
+                partition,
+                columns,
+            } => {
+                let permit = self.read_permit().await?;
+                holding(self.scan(&table, partition.as_deref(), &columns)?, permit)
+            }
+            Ticket::Range {
+                object,
+                offset,
+                length,
+            } => {
+                let permit = self.read_permit().await?;
+                holding(self.range(&object, offset, length)?, permit)
+            }
         };
         Ok(Response::new(stream))
     }

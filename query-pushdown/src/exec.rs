@@ -25,7 +25,9 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::to_datafusion;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
-use crate::table::CsdTable;
+use crate::storage::{fragment_session, plan_fragment};
+use crate::table::{CsdTable, Endpoint};
+use csd_runtime::client::Error as ClientError;
 
 /// What one endpoint did for one execution.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +38,9 @@ pub struct EndpointRun {
     pub bytes_received: u64,
     /// The node's report.
     pub report: OperatorReport,
+    /// Set when the node handed the fragment back (why): the compute tier read the
+    /// byte ranges and evaluated it here.
+    pub pushed_back: Option<String>,
 }
 
 /// Runs a pushed fragment on all endpoints of a table.
@@ -137,6 +142,9 @@ impl DisplayAs for CsdScanExec {
                     let per: Vec<String> = runs
                         .iter()
                         .map(|r| {
+                            if let Some(why) = &r.pushed_back {
+                                return format!("{}: pushed_back ({why})", r.endpoint);
+                            }
                             format!(
                                 "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
                                 r.endpoint,
@@ -197,7 +205,7 @@ impl ExecutionPlan for CsdScanExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let schema = self.schema.clone();
         let Some(ep) = self.table.endpoints().get(partition).cloned() else {
@@ -220,6 +228,7 @@ impl ExecutionPlan for CsdScanExec {
         let node_read = MetricBuilder::new(&self.metrics).counter("node_bytes_read", partition);
         let node_scanned =
             MetricBuilder::new(&self.metrics).counter("node_rows_scanned", partition);
+        let pushed_back = MetricBuilder::new(&self.metrics).counter("pushed_back", partition);
         let slot = self.runs.clone();
         if let Some(m) = slot.get(partition)
             && let Ok(mut g) = m.lock()
@@ -228,14 +237,52 @@ impl ExecutionPlan for CsdScanExec {
         }
         let out_schema = schema.clone();
         let endpoint = format!("{}/{}", ep.client.url(), ep.partition);
+        let table = self.table.clone();
         let open = async move {
-            let reply = ep
+            let refused = match ep
                 .client
-                .operator(OPERATOR_NAME, args, compression)
+                .operator(OPERATOR_NAME, args.clone(), compression)
                 .await
-                .map_err(to_datafusion)?;
-            let stats = reply.stats.clone();
-            let batches = reply.batches.map(move |b| {
+            {
+                Ok(reply) => {
+                    // A node that runs out of memory fails before its first batch:
+                    // that too is evaluated here rather than failing the query.
+                    let mut batches = reply.batches;
+                    match batches.next().await {
+                        Some(Err(e)) if e.code() == Some(tonic::Code::ResourceExhausted) => {
+                            Err(e.to_string())
+                        }
+                        first => Ok((first, batches, reply.stats)),
+                    }
+                }
+                Err(ClientError::PushedBack(p)) => Err(p.reason),
+                Err(e) => return Err(to_datafusion(e)),
+            };
+            let (first, rest, stats) = match refused {
+                Ok(x) => x,
+                Err(why) => {
+                    let here = evaluate_here(&table, &ep, &args, &context).await?;
+                    if let Some(m) = slot.get(partition)
+                        && let Ok(mut g) = m.lock()
+                    {
+                        *g = Some(EndpointRun {
+                            endpoint,
+                            pushed_back: Some(why),
+                            ..Default::default()
+                        });
+                    }
+                    pushed_back.add(1);
+                    let out = out_schema.clone();
+                    return Ok(here
+                        .map(move |b| {
+                            let b = b?;
+                            output_rows.add(b.num_rows());
+                            relabel(b, &out)
+                        })
+                        .boxed());
+                }
+            };
+            let batches = futures::stream::iter(first).chain(rest).map(move |b| {
                 let b = b.map_err(to_datafusion)?;
                 output_rows.add(b.num_rows());
                 relabel(b, &out_schema)
@@ -255,12 +302,13 @@ impl ExecutionPlan for CsdScanExec {
                         endpoint,
                         bytes_received: bytes,
                         report,
+                        pushed_back: None,
                     });
                 }
                 None
             })
             .filter_map(futures::future::ready);
-            Ok::<_, DataFusionError>(batches.chain(done))
+            Ok::<_, DataFusionError>(batches.chain(done).boxed())
         };
         let stream = futures::stream::once(open).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
@@ -288,6 +336,26 @@ impl ExecutionPlan for CsdScanExec {
         }
         Ok(Arc::new(stats))
     }
+}
+
+/// Evaluates a fragment the node pushed back: the same plan, run here by DataFusion
+/// over the endpoint's Parquet objects read by byte range (the query's runtime: its
+/// memory pool, object stores and footer cache).
+async fn evaluate_here(
+    table: &CsdTable,
+    ep: &Endpoint,
+    args: &[u8],
+    context: &TaskContext,
+) -> Result<SendableRecordBatchStream> {
+    let (frag, mode, plan) =
+        SqlFragment::decode_checked(args).map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let provider = Arc::new(table.range_table(std::slice::from_ref(ep)));
+    let session = fragment_session(context.runtime_env(), &frag.table, provider)
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let physical = plan_fragment(&session, &frag.table, &plan, mode)
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    physical.execute(0, session.task_ctx())
 }
 
 /// The node's batch under our schema: same columns by position. Names may differ

@@ -105,6 +105,7 @@ impl Cluster {
                         rows: p.rows,
                         bytes: p.bytes,
                         objects: p.objects.clone(),
+                        node: i,
                     });
                     entry.node_of.push(i);
                 }
@@ -147,27 +148,28 @@ impl Cluster {
         }
         let ctx = SessionContext::new_with_state(builder.build());
         for (name, t) in tables {
-            let files = t
-                .endpoints
-                .iter()
-                .zip(&t.node_of)
-                .flat_map(|(e, n)| {
-                    e.objects
-                        .iter()
-                        .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len, o.rows))
-                })
-                .collect();
-            let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
             if opts.pushdown {
                 let table = CsdTable::new(
                     name.clone(),
                     t.schema.clone(),
                     t.endpoints.clone(),
                     opts.compression,
-                    opts.direct_unfiltered.then_some(direct),
+                    ranges.clone(),
+                    opts.direct_unfiltered,
                 );
                 ctx.register_table(name.as_str(), Arc::new(table))?;
             } else {
+                let files = t
+                    .endpoints
+                    .iter()
+                    .zip(&t.node_of)
+                    .flat_map(|(e, n)| {
+                        e.objects
+                            .iter()
+                            .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len, o.rows))
+                    })
+                    .collect();
+                let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
                 ctx.register_table(name.as_str(), Arc::new(direct))?;
             }
         }

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
-use csd_runtime::operator::{Operator, OperatorContext, OperatorStream};
+use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
 use csd_runtime::store::ObjectStore as NodeObjects;
 use csd_runtime::table::{ObjectReader, ParquetObject};
 use csd_runtime::{Error, Result};
@@ -21,8 +21,9 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, TrackConsumersPool};
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown, Volatility};
+use datafusion::parquet::arrow::ProjectionMask;
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -31,6 +32,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_substrait::logical_plan::consumer::from_substrait_plan;
+use datafusion_substrait::substrait::proto::Plan;
 use futures::{FutureExt, StreamExt};
 
 use crate::error::to_runtime;
@@ -88,7 +90,6 @@ const BUILTINS: &[&str] = &[
 #[derive(Default)]
 pub struct SqlOperator {
     memory: OnceLock<Arc<dyn MemoryPool>>,
-    rules: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>>,
 }
 
 impl SqlOperator {
@@ -109,28 +110,158 @@ impl SqlOperator {
     }
 }
 
+/// The physical optimizer rules fragments are planned with: DataFusion's, without
+/// the one that would merge the partial/final aggregate split a fragment needs.
+fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    static RULES: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>> = OnceLock::new();
+    RULES
+        .get_or_init(|| {
+            SessionStateBuilder::new()
+                .with_default_features()
+                .build()
+                .physical_optimizers()
+                .iter()
+                .filter(|r| r.name() != "CombinePartialFinalAggregate")
+                .cloned()
+                .collect()
+        })
+        .clone()
+}
+
+/// A session for running one fragment over `table` = `provider`, on one partition
+/// (one CPU slot), with `runtime`'s memory pool and object stores. The node runs
+/// fragments in it; so does the compute tier when a node pushes one back.
+pub(crate) fn fragment_session(
+    runtime: Arc<RuntimeEnv>,
+    table: &str,
+    provider: Arc<dyn TableProvider>,
+) -> Result<SessionContext> {
+    let config = scan::configure(
+        SessionConfig::new()
+            .with_target_partitions(1)
+            .with_batch_size(8192),
+    );
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_physical_optimizer_rules(fragment_rules())
+        .build();
+    let session = SessionContext::new_with_state(state);
+    session
+        .register_table(table, provider)
+        .map_err(to_runtime)?;
+    Ok(session)
+}
+
+/// Validates `plan` (a fragment over `table` in `mode`) against what `session` can
+/// run exactly, and plans it: the output is one partition, partial aggregate states
+/// in [`Mode::PartialAggregate`].
+pub(crate) async fn plan_fragment(
+    session: &SessionContext,
+    table: &str,
+    plan: &Plan,
+    mode: Mode,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let state = session.state();
+    let registry_ok = |name: &str| {
+        BUILTINS.contains(&name)
+            || state
+                .scalar_functions()
+                .get(name)
+                .is_some_and(|f| f.signature().volatility != Volatility::Volatile)
+    };
+    validate(plan, table, &registry_ok)?;
+    // Defence in depth: the checks above bound what reaches DataFusion's consumer;
+    // should it still panic on some inconsistent plan, refuse the plan, not the node.
+    let logical = std::panic::AssertUnwindSafe(from_substrait_plan(&state, plan))
+        .catch_unwind()
+        .await
+        .map_err(|_| {
+            Error::InvalidArgument(
+                "the Substrait plan is inconsistent and cannot be planned".into(),
+            )
+        })?
+        .map_err(|e| Error::InvalidArgument(format!("cannot plan the fragment: {e}")))?;
+    check_logical(&logical, mode)?;
+    let physical = state
+        .create_physical_plan(&logical)
+        .await
+        .map_err(to_runtime)?;
+    let physical = match mode {
+        Mode::Complete => physical,
+        Mode::PartialAggregate => partial_of(physical)?,
+    };
+    Ok(if physical.output_partitioning().partition_count() > 1 {
+        Arc::new(CoalescePartitionsExec::new(physical))
+    } else {
+        physical
+    })
+}
+
+/// The objects of `frag`'s table (or partition) at this node.
+fn objects_of(
+    ctx: &OperatorContext,
+    frag: &SqlFragment,
+) -> Result<(SchemaRef, Vec<ParquetObject>)> {
+    let table = ctx.node.tables.table(&frag.table)?;
+    let objects: Vec<ParquetObject> = match &frag.partition {
+        Some(p) => table
+            .partitions
+            .get(p)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("partition {p} of table {}", frag.table)))?,
+        None => table.partitions.values().flatten().cloned().collect(),
+    };
+    Ok((table.schema.clone(), objects))
+}
+
 #[async_trait]
 impl Operator for SqlOperator {
     fn name(&self) -> &'static str {
         OPERATOR_NAME
     }
 
+    /// Bytes: the compressed column chunks of the columns the fragment reads, in
+    /// every row group (pruning is left to the learned per-byte cost, which absorbs
+    /// its average effect). Memory: four times the largest row group's share (the
+    /// chunks, decompressed pages, decoded batches) plus 16 MiB for batches and
+    /// aggregation state.
+    async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> Result<Estimate> {
+        let (frag, _mode, plan) = SqlFragment::decode_checked(args)?;
+        let (_, objects) = objects_of(ctx, &frag)?;
+        let columns = read_columns(&plan);
+        let mut bytes = 0u64;
+        let mut largest = 0u64;
+        for o in &objects {
+            let meta = o.metadata.metadata();
+            let mask = match &columns {
+                Some(c) => {
+                    ProjectionMask::roots(meta.file_metadata().schema_descr(), c.iter().copied())
+                }
+                None => ProjectionMask::all(),
+            };
+            for rg in meta.row_groups() {
+                let b: u64 = rg
+                    .columns()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask.leaf_included(*i))
+                    .map(|(_, c)| c.compressed_size().max(0) as u64)
+                    .sum();
+                bytes += b;
+                largest = largest.max(b);
+            }
+        }
+        Ok(Estimate {
+            bytes,
+            memory: 4 * largest + (16 << 20),
+        })
+    }
+
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream> {
         let (frag, mode, plan) = SqlFragment::decode_checked(&args)?;
-        let table = ctx.node.tables.table(&frag.table)?;
-        let objects: Vec<ParquetObject> =
-            match &frag.partition {
-                Some(p) => table.partitions.get(p).cloned().ok_or_else(|| {
-                    Error::NotFound(format!("partition {p} of table {}", frag.table))
-                })?,
-                None => table.partitions.values().flatten().cloned().collect(),
-            };
-
-        let config = scan::configure(
-            SessionConfig::new()
-                .with_target_partitions(ctx.node.pool.threads().max(1))
-                .with_batch_size(8192),
-        );
+        let (schema, objects) = objects_of(&ctx, &frag)?;
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(self.pool(ctx.node.memory_budget))
             .build_arc()
@@ -141,38 +272,8 @@ impl Operator for SqlOperator {
             url.as_ref(),
             Arc::new(object_store::memory::InMemory::new()),
         );
-        // Partial aggregation needs the partial/final split kept as planned.
-        let rules = self
-            .rules
-            .get_or_init(|| {
-                SessionStateBuilder::new()
-                    .with_default_features()
-                    .build()
-                    .physical_optimizers()
-                    .iter()
-                    .filter(|r| r.name() != "CombinePartialFinalAggregate")
-                    .cloned()
-                    .collect()
-            })
-            .clone();
-        let state = SessionStateBuilder::new()
-            .with_default_features()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_physical_optimizer_rules(rules)
-            .build();
-
-        let registry_ok = |name: &str| {
-            BUILTINS.contains(&name)
-                || state
-                    .scalar_functions()
-                    .get(name)
-                    .is_some_and(|f| f.signature().volatility != Volatility::Volatile)
-        };
-        validate(&plan, &frag.table, &registry_ok)?;
-
         let provider = NodeTable {
-            schema: table.schema.clone(),
+            schema,
             objects: objects
                 .iter()
                 .map(|o| (o.object.name.clone(), o.clone()))
@@ -180,39 +281,12 @@ impl Operator for SqlOperator {
             store: ctx.node.tables.object_store().clone(),
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
-        let session = SessionContext::new_with_state(state);
-        session
-            .register_table(frag.table.as_str(), Arc::new(provider))
-            .map_err(to_runtime)?;
-        let state = session.state();
-        // Defence in depth: the checks above bound what reaches DataFusion's consumer;
-        // should it still panic on some inconsistent plan, refuse the plan, not the node.
-        let logical = std::panic::AssertUnwindSafe(from_substrait_plan(&state, &plan))
-            .catch_unwind()
-            .await
-            .map_err(|_| {
-                Error::InvalidArgument(
-                    "the Substrait plan is inconsistent and cannot be planned".into(),
-                )
-            })?
-            .map_err(|e| Error::InvalidArgument(format!("cannot plan the fragment: {e}")))?;
-        check_logical(&logical, mode)?;
-        let physical = state
-            .create_physical_plan(&logical)
-            .await
-            .map_err(to_runtime)?;
-        let physical = match mode {
-            Mode::Complete => physical,
-            Mode::PartialAggregate => partial_of(physical)?,
-        };
-        let physical: Arc<dyn ExecutionPlan> =
-            if physical.output_partitioning().partition_count() > 1 {
-                Arc::new(CoalescePartitionsExec::new(physical))
-            } else {
-                physical
-            };
+        let session = fragment_session(runtime, &frag.table, Arc::new(provider))?;
+        let physical = plan_fragment(&session, &frag.table, &plan, mode).await?;
         let schema: SchemaRef = physical.schema();
-        let stream = physical.execute(0, state.task_ctx()).map_err(to_runtime)?;
+        let stream = physical
+            .execute(0, session.task_ctx())
+            .map_err(to_runtime)?;
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
             metrics
@@ -223,6 +297,41 @@ impl Operator for SqlOperator {
         .filter_map(futures::future::ready);
         let batches = stream.map(|b| b.map_err(to_runtime)).chain(done).boxed();
         Ok(OperatorStream { schema, batches })
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.memory.get().map(|p| p.reserved() as u64).unwrap_or(0)
+    }
+}
+
+/// The table columns a fragment's read relation names (its projection, which
+/// DataFusion's producer makes include the columns its filters use); `None`: all.
+fn read_columns(plan: &Plan) -> Option<Vec<usize>> {
+    use datafusion_substrait::substrait::proto::{plan_rel, rel::RelType};
+    let root = plan.relations.first()?;
+    let mut rel = match root.rel_type.as_ref()? {
+        plan_rel::RelType::Root(r) => r.input.as_ref()?,
+        plan_rel::RelType::Rel(r) => r,
+    };
+    loop {
+        let next = match rel.rel_type.as_ref()? {
+            RelType::Read(r) => {
+                let sel = r.projection.as_ref()?.select.as_ref()?;
+                return Some(
+                    sel.struct_items
+                        .iter()
+                        .map(|i| i.field.max(0) as usize)
+                        .collect(),
+                );
+            }
+            RelType::Filter(f) => f.input.as_deref(),
+            RelType::Project(p) => p.input.as_deref(),
+            RelType::Aggregate(a) => a.input.as_deref(),
+            RelType::Sort(s) => s.input.as_deref(),
+            RelType::Fetch(f) => f.input.as_deref(),
+            _ => None,
+        };
+        rel = next?;
     }
 }
 

@@ -24,7 +24,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_substrait::logical_plan::producer::to_substrait_plan;
 use prost::Message;
 
-use crate::baseline::RangeReadTable;
+use crate::baseline::{NodeRangeStore, RangeReadTable};
 use crate::exec::CsdScanExec;
 use crate::fragment::Mode;
 use crate::pushable::pushable;
@@ -42,6 +42,8 @@ pub struct Endpoint {
     pub bytes: u64,
     /// Its Parquet objects.
     pub objects: Vec<ObjectDescription>,
+    /// The node's index in the cluster (its paths in [`NodeRangeStore`]).
+    pub node: usize,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -62,13 +64,15 @@ struct Inner {
     schema: SchemaRef,
     endpoints: Vec<Endpoint>,
     compression: Compression,
-    direct: Option<RangeReadTable>,
+    ranges: Arc<NodeRangeStore>,
+    direct: bool,
 }
 
 impl CsdTable {
     /// A table called `name` with `schema`, held as `endpoints`; results travel with
-    /// `compression`. With `direct`, scans that would not reduce anything (no
-    /// filter, no limit) read the Parquet objects by range instead: compressed column
+    /// `compression`; `ranges` reads the nodes' objects by byte range (for fragments
+    /// a node pushes back). With `direct`, scans that would not reduce anything (no
+    /// filter, no limit) read the Parquet objects by range too: compressed column
     /// chunks are smaller than the same columns as Arrow IPC, and the node's CPU is
     /// spared.
     pub fn new(
@@ -76,7 +80,8 @@ impl CsdTable {
         schema: SchemaRef,
         endpoints: Vec<Endpoint>,
         compression: Compression,
-        direct: Option<RangeReadTable>,
+        ranges: Arc<NodeRangeStore>,
+        direct: bool,
     ) -> Self {
         CsdTable {
             inner: Arc::new(Inner {
@@ -84,9 +89,27 @@ impl CsdTable {
                 schema,
                 endpoints,
                 compression,
+                ranges,
                 direct,
             }),
         }
+    }
+
+    /// The objects of `endpoints` read by byte range, as a table here.
+    pub fn range_table(&self, endpoints: &[Endpoint]) -> RangeReadTable {
+        let files = endpoints
+            .iter()
+            .flat_map(|e| {
+                e.objects.iter().map(|o| {
+                    (
+                        NodeRangeStore::path(e.node, &o.name).to_string(),
+                        o.len,
+                        o.rows,
+                    )
+                })
+            })
+            .collect();
+        RangeReadTable::new(self.inner.schema.clone(), files, self.inner.ranges.clone())
     }
 
     /// Table name.
@@ -187,11 +210,11 @@ impl TableProvider for CsdTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if filters.is_empty()
-            && limit.is_none()
-            && let Some(direct) = &self.inner.direct
-        {
-            return direct.scan(session, projection, filters, limit).await;
+        if filters.is_empty() && limit.is_none() && self.inner.direct {
+            return self
+                .range_table(self.endpoints())
+                .scan(session, projection, filters, limit)
+                .await;
         }
         let state = session_state(session)?;
         let mut b = LogicalPlanBuilder::scan_with_filters(

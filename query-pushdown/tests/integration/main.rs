@@ -3,6 +3,7 @@
 //! is compared with DataFusion running the same query on the same data locally.
 #![allow(clippy::unwrap_used)]
 
+mod admission;
 mod edge;
 mod explain;
 mod hostile;
@@ -21,13 +22,21 @@ use datafusion::prelude::SessionContext;
 
 /// A node serving SQL pushdown on an emulated in-memory device.
 pub async fn sql_node() -> RunningNode {
+    sql_node_with(NodeConfig {
+        cpus: 2,
+        ..NodeConfig::default()
+    })
+    .await
+}
+
+/// [`sql_node`] with other settings (device, capacity and address are set here).
+pub async fn sql_node_with(config: NodeConfig) -> RunningNode {
     node::start_with(
         &NodeConfig {
             device: "emulated:mem".into(),
             capacity: Some("512MiB".into()),
             listen: "127.0.0.1:0".into(),
-            cpus: 2,
-            ..NodeConfig::default()
+            ..config
         },
         csd_query_pushdown::registry(),
     )

@@ -1,0 +1,1270 @@
+//! Admission control: run now, queue (bounded by a queueing-delay target), or push
+//! back to the compute tier; reject only when even raw reads cannot be served.
+//!
+//! # The decision
+//! Every operator request arrives with an [`Ask`]: the bytes it will read (the
+//! operator's estimate after pruning) and the memory it needs. Its cost is
+//! `overhead + bytes × ns_per_byte`, where `ns_per_byte` is learned online per
+//! operator from the requests this node has finished (an exponentially weighted
+//! mean; no pre-profiling, no per-query table). The controller then predicts the
+//! queueing delay the request would see:
+//!
+//! ```text
+//! delay = (residual work of running requests
+//!          + min(all queued work, this tenant's queued work / its share)) / slots
+//! ```
+//!
+//! and decides: **run** if a slot and the memory are free for its tenant and nothing
+//! of that tenant waits; **queue** if the predicted delay is within the target;
+//! otherwise **push back**: the node answers before doing any work, and the compute
+//! tier reads the byte ranges and evaluates the fragment itself. A request whose
+//! memory can never fit is pushed back at once.
+//!
+//! A slot is one CPU worker: operators plan with one partition per request, so a
+//! request's time holding its slot is its CPU time (plus I/O waits, which io_uring
+//! keeps short); that held time is what the cost model learns from.
+//!
+//! # Fairness
+//! Queued requests are dispatched by start-time fair queuing over tenants (a
+//! tenant's virtual time advances by `cost / weight` per dispatch; a tenant coming
+//! back from idle starts at the current virtual time, so idleness earns no burst).
+//! A tenant's `reserve` slots are held back from the others while it has work.
+//!
+//! # Raw reads
+//! Range reads (the pushed-back fallback and the no-pushdown path) are cheap in CPU
+//! but still bounded: `io_in_flight` at once, `io_queue` waiting. Beyond that the
+//! node answers `RESOURCE_EXHAUSTED` with a retry-after hint, which
+//! [`NodeClient`](crate::client::NodeClient) honours. An operator request that
+//! would be pushed back while raw reads are saturated is rejected the same way.
+//!
+//! [`Controller`] holds the logic and takes the time as an argument, so tests drive
+//! it with a controllable clock; [`Admission`] wraps it for the service.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+/// Which requests the node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Run, queue or push back by predicted delay and memory (the default).
+    #[default]
+    Adaptive,
+    /// Run everything pushed down, queueing without a delay bound (up to
+    /// `max_queued`); memory that can never fit is still pushed back.
+    Always,
+    /// Push every operator request back (the node serves raw reads only).
+    Never,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "adaptive" => Ok(Policy::Adaptive),
+            "always" => Ok(Policy::Always),
+            "never" => Ok(Policy::Never),
+            _ => Err(format!(
+                "unknown admission policy {s:?} (adaptive, always, never)"
+            )),
+        }
+    }
+}
+
+/// A tenant's weight and reserved slots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TenantShare {
+    /// Relative share of the CPU slots when several tenants wait.
+    pub weight: f64,
+    /// Slots held back for this tenant while it has work.
+    pub reserve: usize,
+}
+
+impl Default for TenantShare {
+    fn default() -> Self {
+        TenantShare {
+            weight: 1.0,
+            reserve: 0,
+        }
+    }
+}
+
+/// Parses `name=weight[:reserve]`.
+pub fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("tenant {s:?}: expected name=weight[:reserve]"))?;
+    let (w, r) = match rest.split_once(':') {
+        Some((w, r)) => (w, Some(r)),
+        None => (rest, None),
+    };
+    let weight: f64 = w
+        .parse()
+        .ok()
+        .filter(|w: &f64| w.is_finite() && *w > 0.0)
+        .ok_or_else(|| format!("tenant {name}: weight {w:?} must be a positive number"))?;
+    let reserve = match r {
+        Some(r) => r
+            .parse()
+            .map_err(|_| format!("tenant {name}: reserve {r:?} must be a slot count"))?,
+        None => 0,
+    };
+    if name.is_empty() {
+        return Err(format!("tenant {s:?}: empty name"));
+    }
+    Ok((name.to_string(), TenantShare { weight, reserve }))
+}
+
+/// Admission settings.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// Requests that run at once (the node's CPU workers).
+    pub slots: usize,
+    /// Memory the running requests may reserve in all.
+    pub memory: u64,
+    /// The queueing-delay target: a request predicted to wait longer is pushed back.
+    pub queue_target: Duration,
+    /// Requests waiting at most (any policy).
+    pub max_queued: usize,
+    /// Which requests run.
+    pub policy: Policy,
+    /// Cost per byte before anything was learned.
+    pub prior_ns_per_byte: f64,
+    /// Fixed cost of a request (decode, plan, open).
+    pub overhead: Duration,
+    /// Weight of a new sample in the learned cost.
+    pub learning_rate: f64,
+    /// Named tenants; others get weight 1, no reserve.
+    pub tenants: BTreeMap<String, TenantShare>,
+    /// Raw reads served at once.
+    pub io_in_flight: usize,
+    /// Raw reads waiting at most before `RESOURCE_EXHAUSTED`.
+    pub io_queue: usize,
+}
+
+impl AdmissionConfig {
+    /// Defaults for a node with `slots` CPU workers and `memory` bytes.
+    pub fn new(slots: usize, memory: u64) -> Self {
+        AdmissionConfig {
+            slots: slots.max(1),
+            memory,
+            queue_target: Duration::from_millis(50),
+            max_queued: 1024,
+            policy: Policy::Adaptive,
+            prior_ns_per_byte: 2.0,
+            overhead: Duration::from_micros(500),
+            learning_rate: 0.2,
+            tenants: BTreeMap::new(),
+            io_in_flight: 64,
+            io_queue: 4096,
+        }
+    }
+}
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ask {
+    /// Operator name (costs are learned per operator).
+    pub operator: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Bytes it will read after pruning (the operator's estimate).
+    pub bytes: u64,
+    /// Memory it needs while running.
+    pub memory: u64,
+}
+
+/// Why a request was pushed back, sent to the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PushBack {
+    /// A sentence for a person.
+    pub reason: String,
+    /// Predicted queueing delay at the node, in milliseconds.
+    pub predicted_delay_ms: f64,
+    /// Estimated run time at the node, in milliseconds.
+    pub estimate_ms: f64,
+}
+
+/// The node cannot even serve raw reads now: retry after the hint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reject {
+    /// A sentence for a person.
+    pub reason: String,
+    /// When to retry.
+    pub retry_after: Duration,
+}
+
+/// The controller's answer to an offer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Offer {
+    /// Runs now under this id.
+    Run(u64),
+    /// Waits under this id until [`Controller::finish`] dispatches it.
+    Queued(u64),
+    /// The compute tier should do it.
+    PushBack(PushBack),
+    /// Not even raw reads can be served.
+    Reject(Reject),
+}
+
+/// Per-operator learned cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostModel {
+    /// Learned nanoseconds per byte read.
+    pub ns_per_byte: f64,
+    /// Finished requests learned from.
+    pub samples: u64,
+    /// Mean absolute relative error of the estimates (weighted like the cost).
+    pub mean_abs_error: f64,
+}
+
+#[derive(Debug)]
+struct Running {
+    tenant: String,
+    operator: String,
+    bytes: u64,
+    memory: u64,
+    estimate: Duration,
+    started: Duration,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    ask: Ask,
+    estimate: Duration,
+    since: Duration,
+}
+
+#[derive(Debug, Default)]
+struct TenantState {
+    vtime: f64,
+    running: usize,
+    queue: VecDeque<Waiting>,
+    admitted: u64,
+    pushed_back: u64,
+}
+
+/// Running totals (all requests since start).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counters {
+    /// Operator requests run (at once or after queueing).
+    pub admitted: u64,
+    /// Of those, the ones that waited in the queue.
+    pub queued: u64,
+    /// Operator requests pushed back to the compute tier.
+    pub pushed_back: u64,
+    /// Requests refused with RESOURCE_EXHAUSTED.
+    pub rejected: u64,
+    /// Queued requests whose client went away before they ran.
+    pub abandoned: u64,
+    /// Sum of queueing delays, microseconds.
+    pub queue_delay_us_sum: u64,
+    /// Largest queueing delay, microseconds.
+    pub queue_delay_us_max: u64,
+    /// Slot-microseconds used by finished requests.
+    pub busy_us: u64,
+}
+
+/// A snapshot for `DoAction stats` and the metrics endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct AdmissionStats {
+    /// The policy.
+    pub policy: Policy,
+    /// Slots (CPU workers).
+    pub slots: usize,
+    /// Memory budget.
+    pub memory_budget: u64,
+    /// Queueing-delay target, milliseconds.
+    pub queue_target_ms: f64,
+    /// Requests running now.
+    pub running: usize,
+    /// Requests waiting now.
+    pub waiting: usize,
+    /// Memory reserved by running requests.
+    pub memory_reserved: u64,
+    /// Raw reads in flight and waiting.
+    pub io_in_flight: usize,
+    /// Raw reads waiting.
+    pub io_waiting: usize,
+    /// Totals.
+    pub counters: Counters,
+    /// Recent queueing delays of admitted requests (ms): p50 and p99 of the last 1024.
+    pub queue_delay_p50_ms: f64,
+    /// See `queue_delay_p50_ms`.
+    pub queue_delay_p99_ms: f64,
+    /// Learned costs per operator.
+    pub costs: BTreeMap<String, CostModel>,
+    /// Per tenant: admitted, pushed back, running, waiting.
+    pub tenants: BTreeMap<String, TenantStats>,
+}
+
+/// One tenant's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantStats {
+    /// Admitted requests.
+    pub admitted: u64,
+    /// Pushed-back requests.
+    pub pushed_back: u64,
+    /// Running now.
+    pub running: usize,
+    /// Waiting now.
+    pub waiting: usize,
+}
+
+/// The decision logic, with time passed in (see the module docs).
+#[derive(Debug)]
+pub struct Controller {
+    cfg: AdmissionConfig,
+    next_id: u64,
+    running: HashMap<u64, Running>,
+    tenants: BTreeMap<String, TenantState>,
+    costs: BTreeMap<String, CostModel>,
+    vclock: f64,
+    memory_reserved: u64,
+    counters: Counters,
+    recent_delays: VecDeque<u32>,
+    io_in_flight: usize,
+    io_waiting: usize,
+    io_service: Duration,
+}
+
+impl Controller {
+    /// A controller with `cfg`.
+    pub fn new(cfg: AdmissionConfig) -> Self {
+        Controller {
+            cfg,
+            next_id: 1,
+            running: HashMap::new(),
+            tenants: BTreeMap::new(),
+            costs: BTreeMap::new(),
+            vclock: 0.0,
+            memory_reserved: 0,
+            counters: Counters::default(),
+            recent_delays: VecDeque::new(),
+            io_in_flight: 0,
+            io_waiting: 0,
+            io_service: Duration::from_millis(2),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.cfg
+    }
+
+    fn share(&self, tenant: &str) -> TenantShare {
+        self.cfg.tenants.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// The estimated run time of `ask` from the learned cost.
+    pub fn estimate(&self, ask: &Ask) -> Duration {
+        let per_byte = self
+            .costs
+            .get(&ask.operator)
+            .map(|c| c.ns_per_byte)
+            .unwrap_or(self.cfg.prior_ns_per_byte);
+        self.cfg.overhead + Duration::from_nanos((ask.bytes as f64 * per_byte).min(1e15) as u64)
+    }
+
+    /// Slots `tenant` may take now: free slots minus the unmet reserves of others.
+    fn free_for(&self, tenant: &str) -> usize {
+        let free = self.cfg.slots.saturating_sub(self.running.len());
+        let own = self.tenants.get(tenant).map(|t| t.running).unwrap_or(0);
+        if own < self.share(tenant).reserve {
+            return free;
+        }
+        let held: usize = self
+            .tenants
+            .iter()
+            .filter(|(name, t)| name.as_str() != tenant && !t.queue.is_empty())
+            .map(|(name, t)| self.share(name).reserve.saturating_sub(t.running))
+            .sum();
+        free.saturating_sub(held)
+    }
+
+    /// Predicted queueing delay for a new request of `tenant` at `now`.
+    pub fn predicted_delay(&self, tenant: &str, now: Duration) -> Duration {
+        let residual: Duration = self
+            .running
+            .values()
+            .map(|r| r.estimate.saturating_sub(now.saturating_sub(r.started)))
+            .sum();
+        let queued_all: Duration = self
+            .tenants
+            .values()
+            .flat_map(|t| t.queue.iter().map(|w| w.estimate))
+            .sum();
+        let own: Duration = self
+            .tenants
+            .get(tenant)
+            .map(|t| t.queue.iter().map(|w| w.estimate).sum())
+            .unwrap_or_default();
+        let w = self.share(tenant).weight;
+        let others: f64 = self
+            .tenants
+            .iter()
+            .filter(|(n, t)| n.as_str() != tenant && (!t.queue.is_empty() || t.running > 0))
+            .map(|(n, _)| self.share(n).weight)
+            .sum();
+        let share = w / (w + others);
+        let ahead = queued_all.min(own.div_f64(share));
+        (residual + ahead) / self.cfg.slots as u32
+    }
+
+    fn memory_fits(&self, memory: u64) -> bool {
+        self.memory_reserved + memory <= self.cfg.memory
+    }
+
+    /// Decides what happens to `ask` at `now`.
+    pub fn offer(&mut self, ask: Ask, now: Duration) -> Offer {
+        let estimate = self.estimate(&ask);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let push_back = |this: &mut Self, reason: String, delay: Duration| {
+            if let Some(reject) = this.io_saturated() {
+                this.counters.rejected += 1;
+                return Offer::Reject(reject);
+            }
+            this.counters.pushed_back += 1;
+            this.tenants
+                .entry(ask.tenant.clone())
+                .or_default()
+                .pushed_back += 1;
+            Offer::PushBack(PushBack {
+                reason,
+                predicted_delay_ms: ms(delay),
+                estimate_ms: ms(estimate),
+            })
+        };
+        if self.cfg.policy == Policy::Never {
+            return push_back(
+                self,
+                "this node pushes every operator back (policy never)".into(),
+                Duration::ZERO,
+            );
+        }
+        if ask.memory > self.cfg.memory {
+            return push_back(
+                self,
+                format!(
+                    "the request needs {} bytes of memory, more than the node's whole budget of {}",
+                    ask.memory, self.cfg.memory
+                ),
+                Duration::ZERO,
+            );
+        }
+        let own_waiting = self
+            .tenants
+            .get(&ask.tenant)
+            .is_some_and(|t| !t.queue.is_empty());
+        if !own_waiting && self.free_for(&ask.tenant) > 0 && self.memory_fits(ask.memory) {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.start(id, ask, estimate, now, Duration::ZERO);
+            return Offer::Run(id);
+        }
+        let delay = self.predicted_delay(&ask.tenant, now);
+        let waiting: usize = self.tenants.values().map(|t| t.queue.len()).sum();
+        if waiting >= self.cfg.max_queued {
+            return push_back(
+                self,
+                format!(
+                    "the node's queue is full ({waiting} requests wait for {} CPU workers)",
+                    self.cfg.slots
+                ),
+                delay,
+            );
+        }
+        if self.cfg.policy == Policy::Adaptive && delay > self.cfg.queue_target {
+            return push_back(
+                self,
+                format!(
+                    "the node is busy: predicted queueing {:.1} ms exceeds the {:.1} ms target",
+                    ms(delay),
+                    ms(self.cfg.queue_target)
+                ),
+                delay,
+            );
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let vclock = self.vclock;
+        let t = self.tenants.entry(ask.tenant.clone()).or_default();
+        if t.queue.is_empty() && t.running == 0 {
+            t.vtime = t.vtime.max(vclock);
+        }
+        t.queue.push_back(Waiting {
+            id,
+            ask,
+            estimate,
+            since: now,
+        });
+        Offer::Queued(id)
+    }
+
+    fn start(&mut self, id: u64, ask: Ask, estimate: Duration, now: Duration, waited: Duration) {
+        let share = self.share(&ask.tenant);
+        let vclock = self.vclock;
+        let t = self.tenants.entry(ask.tenant.clone()).or_default();
+        if t.queue.is_empty() && t.running == 0 {
+            t.vtime = t.vtime.max(vclock);
+        }
+        self.vclock = self.vclock.max(t.vtime);
+        t.vtime += estimate.as_secs_f64() / share.weight;
+        t.running += 1;
+        t.admitted += 1;
+        self.memory_reserved += ask.memory;
+        self.counters.admitted += 1;
+        if waited > Duration::ZERO {
+            self.counters.queued += 1;
+        }
+        let us = waited.as_micros() as u64;
+        self.counters.queue_delay_us_sum += us;
+        self.counters.queue_delay_us_max = self.counters.queue_delay_us_max.max(us);
+        if self.recent_delays.len() == 1024 {
+            self.recent_delays.pop_front();
+        }
+        self.recent_delays.push_back(us.min(u32::MAX as u64) as u32);
+        self.running.insert(
+            id,
+            Running {
+                tenant: ask.tenant,
+                operator: ask.operator,
+                bytes: ask.bytes,
+                memory: ask.memory,
+                estimate,
+                started: now,
+            },
+        );
+    }
+
+    /// Moves waiting requests into free slots, fairly; returns the ids started, with
+    /// how long each waited.
+    pub fn dispatch(&mut self, now: Duration) -> Vec<(u64, Duration)> {
+        let mut started = Vec::new();
+        loop {
+            // The backlogged tenant with the smallest virtual time whose head fits.
+            let pick = self
+                .tenants
+                .iter()
+                .filter(|(name, t)| {
+                    t.queue
+                        .front()
+                        .is_some_and(|w| self.memory_fits(w.ask.memory))
+                        && self.free_for(name) > 0
+                })
+                .min_by(|a, b| a.1.vtime.total_cmp(&b.1.vtime))
+                .map(|(n, _)| n.clone());
+            let Some(name) = pick else { break };
+            let Some(w) = self
+                .tenants
+                .get_mut(&name)
+                .and_then(|t| t.queue.pop_front())
+            else {
+                break;
+            };
+            let waited = now.saturating_sub(w.since);
+            self.start(w.id, w.ask, w.estimate, now, waited);
+            started.push((w.id, waited));
+        }
+        started
+    }
+
+    /// A running request `id` ended at `now` after holding its slot for `busy`;
+    /// `learn` says whether it ran to completion (only those teach the cost model).
+    /// Returns the queued requests that start now.
+    pub fn finish(
+        &mut self,
+        id: u64,
+        now: Duration,
+        busy: Duration,
+        learn: bool,
+    ) -> Vec<(u64, Duration)> {
+        if let Some(r) = self.running.remove(&id) {
+            self.memory_reserved = self.memory_reserved.saturating_sub(r.memory);
+            if let Some(t) = self.tenants.get_mut(&r.tenant) {
+                t.running = t.running.saturating_sub(1);
+            }
+            self.counters.busy_us += busy.as_micros() as u64;
+            if learn {
+                self.learn(&r.operator, r.bytes, r.estimate, busy);
+            }
+        }
+        self.dispatch(now)
+    }
+
+    /// A queued request `id` whose client went away.
+    pub fn abandon(&mut self, id: u64, now: Duration) -> Vec<(u64, Duration)> {
+        for t in self.tenants.values_mut() {
+            if let Some(i) = t.queue.iter().position(|w| w.id == id) {
+                t.queue.remove(i);
+                self.counters.abandoned += 1;
+                break;
+            }
+        }
+        if self.running.contains_key(&id) {
+            return self.finish(id, now, Duration::ZERO, false);
+        }
+        self.dispatch(now)
+    }
+
+    fn learn(&mut self, operator: &str, bytes: u64, estimate: Duration, actual: Duration) {
+        let a = self.cfg.learning_rate;
+        let prior = self.cfg.prior_ns_per_byte;
+        let overhead = self.cfg.overhead;
+        let m = self
+            .costs
+            .entry(operator.to_string())
+            .or_insert_with(|| CostModel {
+                ns_per_byte: prior,
+                samples: 0,
+                mean_abs_error: 0.0,
+            });
+        let err =
+            (estimate.as_secs_f64() - actual.as_secs_f64()).abs() / actual.as_secs_f64().max(1e-6);
+        m.mean_abs_error = if m.samples == 0 {
+            err
+        } else {
+            (1.0 - a) * m.mean_abs_error + a * err
+        };
+        // Requests too small to measure the per-byte cost teach nothing about it.
+        if bytes >= 64 * 1024 {
+            let sample = actual.saturating_sub(overhead).as_nanos() as f64 / bytes as f64;
+            m.ns_per_byte = if m.samples == 0 {
+                sample
+            } else {
+                (1.0 - a) * m.ns_per_byte + a * sample
+            };
+        }
+        m.samples += 1;
+    }
+
+    fn io_saturated(&self) -> Option<Reject> {
+        (self.io_waiting >= self.cfg.io_queue).then(|| {
+            let drain =
+                self.io_service * (self.io_waiting as u32 / self.cfg.io_in_flight as u32 + 1);
+            Reject {
+                reason: format!(
+                    "the node cannot serve more reads now ({} in flight, {} waiting)",
+                    self.io_in_flight, self.io_waiting
+                ),
+                retry_after: drain.max(Duration::from_millis(10)),
+            }
+        })
+    }
+
+    /// A raw read arrives: `Ok(true)` go now, `Ok(false)` wait (call
+    /// [`io_dispatch`](Self::io_dispatch) later), or a rejection.
+    pub fn io_offer(&mut self) -> Result<bool, Reject> {
+        if self.io_in_flight < self.cfg.io_in_flight && self.io_waiting == 0 {
+            self.io_in_flight += 1;
+            return Ok(true);
+        }
+        if let Some(r) = self.io_saturated() {
+            self.counters.rejected += 1;
+            return Err(r);
+        }
+        self.io_waiting += 1;
+        Ok(false)
+    }
+
+    /// A waiting raw read may start if a read slot is free.
+    pub fn io_dispatch(&mut self) -> bool {
+        if self.io_in_flight < self.cfg.io_in_flight && self.io_waiting > 0 {
+            self.io_waiting -= 1;
+            self.io_in_flight += 1;
+            return true;
+        }
+        false
+    }
+
+    /// A waiting raw read gave up.
+    pub fn io_abandon(&mut self) {
+        self.io_waiting = self.io_waiting.saturating_sub(1);
+    }
+
+    /// A raw read that took `took` ended.
+    pub fn io_finish(&mut self, took: Duration) {
+        self.io_in_flight = self.io_in_flight.saturating_sub(1);
+        self.io_service = (self.io_service * 4 + took) / 5;
+    }
+
+    /// A snapshot of the figures.
+    pub fn stats(&self) -> AdmissionStats {
+        let mut d: Vec<u32> = self.recent_delays.iter().copied().collect();
+        d.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if d.is_empty() {
+                return 0.0;
+            }
+            let i = ((d.len() as f64 - 1.0) * p).round() as usize;
+            d[i.min(d.len() - 1)] as f64 / 1e3
+        };
+        AdmissionStats {
+            policy: self.cfg.policy,
+            slots: self.cfg.slots,
+            memory_budget: self.cfg.memory,
+            queue_target_ms: self.cfg.queue_target.as_secs_f64() * 1e3,
+            running: self.running.len(),
+            waiting: self.tenants.values().map(|t| t.queue.len()).sum(),
+            memory_reserved: self.memory_reserved,
+            io_in_flight: self.io_in_flight,
+            io_waiting: self.io_waiting,
+            counters: self.counters.clone(),
+            queue_delay_p50_ms: pct(0.5),
+            queue_delay_p99_ms: pct(0.99),
+            costs: self.costs.clone(),
+            tenants: self
+                .tenants
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        n.clone(),
+                        TenantStats {
+                            admitted: t.admitted,
+                            pushed_back: t.pushed_back,
+                            running: t.running,
+                            waiting: t.queue.len(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The service's admission control: a [`Controller`] on the real clock, with
+/// queued requests woken when a slot frees.
+#[derive(Debug)]
+pub struct Admission {
+    ctl: Mutex<Controller>,
+    waiters: Mutex<HashMap<u64, oneshot::Sender<Duration>>>,
+    io_waiters: Mutex<VecDeque<oneshot::Sender<()>>>,
+    epoch: Instant,
+}
+
+/// Why an operator request does not run here.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The compute tier should evaluate it.
+    PushBack(PushBack),
+    /// Retry later.
+    Reject(Reject),
+}
+
+impl Admission {
+    /// Admission control with `cfg`.
+    pub fn new(cfg: AdmissionConfig) -> Arc<Self> {
+        Arc::new(Admission {
+            ctl: Mutex::new(Controller::new(cfg)),
+            waiters: Mutex::new(HashMap::new()),
+            io_waiters: Mutex::new(VecDeque::new()),
+            epoch: Instant::now(),
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn ctl(&self) -> std::sync::MutexGuard<'_, Controller> {
+        // A panic while holding the lock leaves consistent-enough counters; go on.
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The estimated run time of `ask`.
+    pub fn estimate(&self, ask: &Ask) -> Duration {
+        self.ctl().estimate(ask)
+    }
+
+    /// A snapshot of the figures.
+    pub fn stats(&self) -> AdmissionStats {
+        self.ctl().stats()
+    }
+
+    fn wake(&self, started: Vec<(u64, Duration)>) {
+        let mut pending = started;
+        while !pending.is_empty() {
+            let mut next = Vec::new();
+            for (id, waited) in pending {
+                let tx = self
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                let delivered = tx.is_some_and(|tx| tx.send(waited).is_ok());
+                if !delivered {
+                    // Its client went away between dispatch and wake-up.
+                    next.extend(self.ctl().finish(id, self.now(), Duration::ZERO, false));
+                }
+            }
+            pending = next;
+        }
+    }
+
+    /// Waits for a slot (if queued) and returns the permit, or the refusal.
+    pub async fn admit(self: &Arc<Self>, ask: Ask) -> Result<Permit, Refusal> {
+        let estimate = self.estimate(&ask);
+        let (offer, rx) = {
+            let mut ctl = self.ctl();
+            let offer = ctl.offer(ask, self.now());
+            let rx = match offer {
+                Offer::Queued(id) => {
+                    let (tx, rx) = oneshot::channel();
+                    self.waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, tx);
+                    Some(rx)
+                }
+                _ => None,
+            };
+            (offer, rx)
+        };
+        match offer {
+            Offer::Run(id) => Ok(self.permit(id, estimate, Duration::ZERO)),
+            Offer::Queued(id) => {
+                let mut guard = QueueGuard {
+                    adm: self.clone(),
+                    id,
+                    armed: true,
+                };
+                let waited = match rx {
+                    Some(rx) => rx.await.unwrap_or_default(),
+                    None => Duration::ZERO,
+                };
+                guard.armed = false;
+                Ok(self.permit(id, estimate, waited))
+            }
+            Offer::PushBack(p) => Err(Refusal::PushBack(p)),
+            Offer::Reject(r) => Err(Refusal::Reject(r)),
+        }
+    }
+
+    fn permit(self: &Arc<Self>, id: u64, estimate: Duration, waited: Duration) -> Permit {
+        Permit {
+            adm: self.clone(),
+            id,
+            started: Instant::now(),
+            estimate,
+            waited,
+            completed: false,
+        }
+    }
+
+    /// Waits for a raw-read slot, or the rejection.
+    pub async fn read(self: &Arc<Self>) -> Result<ReadPermit, Reject> {
+        let go = self.ctl().io_offer()?;
+        if !go {
+            let (tx, rx) = oneshot::channel();
+            self.io_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(tx);
+            if rx.await.is_err() {
+                // Never happens while the node lives: every sender is woken or kept.
+                self.ctl().io_abandon();
+            }
+        }
+        Ok(ReadPermit {
+            adm: self.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    fn io_release(&self, took: Duration) {
+        let mut ctl = self.ctl();
+        ctl.io_finish(took);
+        while ctl.io_dispatch() {
+            let tx = self
+                .io_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front();
+            match tx {
+                Some(tx) => {
+                    if tx.send(()).is_err() {
+                        // That reader gave up: its slot goes to the next one.
+                        ctl.io_finish(Duration::ZERO);
+                    }
+                }
+                None => {
+                    ctl.io_finish(Duration::ZERO);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Removes a queued request whose future was dropped (client gone).
+struct QueueGuard {
+    adm: Arc<Admission>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for QueueGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.adm
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.id);
+            let now = self.adm.now();
+            let started = self.adm.ctl().abandon(self.id, now);
+            self.adm.wake(started);
+        }
+    }
+}
+
+/// A running request's slot; released (and its time learned) when dropped.
+#[derive(Debug)]
+pub struct Permit {
+    adm: Arc<Admission>,
+    id: u64,
+    started: Instant,
+    /// The estimated run time.
+    pub estimate: Duration,
+    /// How long it waited in the queue.
+    pub waited: Duration,
+    completed: bool,
+}
+
+impl Permit {
+    /// Marks the request as run to completion, so its time teaches the cost model.
+    pub fn complete(&mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let busy = self.started.elapsed();
+        let now = self.adm.now();
+        let started = self.adm.ctl().finish(self.id, now, busy, self.completed);
+        self.adm.wake(started);
+    }
+}
+
+/// A raw read's slot.
+#[derive(Debug)]
+pub struct ReadPermit {
+    adm: Arc<Admission>,
+    started: Instant,
+}
+
+impl Drop for ReadPermit {
+    fn drop(&mut self) {
+        self.adm.io_release(self.started.elapsed());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn ask(tenant: &str, bytes: u64) -> Ask {
+        Ask {
+            operator: "sql".into(),
+            tenant: tenant.into(),
+            bytes,
+            memory: 1 << 20,
+        }
+    }
+
+    fn cfg(slots: usize) -> AdmissionConfig {
+        let mut c = AdmissionConfig::new(slots, 1 << 30);
+        c.prior_ns_per_byte = 1.0; // 1 MB = 1 ms
+        c.overhead = Duration::ZERO;
+        c
+    }
+
+    fn id(o: &Offer) -> u64 {
+        match o {
+            Offer::Run(i) | Offer::Queued(i) => *i,
+            other => panic!("expected run or queue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn runs_then_queues_within_target_then_pushes_back() {
+        let mut c = Controller::new(cfg(1));
+        let t = Duration::ZERO;
+        // 20 ms of work each, one slot, target 50 ms.
+        let a = c.offer(ask("x", 20_000_000), t);
+        assert!(matches!(a, Offer::Run(_)));
+        // Residual 20 ms: queue.
+        assert!(matches!(c.offer(ask("x", 20_000_000), t), Offer::Queued(_)));
+        // Residual 20 + 20 queued = 40 ms: queue.
+        assert!(matches!(c.offer(ask("x", 20_000_000), t), Offer::Queued(_)));
+        // 20 + 40 = 60 ms > 50: push back, with the prediction.
+        match c.offer(ask("x", 20_000_000), t) {
+            Offer::PushBack(p) => {
+                assert!((p.predicted_delay_ms - 60.0).abs() < 0.01, "{p:?}");
+                assert!(p.reason.contains("busy"), "{}", p.reason);
+            }
+            o => panic!("expected push back, got {o:?}"),
+        }
+        // 15 ms later the running one has 5 ms left: 5 + 40 = 45 ms, queue again.
+        assert!(matches!(
+            c.offer(ask("x", 20_000_000), 15 * MS),
+            Offer::Queued(_)
+        ));
+        let s = c.stats();
+        assert_eq!((s.running, s.waiting, s.counters.pushed_back), (1, 3, 1));
+        // Finishing dispatches the oldest waiting request, which waited 20 ms.
+        let started = c.finish(id(&a), 20 * MS, 20 * MS, true);
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].1, 20 * MS);
+    }
+
+    #[test]
+    fn cost_is_learned_from_finished_requests() {
+        let mut c = Controller::new(cfg(1));
+        // Prior: 1 ns/byte; actual: 5 ns/byte.
+        for i in 0..30u64 {
+            let now = Duration::from_millis(i * 100);
+            let o = c.offer(ask("x", 10_000_000), now);
+            c.finish(id(&o), now + 50 * MS, 50 * MS, true);
+        }
+        let m = &c.stats().costs["sql"];
+        assert!((m.ns_per_byte - 5.0).abs() < 0.01, "{m:?}");
+        assert!(m.mean_abs_error < 0.01, "{m:?}");
+        assert_eq!(c.estimate(&ask("x", 10_000_000)), 50 * MS);
+        // An abandoned or failed run teaches nothing.
+        let o = c.offer(ask("x", 10_000_000), Duration::from_secs(10));
+        c.finish(
+            id(&o),
+            Duration::from_secs(11),
+            Duration::from_secs(1),
+            false,
+        );
+        assert!((c.stats().costs["sql"].ns_per_byte - 5.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_flooding_tenant_does_not_starve_another() {
+        let mut c = Controller::new(cfg(2));
+        let t0 = Duration::ZERO;
+        let mut running = Vec::new();
+        // Tenant "flood" fills both slots and the queue up to its delay target.
+        let mut pushed = 0;
+        for _ in 0..40 {
+            match c.offer(ask("flood", 10_000_000), t0) {
+                Offer::Run(i) => running.push(i),
+                Offer::Queued(_) => {}
+                Offer::PushBack(_) => pushed += 1,
+                o => panic!("{o:?}"),
+            }
+        }
+        assert_eq!(running.len(), 2);
+        assert!(
+            pushed > 20,
+            "the flood is pushed back once its queue is full: {pushed}"
+        );
+        // The quiet tenant's request is queued (its own queue is empty, so its
+        // predicted delay is the residual only) ...
+        let quiet = c.offer(ask("quiet", 10_000_000), t0);
+        assert!(matches!(quiet, Offer::Queued(_)), "{quiet:?}");
+        // ... and starts with the first free slot, ahead of the flood's backlog.
+        let started = c.finish(running[0], 10 * MS, 10 * MS, true);
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].0, id(&quiet));
+    }
+
+    #[test]
+    fn weights_split_the_slots() {
+        let mut cf = cfg(1);
+        cf.policy = Policy::Always;
+        cf.tenants.insert(
+            "gold".into(),
+            TenantShare {
+                weight: 3.0,
+                reserve: 0,
+            },
+        );
+        let mut c = Controller::new(cf);
+        let t0 = Duration::ZERO;
+        let first = id(&c.offer(ask("bronze", 1_000_000), t0));
+        let mut owner = HashMap::new();
+        for _ in 0..40 {
+            owner.insert(id(&c.offer(ask("gold", 1_000_000), t0)), "gold");
+            owner.insert(id(&c.offer(ask("bronze", 1_000_000), t0)), "bronze");
+        }
+        let mut order = Vec::new();
+        let mut cur = first;
+        for k in 1..=40u32 {
+            let s = c.finish(cur, MS * k, MS, true);
+            cur = s[0].0;
+            order.push(owner[&cur]);
+        }
+        let gold = order.iter().filter(|o| **o == "gold").count();
+        assert!(
+            (28..=32).contains(&gold),
+            "gold got {gold} of 40: {order:?}"
+        );
+    }
+
+    #[test]
+    fn reserves_hold_slots_back() {
+        let mut cf = cfg(2);
+        cf.tenants.insert(
+            "vip".into(),
+            TenantShare {
+                weight: 1.0,
+                reserve: 1,
+            },
+        );
+        let mut c = Controller::new(cf);
+        let t0 = Duration::ZERO;
+        assert!(matches!(
+            c.offer(ask("other", 1_000_000), t0),
+            Offer::Run(_)
+        ));
+        // The vip has no work: the other may take the second slot too.
+        let b = c.offer(ask("other", 1_000_000), t0);
+        assert!(matches!(b, Offer::Run(_)));
+        // Both busy; a vip request queues and gets the next slot.
+        let v = c.offer(ask("vip", 1_000_000), t0);
+        let o = c.offer(ask("other", 1_000_000), t0);
+        assert!(matches!((&v, &o), (Offer::Queued(_), Offer::Queued(_))));
+        let started = c.finish(id(&b), MS, MS, true);
+        assert_eq!(started, vec![(id(&v), MS)]);
+    }
+
+    #[test]
+    fn memory_bounds_what_runs() {
+        let mut cf = cfg(4);
+        cf.memory = 100 << 20;
+        let mut c = Controller::new(cf);
+        let t0 = Duration::ZERO;
+        let big = |mb: u64| Ask {
+            memory: mb << 20,
+            ..ask("x", 1_000_000)
+        };
+        let a = c.offer(big(60), t0);
+        assert!(matches!(a, Offer::Run(_)));
+        // Slots are free but memory is not: it waits.
+        let b = c.offer(big(60), t0);
+        assert!(matches!(b, Offer::Queued(_)));
+        assert!(c.stats().memory_reserved <= 100 << 20);
+        // More than the whole budget: pushed back at once.
+        match c.offer(big(200), t0) {
+            Offer::PushBack(p) => assert!(p.reason.contains("memory"), "{}", p.reason),
+            o => panic!("{o:?}"),
+        }
+        let started = c.finish(id(&a), MS, MS, true);
+        assert_eq!(started[0].0, id(&b));
+        assert_eq!(c.stats().memory_reserved, 60 << 20);
+    }
+
+    #[test]
+    fn policies_always_and_never() {
+        let mut cf = cfg(1);
+        cf.policy = Policy::Never;
+        let mut c = Controller::new(cf.clone());
+        assert!(matches!(
+            c.offer(ask("x", 1), Duration::ZERO),
+            Offer::PushBack(_)
+        ));
+        cf.policy = Policy::Always;
+        cf.max_queued = 3;
+        let mut c = Controller::new(cf);
+        let outcomes: Vec<Offer> = (0..5)
+            .map(|_| c.offer(ask("x", 100_000_000), Duration::ZERO))
+            .collect();
+        assert!(matches!(outcomes[0], Offer::Run(_)));
+        assert!(outcomes[1..4].iter().all(|o| matches!(o, Offer::Queued(_))));
+        assert!(
+            matches!(outcomes[4], Offer::PushBack(_)),
+            "queue bound holds"
+        );
+    }
+
+    #[test]
+    fn raw_reads_reject_only_when_saturated() {
+        let mut cf = cfg(1);
+        cf.io_in_flight = 2;
+        cf.io_queue = 2;
+        let mut c = Controller::new(cf);
+        assert_eq!(c.io_offer(), Ok(true));
+        assert_eq!(c.io_offer(), Ok(true));
+        assert_eq!(c.io_offer(), Ok(false));
+        assert_eq!(c.io_offer(), Ok(false));
+        let r = c.io_offer().unwrap_err();
+        assert!(r.retry_after >= Duration::from_millis(10));
+        // An operator request that would be pushed back is rejected instead: the
+        // compute tier could not read the ranges either.
+        let mut busy = c.config().clone();
+        busy.policy = Policy::Never;
+        let mut c2 = Controller::new(busy);
+        for _ in 0..4 {
+            let _ = c2.io_offer();
+        }
+        assert!(matches!(
+            c2.offer(ask("x", 1), Duration::ZERO),
+            Offer::Reject(_)
+        ));
+        // Reads finish, waiting ones start.
+        c.io_finish(MS);
+        assert!(c.io_dispatch());
+        assert!(!c.io_dispatch());
+        assert_eq!(c.stats().counters.rejected, 1);
+    }
+
+    #[test]
+    fn parses_tenants() {
+        assert_eq!(
+            parse_tenant("etl=2:1").unwrap(),
+            (
+                "etl".into(),
+                TenantShare {
+                    weight: 2.0,
+                    reserve: 1
+                }
+            )
+        );
+        assert_eq!(parse_tenant("bi=0.5").unwrap().1.reserve, 0);
+        for bad in ["etl", "etl=0", "etl=-1", "=2", "etl=2:x", "etl=nan"] {
+            assert!(parse_tenant(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_permits_are_woken_and_abandoned_ones_skipped() {
+        let mut cf = cfg(1);
+        cf.queue_target = Duration::from_secs(10);
+        let adm = Admission::new(cf);
+        let p1 = adm.admit(ask("x", 1_000_000)).await.unwrap();
+        // A queued request whose client goes away.
+        let gone = tokio::spawn({
+            let adm = adm.clone();
+            async move { adm.admit(ask("x", 1_000_000)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let waiting = tokio::spawn({
+            let adm = adm.clone();
+            async move { adm.admit(ask("x", 1_000_000)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(adm.stats().waiting, 2);
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(adm.stats().waiting, 1);
+        drop(p1);
+        let p3 = waiting.await.unwrap().unwrap();
+        assert!(p3.waited >= Duration::from_millis(15), "{:?}", p3.waited);
+        assert_eq!(adm.stats().running, 1);
+        drop(p3);
+        let s = adm.stats();
+        assert_eq!((s.running, s.waiting, s.counters.abandoned), (0, 0, 1));
+    }
+}
