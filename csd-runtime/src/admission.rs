@@ -15,7 +15,9 @@
 //! ```
 //!
 //! and decides: **run** if a slot and the memory are free for its tenant and nothing
-//! of that tenant waits; **queue** if the predicted delay is within the target;
+//! of that tenant waits; **queue** if the predicted delay is within the target (or
+//! within the request's own estimated run time, if that is longer: waiting one run
+//! time at the node still beats the compute tier reading and decoding the bytes);
 //! otherwise **push back**: the node answers before doing any work, and the compute
 //! tier reads the byte ranges and evaluates the fragment itself. A request whose
 //! memory can never fit is pushed back at once.
@@ -479,13 +481,16 @@ impl Controller {
                 delay,
             );
         }
-        if self.cfg.policy == Policy::Adaptive && delay > self.cfg.queue_target {
+        // Waiting up to one run time of its own still beats handing it back (the
+        // compute tier would read and decode the same bytes, usually slower).
+        let bound = self.cfg.queue_target.max(estimate);
+        if self.cfg.policy == Policy::Adaptive && delay > bound {
             return push_back(
                 self,
                 format!(
-                    "the node is busy: predicted queueing {:.1} ms exceeds the {:.1} ms target",
+                    "the node is busy: predicted queueing {:.1} ms exceeds {:.1} ms (the target, or the request's own run time if longer)",
                     ms(delay),
-                    ms(self.cfg.queue_target)
+                    ms(bound)
                 ),
                 delay,
             );

@@ -1,0 +1,533 @@
+//! Admission control under load: one node with `--cpus 1`, an open-loop Poisson
+//! stream of TPC-H scan queries (Q1, Q6, Q12, Q14, Q19, all pushed down) offered
+//! at 0.5x to 4x the node's measured capacity, then a sudden step from 0.7x to
+//! 1.4x. Policies side by side, each on a fresh node holding the same data:
+//! always push down, never push down (the node hands every fragment back), and
+//! the adaptive policy. Per load: goodput, p50/p99 latency (of all queries and of
+//! those the node ran entirely), pushed-back fragments, failures. Writes JSON and
+//! an SVG plot of goodput against offered load.
+//!
+//! `cargo run --release -p csd-benches --bin admission -- [--scale 0.1] [--secs 5]`
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use csd_benches::{default_json_path, write_json};
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions, tpch};
+use csd_runtime::admission::Policy;
+use csd_runtime::client::NodeClient;
+use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::ticket::Compression;
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    /// TPC-H scale factor.
+    #[arg(long, default_value_t = 0.1)]
+    scale: f64,
+    /// Partitions per table.
+    #[arg(long, default_value_t = 2)]
+    parts: usize,
+    /// Seconds per load level.
+    #[arg(long, default_value_t = 5.0)]
+    secs: f64,
+    /// Offered loads, as multiples of the node's capacity.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,1,2,3,4")]
+    loads: Vec<f64>,
+    /// Queueing-delay target of the adaptive policy, milliseconds.
+    #[arg(long, default_value_t = 50.0)]
+    queue_target_ms: f64,
+    /// Queries in the mix.
+    #[arg(long, value_delimiter = ',', default_value = "1,6,12,14,19")]
+    queries: Vec<u32>,
+    /// JSON output path (the SVG goes beside it).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Run each node as a `csd serve` process pinned to these cores (`taskset -c`
+    /// list), so that it models a separate machine; run this bench itself under
+    /// `taskset` on other cores. Default: nodes in this process.
+    #[arg(long)]
+    node_cores: Option<String>,
+}
+
+/// A node: in this process, or a pinned `csd serve` child.
+enum Node {
+    Here(node::RunningNode),
+    Child(std::process::Child, tempfile::TempDir),
+}
+
+impl Node {
+    async fn stop(self) {
+        match self {
+            Node::Here(n) => n.shutdown().await.expect("shutdown"),
+            Node::Child(mut c, _dir) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn spawn_pinned(cores: &str, policy: Policy, args: &Args) -> (Node, String) {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csd = std::env::current_exe()
+        .expect("own path")
+        .with_file_name("csd");
+    let mut child = std::process::Command::new("taskset")
+        .args(["-c", cores])
+        .arg(&csd)
+        .args([
+            "serve",
+            "--format",
+            "--listen",
+            "127.0.0.1:0",
+            "--cpus",
+            "1",
+        ])
+        .args(["--memory", "1GiB", "--capacity"])
+        .arg(format!("{}MiB", (2000.0 * args.scale).max(256.0) as u64))
+        .arg("--device")
+        .arg(dir.path().join("node.img"))
+        .args(["--policy", name(policy)])
+        .arg("--queue-target-ms")
+        .arg(args.queue_target_ms.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {} under taskset: {e}", csd.display()));
+    let out = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("node output");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("grpc://"))
+        .unwrap_or_else(|| panic!("node did not say where it listens: {line}"))
+        .to_string();
+    (Node::Child(child, dir), url)
+}
+
+#[derive(Serialize, Clone, Debug)]
+struct Level {
+    policy: String,
+    load: f64,
+    offered_qps: f64,
+    completed: usize,
+    goodput_qps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Latency of queries whose fragments all ran at the node.
+    admitted_p99_ms: Option<f64>,
+    pushed_back_fragments: u64,
+    fragments: u64,
+    failed: usize,
+}
+
+#[derive(Serialize, Clone, Debug)]
+struct Step {
+    policy: String,
+    /// Largest node queueing delay of a fragment admitted after the step (ms).
+    max_queue_ms_after: f64,
+    /// From the step to the last fragment (by arrival at the node) whose queueing
+    /// exceeded the steady state after the step (its p95 +10% +5 ms); `None`: no
+    /// fragment ran at the node late enough to tell.
+    settle_ms: Option<f64>,
+    failed: usize,
+}
+
+#[derive(Serialize)]
+struct Report {
+    scale: f64,
+    capacity_qps: f64,
+    unloaded_p99_ms: f64,
+    queue_target_ms: f64,
+    levels: Vec<Level>,
+    steps: Vec<Step>,
+}
+
+/// One finished query.
+struct Done {
+    started: Duration,
+    latency: Duration,
+    ok: bool,
+    fragments: u64,
+    pushed_back: u64,
+    /// Per admitted fragment: its node queueing delay (ms) and how long before the
+    /// query finished it reached the node.
+    queue_ms: Vec<(f64, Duration)>,
+}
+
+async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
+    let started = t0.elapsed();
+    let r = s.run(sql).await;
+    let latency = t0.elapsed() - started;
+    match r {
+        Ok(run) => {
+            let pushed = run
+                .node_runs
+                .iter()
+                .filter(|r| r.pushed_back.is_some())
+                .count() as u64;
+            let queue_ms = run
+                .node_runs
+                .iter()
+                .filter(|r| r.pushed_back.is_none())
+                .filter_map(|r| {
+                    let q: f64 = r.report.details.get("queue_ms")?.parse().ok()?;
+                    Some((q, Duration::from_micros(r.report.elapsed_us)))
+                })
+                .collect();
+            Done {
+                started,
+                latency,
+                ok: true,
+                fragments: run.node_runs.len() as u64,
+                pushed_back: pushed,
+                queue_ms,
+            }
+        }
+        Err(e) => {
+            eprintln!("query failed: {e}");
+            Done {
+                started,
+                latency,
+                ok: false,
+                fragments: 0,
+                pushed_back: 0,
+                queue_ms: vec![],
+            }
+        }
+    }
+}
+
+/// Open-loop Poisson arrivals at `rate` per second for `secs`, cycling the mix;
+/// returns every query once all have finished.
+async fn offer(
+    s: &Arc<CsdSession>,
+    mix: &[&'static str],
+    rate: f64,
+    secs: f64,
+    seed: u64,
+    t0: Instant,
+) -> Vec<Done> {
+    let mut rng = seed.max(1);
+    let mut next = Duration::ZERO;
+    let start = t0.elapsed();
+    let mut tasks = Vec::new();
+    let mut k = 0usize;
+    while next.as_secs_f64() < secs {
+        let at = start + next;
+        if let Some(wait) = at.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        tasks.push(tokio::spawn(run_one(s.clone(), mix[k % mix.len()], t0)));
+        k += 1;
+        // splitmix64 → exponential inter-arrival time.
+        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        next += Duration::from_secs_f64(-u.ln() / rate);
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        if let Ok(d) = t.await {
+            out.push(d);
+        }
+    }
+    out
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn node_for(policy: Policy, args: &Args) -> (Node, Arc<CsdSession>) {
+    let (node, url) = match &args.node_cores {
+        Some(cores) => spawn_pinned(cores, policy, args),
+        None => {
+            let config = NodeConfig {
+                device: "emulated:mem".into(),
+                capacity: Some(format!("{}MiB", (2000.0 * args.scale).max(256.0) as u64)),
+                listen: "127.0.0.1:0".into(),
+                cpus: 1,
+                memory: "1GiB".into(),
+                policy,
+                queue_target_ms: args.queue_target_ms,
+                ..NodeConfig::default()
+            };
+            let n = node::start_with(&config, csd_query_pushdown::registry())
+                .await
+                .expect("start node");
+            let url = n.url.clone();
+            (Node::Here(n), url)
+        }
+    };
+    let client = NodeClient::connect(&url).await.expect("connect");
+    tpch::load(&[client], args.scale, args.parts, |_, _| {})
+        .await
+        .expect("load");
+    let session = Cluster::connect(std::slice::from_ref(&url))
+        .await
+        .expect("cluster")
+        .session(SessionOptions {
+            compression: Compression::None,
+            ..SessionOptions::default()
+        })
+        .await
+        .expect("session");
+    (node, Arc::new(session))
+}
+
+fn name(p: Policy) -> &'static str {
+    match p {
+        Policy::Always => "always",
+        Policy::Never => "never",
+        Policy::Adaptive => "adaptive",
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let mix: Vec<&'static str> = args
+        .queries
+        .iter()
+        .map(|q| tpch::query(*q).expect("query number"))
+        .collect();
+
+    // Capacity and unloaded latency: the mix one at a time on an always-node.
+    let (cap_node, s) = node_for(Policy::Always, &args).await;
+    let t0 = Instant::now();
+    for q in &mix {
+        run_one(s.clone(), q, t0).await;
+    }
+    let mut lat = Vec::new();
+    for _ in 0..4 {
+        for q in &mix {
+            lat.push(run_one(s.clone(), q, t0).await.latency.as_secs_f64());
+        }
+    }
+    let mean = lat.iter().sum::<f64>() / lat.len() as f64;
+    let capacity = 1.0 / mean;
+    let unloaded_p99 = pct(lat.clone(), 0.99) * 1e3;
+    drop(s);
+    cap_node.stop().await;
+    println!(
+        "node capacity {capacity:.1} queries/s (mean {:.1} ms unloaded, p99 {unloaded_p99:.1} ms)",
+        mean * 1e3
+    );
+
+    let mut levels = Vec::new();
+    let mut steps = Vec::new();
+    println!(
+        "\n{:<9} {:>5} {:>8} {:>8} {:>9} {:>9} {:>9} {:>12} {:>7}",
+        "policy",
+        "load",
+        "offered",
+        "goodput",
+        "p50 ms",
+        "p99 ms",
+        "adm p99",
+        "pushed back",
+        "failed"
+    );
+    for policy in [Policy::Always, Policy::Never, Policy::Adaptive] {
+        let (n, s) = node_for(policy, &args).await;
+        let t0 = Instant::now();
+        for q in &mix {
+            run_one(s.clone(), q, t0).await;
+        }
+        for (i, &load) in args.loads.iter().enumerate() {
+            let rate = load * capacity;
+            let done = offer(&s, &mix, rate, args.secs, 42 + i as u64, t0).await;
+            let window_end = done.iter().map(|d| d.started).min().unwrap_or_default()
+                + Duration::from_secs_f64(args.secs);
+            let completed = done
+                .iter()
+                .filter(|d| d.ok && d.started + d.latency <= window_end)
+                .count();
+            let lats: Vec<f64> = done
+                .iter()
+                .filter(|d| d.ok)
+                .map(|d| d.latency.as_secs_f64() * 1e3)
+                .collect();
+            let admitted: Vec<f64> = done
+                .iter()
+                .filter(|d| d.ok && d.pushed_back == 0 && d.fragments > 0)
+                .map(|d| d.latency.as_secs_f64() * 1e3)
+                .collect();
+            let l = Level {
+                policy: name(policy).into(),
+                load,
+                offered_qps: rate,
+                completed,
+                goodput_qps: completed as f64 / args.secs,
+                p50_ms: pct(lats.clone(), 0.5),
+                p99_ms: pct(lats, 0.99),
+                admitted_p99_ms: (!admitted.is_empty()).then(|| pct(admitted, 0.99)),
+                pushed_back_fragments: done.iter().map(|d| d.pushed_back).sum(),
+                fragments: done.iter().map(|d| d.fragments).sum(),
+                failed: done.iter().filter(|d| !d.ok).count(),
+            };
+            println!(
+                "{:<9} {:>4.1}x {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>9} {:>5}/{:<6} {:>7}",
+                l.policy,
+                l.load,
+                l.offered_qps,
+                l.goodput_qps,
+                l.p50_ms,
+                l.p99_ms,
+                l.admitted_p99_ms
+                    .map(|v| format!("{v:.1}"))
+                    .unwrap_or_else(|| "-".into()),
+                l.pushed_back_fragments,
+                l.fragments,
+                l.failed
+            );
+            levels.push(l);
+        }
+        // The step: 0.7x, then suddenly 1.4x.
+        let half = args.secs / 2.0;
+        let before = offer(&s, &mix, 0.7 * capacity, half, 7, t0);
+        let before = before.await;
+        let step_at = t0.elapsed();
+        let after = offer(&s, &mix, 1.4 * capacity, half, 8, t0).await;
+        // Fragments by the time they reached the node (query end - node time).
+        let mut late: Vec<(Duration, f64)> = after
+            .iter()
+            .flat_map(|d| {
+                d.queue_ms
+                    .iter()
+                    .map(move |(q, at_node)| ((d.started + d.latency).saturating_sub(*at_node), *q))
+            })
+            .filter(|x| x.0 >= step_at)
+            .collect();
+        late.sort_by(|a, b| a.0.cmp(&b.0));
+        let max_after = late.iter().map(|x| x.1).fold(0.0, f64::max);
+        // Steady state: the p95 queueing delay of fragments arriving in the second
+        // half after the step; settled: after the last earlier fragment above it
+        // (+10%, +5 ms).
+        let second = step_at + Duration::from_secs_f64(half / 2.0);
+        let steady: Vec<f64> = late.iter().filter(|x| x.0 >= second).map(|x| x.1).collect();
+        let level = pct(steady, 0.95) * 1.1 + 5.0;
+        let settle = if late.iter().any(|x| x.0 >= second) {
+            Some(
+                late.iter()
+                    .filter(|x| x.0 < second && x.1 > level)
+                    .map(|x| (x.0 - step_at).as_secs_f64() * 1e3)
+                    .fold(0.0, f64::max),
+            )
+        } else {
+            None
+        };
+        let st = Step {
+            policy: name(policy).into(),
+            max_queue_ms_after: max_after,
+            settle_ms: settle,
+            failed: before.iter().chain(&after).filter(|d| !d.ok).count(),
+        };
+        println!(
+            "{:<9} step 0.7x→1.4x: max node queueing after the step {:.1} ms, settled {}",
+            st.policy,
+            st.max_queue_ms_after,
+            st.settle_ms
+                .map(|v| format!("within {v:.0} ms"))
+                .unwrap_or_else(|| "- (nothing ran at the node)".into())
+        );
+        steps.push(st);
+        drop(s);
+        n.stop().await;
+    }
+
+    // Targets, as the issue states them.
+    println!();
+    for &load in &args.loads {
+        let g = |p: &str| {
+            levels
+                .iter()
+                .find(|l| l.policy == p && l.load == load)
+                .map(|l| l.goodput_qps)
+                .unwrap_or(0.0)
+        };
+        let (a, n, ad) = (g("always"), g("never"), g("adaptive"));
+        println!(
+            "load {load:.1}x: adaptive {ad:.2} q/s vs best {:.2} ({}), worst {:.2}: {:.2}x the worse",
+            a.max(n),
+            if ad >= a.max(n) { "met" } else { "MISSED" },
+            a.min(n),
+            ad / a.min(n).max(1e-9)
+        );
+    }
+
+    let json = args
+        .json
+        .clone()
+        .unwrap_or_else(|| default_json_path("admission"));
+    let report = Report {
+        scale: args.scale,
+        capacity_qps: capacity,
+        unloaded_p99_ms: unloaded_p99,
+        queue_target_ms: args.queue_target_ms,
+        levels: levels.clone(),
+        steps,
+    };
+    write_json(&json, &report).expect("json");
+    let svg = json.with_extension("svg");
+    plot(&svg, &levels).expect("svg");
+    println!("wrote {} and {}", json.display(), svg.display());
+}
+
+fn plot(path: &std::path::Path, levels: &[Level]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max_x = levels.iter().map(|l| l.load).fold(1.0, f64::max);
+    let max_y = levels.iter().map(|l| l.goodput_qps).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Goodput against offered load (one node, --cpus 1)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y)?;
+    chart
+        .configure_mesh()
+        .x_desc("offered load (x node capacity)")
+        .y_desc("goodput (queries/s)")
+        .draw()?;
+    for (p, color) in [("always", RED), ("never", BLUE), ("adaptive", GREEN)] {
+        let pts: Vec<(f64, f64)> = levels
+            .iter()
+            .filter(|l| l.policy == p)
+            .map(|l| (l.load, l.goodput_qps))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(p)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        chart.draw_series(
+            pts.iter()
+                .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
