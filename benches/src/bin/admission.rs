@@ -413,7 +413,7 @@ async fn main() {
             })
             .filter(|x| x.0 >= step_at)
             .collect();
-        late.sort_by(|a, b| a.0.cmp(&b.0));
+        late.sort_by_key(|x| x.0);
         let max_after = late.iter().map(|x| x.1).fold(0.0, f64::max);
         // Steady state: the p95 queueing delay of fragments arriving in the second
         // half after the step; settled: after the last earlier fragment above it

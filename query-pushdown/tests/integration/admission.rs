@@ -68,6 +68,7 @@ async fn a_request_too_big_for_memory_is_pushed_back_not_failed() {
     let node = sql_node_with(NodeConfig {
         cpus: 1,
         memory: "17MiB".into(),
+        metrics_listen: Some("127.0.0.1:0".into()),
         ..NodeConfig::default()
     })
     .await;
@@ -84,6 +85,32 @@ async fn a_request_too_big_for_memory_is_pushed_back_not_failed() {
     assert_same(&local, &on, sql).await;
     let plan = on.run(sql).await.unwrap().plan_with_metrics();
     assert!(plan.contains("more than the node's whole budget"), "{plan}");
+    // The Prometheus endpoint counts them.
+    let text = http_get(node.metrics_addr.unwrap(), "/metrics").await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let pushed: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("csd_pushed_back_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no csd_pushed_back_total in\n{text}"));
+    assert!(pushed >= 2.0, "{text}");
+    assert!(text.contains("# TYPE csd_queue_delay_seconds_sum counter"));
+    assert!(
+        http_get(node.metrics_addr.unwrap(), "/nope")
+            .await
+            .starts_with("HTTP/1.1 404")
+    );
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }
 
 /// Many concurrent clients against one `--cpus 1` node with a tight queueing
