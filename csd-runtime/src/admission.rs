@@ -497,11 +497,7 @@ impl Controller {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let vclock = self.vclock;
-        let t = self.tenants.entry(ask.tenant.clone()).or_default();
-        if t.queue.is_empty() && t.running == 0 {
-            t.vtime = t.vtime.max(vclock);
-        }
+        let t = self.activate(&ask.tenant);
         t.queue.push_back(Waiting {
             id,
             ask,
@@ -511,14 +507,22 @@ impl Controller {
         Offer::Queued(id)
     }
 
-    fn start(&mut self, id: u64, ask: Ask, estimate: Duration, now: Duration, waited: Duration) {
-        let share = self.share(&ask.tenant);
+    /// `tenant`'s state; one coming back from idle starts at the current virtual
+    /// time, so idleness earns no burst.
+    fn activate(&mut self, tenant: &str) -> &mut TenantState {
         let vclock = self.vclock;
-        let t = self.tenants.entry(ask.tenant.clone()).or_default();
+        let t = self.tenants.entry(tenant.to_string()).or_default();
         if t.queue.is_empty() && t.running == 0 {
             t.vtime = t.vtime.max(vclock);
         }
-        self.vclock = self.vclock.max(t.vtime);
+        t
+    }
+
+    fn start(&mut self, id: u64, ask: Ask, estimate: Duration, now: Duration, waited: Duration) {
+        let share = self.share(&ask.tenant);
+        let vtime = self.activate(&ask.tenant).vtime;
+        self.vclock = self.vclock.max(vtime);
+        let t = self.tenants.entry(ask.tenant.clone()).or_default();
         t.vtime += estimate.as_secs_f64() / share.weight;
         t.running += 1;
         t.admitted += 1;
@@ -781,11 +785,6 @@ impl Admission {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The estimated run time of `ask`.
-    pub fn estimate(&self, ask: &Ask) -> Duration {
-        self.ctl().estimate(ask)
-    }
-
     /// A snapshot of the figures.
     pub fn stats(&self) -> AdmissionStats {
         self.ctl().stats()
@@ -813,9 +812,9 @@ impl Admission {
 
     /// Waits for a slot (if queued) and returns the permit, or the refusal.
     pub async fn admit(self: &Arc<Self>, ask: Ask) -> Result<Permit, Refusal> {
-        let estimate = self.estimate(&ask);
-        let (offer, rx) = {
+        let (estimate, offer, rx) = {
             let mut ctl = self.ctl();
+            let estimate = ctl.estimate(&ask);
             let offer = ctl.offer(ask, self.now());
             let rx = match offer {
                 Offer::Queued(id) => {
@@ -828,7 +827,7 @@ impl Admission {
                 }
                 _ => None,
             };
-            (offer, rx)
+            (estimate, offer, rx)
         };
         match offer {
             Offer::Run(id) => Ok(self.permit(id, estimate, Duration::ZERO)),

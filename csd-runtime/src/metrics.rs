@@ -26,8 +26,13 @@ pub async fn serve(addr: &str, state: Arc<NodeState>) -> Result<(SocketAddr, Joi
         .map_err(|e| Error::io("reading the metrics address", e))?;
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                // Out of descriptors and the like: back off instead of spinning.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let state = state.clone();
             tokio::spawn(async move {
@@ -61,6 +66,7 @@ fn respond(state: &NodeState, path: &str) -> Response<Full<Bytes>> {
 }
 
 /// The node's figures in the Prometheus text format.
+#[rustfmt::skip]
 pub fn render(state: &NodeState) -> String {
     let a = state.admission.stats();
     let c = &a.counters;
@@ -71,115 +77,31 @@ pub fn render(state: &NodeState) -> String {
             let _ = writeln!(out, "{name}{labels} {v}");
         }
     };
-    let one = |v: f64| vec![(String::new(), v)];
-    metric(
-        "csd_admitted_total",
-        "counter",
-        "Operator requests run at the node.",
-        &one(c.admitted as f64),
-    );
-    metric(
-        "csd_queued_total",
-        "counter",
-        "Admitted requests that waited in the queue first.",
-        &one(c.queued as f64),
-    );
-    metric(
-        "csd_pushed_back_total",
-        "counter",
-        "Operator requests pushed back to the compute tier.",
-        &one(c.pushed_back as f64),
-    );
-    metric(
-        "csd_rejected_total",
-        "counter",
-        "Requests refused with RESOURCE_EXHAUSTED.",
-        &one(c.rejected as f64),
-    );
-    metric(
-        "csd_abandoned_total",
-        "counter",
-        "Queued requests whose client went away.",
-        &one(c.abandoned as f64),
-    );
-    metric(
-        "csd_queue_delay_seconds_sum",
-        "counter",
-        "Total queueing delay of admitted requests.",
-        &one(c.queue_delay_us_sum as f64 / 1e6),
-    );
-    metric(
-        "csd_queue_delay_seconds_count",
-        "counter",
-        "Admitted requests (queueing delay samples).",
-        &one(c.admitted as f64),
-    );
-    metric(
-        "csd_queue_delay_p99_seconds",
-        "gauge",
-        "p99 queueing delay of the last 1024 admitted requests.",
-        &one(a.queue_delay_p99_ms / 1e3),
-    );
-    metric(
-        "csd_running",
-        "gauge",
-        "Operator requests running now.",
-        &one(a.running as f64),
-    );
-    metric(
-        "csd_waiting",
-        "gauge",
-        "Operator requests waiting now.",
-        &one(a.waiting as f64),
-    );
-    metric(
-        "csd_cpu_slots",
-        "gauge",
-        "CPU workers for operator work (--cpus).",
-        &one(a.slots as f64),
-    );
-    metric(
-        "csd_cpu_busy_seconds_total",
-        "counter",
-        "Slot time used by finished operator requests.",
-        &one(c.busy_us as f64 / 1e6),
-    );
-    metric(
-        "csd_memory_budget_bytes",
-        "gauge",
-        "Memory budget (--memory).",
-        &one(a.memory_budget as f64),
-    );
-    metric(
-        "csd_memory_reserved_bytes",
-        "gauge",
-        "Memory reserved by admitted requests.",
-        &one(a.memory_reserved as f64),
-    );
-    metric(
-        "csd_operator_memory_used_bytes",
-        "gauge",
-        "Memory operators hold now.",
-        &one(state.operators.memory_used() as f64),
-    );
-    metric(
-        "csd_reads_in_flight",
-        "gauge",
-        "Raw reads being served.",
-        &one(a.io_in_flight as f64),
-    );
-    metric(
-        "csd_reads_waiting",
-        "gauge",
-        "Raw reads waiting.",
-        &one(a.io_waiting as f64),
-    );
-    metric(
-        "csd_bytes_sent_total",
-        "counter",
-        "Bytes sent by DoGet.",
-        &one(state.counters.bytes_sent.load(Ordering::Relaxed) as f64),
-    );
+    const C: &str = "counter";
+    const G: &str = "gauge";
+    let single: [(&str, &str, &str, f64); 18] = [
+        ("csd_admitted_total", C, "Operator requests run at the node.", c.admitted as f64),
+        ("csd_queued_total", C, "Admitted requests that waited in the queue first.", c.queued as f64),
+        ("csd_pushed_back_total", C, "Operator requests pushed back to the compute tier.", c.pushed_back as f64),
+        ("csd_rejected_total", C, "Requests refused with RESOURCE_EXHAUSTED.", c.rejected as f64),
+        ("csd_abandoned_total", C, "Queued requests whose client went away.", c.abandoned as f64),
+        ("csd_queue_delay_seconds_sum", C, "Total queueing delay of admitted requests.", c.queue_delay_us_sum as f64 / 1e6),
+        ("csd_queue_delay_seconds_count", C, "Admitted requests (queueing delay samples).", c.admitted as f64),
+        ("csd_queue_delay_p99_seconds", G, "p99 queueing delay of the last 1024 admitted requests.", a.queue_delay_p99_ms / 1e3),
+        ("csd_running", G, "Operator requests running now.", a.running as f64),
+        ("csd_waiting", G, "Operator requests waiting now.", a.waiting as f64),
+        ("csd_cpu_slots", G, "CPU workers for operator work (--cpus).", a.slots as f64),
+        ("csd_cpu_busy_seconds_total", C, "Slot time used by finished operator requests.", c.busy_us as f64 / 1e6),
+        ("csd_memory_budget_bytes", G, "Memory budget (--memory).", a.memory_budget as f64),
+        ("csd_memory_reserved_bytes", G, "Memory reserved by admitted requests.", a.memory_reserved as f64),
+        ("csd_operator_memory_used_bytes", G, "Memory operators hold now.", state.operators.memory_used() as f64),
+        ("csd_reads_in_flight", G, "Raw reads being served.", a.io_in_flight as f64),
+        ("csd_reads_waiting", G, "Raw reads waiting.", a.io_waiting as f64),
+        ("csd_bytes_sent_total", C, "Bytes sent by DoGet.", state.counters.bytes_sent.load(Ordering::Relaxed) as f64),
+    ];
+    for (name, kind, help, v) in single {
+        metric(name, kind, help, &[(String::new(), v)]);
+    }
     let per_op = |f: &dyn Fn(&crate::admission::CostModel) -> f64| -> Vec<(String, f64)> {
         a.costs
             .iter()

@@ -177,40 +177,27 @@ impl std::fmt::Debug for OperatorRegistry {
 /// the Flight encoder cuts a large batch into). Arrays already tight are returned
 /// as they are, so this costs one pass over the views.
 pub fn compact_views(batch: RecordBatch) -> RecordBatch {
-    use arrow::array::{Array, ArrayRef, AsArray};
-    use arrow::datatypes::DataType;
+    use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
+    use arrow::datatypes::{ByteViewType, DataType};
 
-    fn wasteful(buffers: usize, used: usize) -> bool {
-        buffers > 2 * used + 64 * 1024
+    /// The array re-packed, if it references over twice the bytes it uses.
+    fn tight<T: ByteViewType + ?Sized>(a: &GenericByteViewArray<T>) -> Option<ArrayRef> {
+        let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+        let used: usize = a.lengths().map(|l| l as usize).sum();
+        (buffers > 2 * used + 64 * 1024).then(|| Arc::new(a.gc()) as ArrayRef)
     }
     let mut changed = false;
     let columns: Vec<ArrayRef> = batch
         .columns()
         .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View => {
-                let a = c.as_string_view();
-                let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
-                let used: usize = a.lengths().map(|l| l as usize).sum();
-                if wasteful(buffers, used) {
-                    changed = true;
-                    Arc::new(a.gc()) as ArrayRef
-                } else {
-                    c.clone()
-                }
-            }
-            DataType::BinaryView => {
-                let a = c.as_binary_view();
-                let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
-                let used: usize = a.lengths().map(|l| l as usize).sum();
-                if wasteful(buffers, used) {
-                    changed = true;
-                    Arc::new(a.gc()) as ArrayRef
-                } else {
-                    c.clone()
-                }
-            }
-            _ => c.clone(),
+        .map(|c| {
+            let packed = match c.data_type() {
+                DataType::Utf8View => tight(c.as_string_view()),
+                DataType::BinaryView => tight(c.as_binary_view()),
+                _ => None,
+            };
+            changed |= packed.is_some();
+            packed.unwrap_or_else(|| c.clone())
         })
         .collect();
     if !changed {
