@@ -43,12 +43,21 @@ pub struct RequestMetrics {
     pub bytes_read: Arc<AtomicU64>,
     /// Rows the operator examined after pruning.
     pub rows_scanned: AtomicU64,
+    /// Operator-specific details for the report (e.g. the batch size it chose).
+    pub details: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl RequestMetrics {
     /// Adds `n` bytes read from the device.
     pub fn add_bytes_read(&self, n: u64) {
         self.bytes_read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets a detail of the report.
+    pub fn set_detail(&self, key: &str, value: impl ToString) {
+        if let Ok(mut d) = self.details.lock() {
+            d.insert(key.to_string(), value.to_string());
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //!
 //! Errors become gRPC statuses only through [`Error::to_status`].
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -505,14 +506,20 @@ impl FlightNode {
             // Ran to the end: its time teaches the cost model; the slot is freed here.
             permit.complete();
             drop(permit);
-            let details = [
-                ("queue_ms", waited.as_secs_f64() * 1e3),
-                ("estimate_ms", estimated.as_secs_f64() * 1e3),
-                ("estimate_bytes", estimate.bytes as f64),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), format!("{v:.3}")))
-            .collect();
+            let mut details: BTreeMap<String, String> = metrics
+                .details
+                .lock()
+                .map(|d| d.clone())
+                .unwrap_or_default();
+            details.extend(
+                [
+                    ("queue_ms", waited.as_secs_f64() * 1e3),
+                    ("estimate_ms", estimated.as_secs_f64() * 1e3),
+                    ("estimate_bytes", estimate.bytes as f64),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), format!("{v:.3}"))),
+            );
             let report = OperatorReport {
                 operator: name,
                 bytes_read: metrics.bytes_read.load(Ordering::Relaxed),
