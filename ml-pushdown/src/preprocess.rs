@@ -1,0 +1,130 @@
+//! Sample decoding and preprocessing, the same at the node and on the compute tier.
+
+use std::io::Cursor;
+
+use candle_core::{Device, Tensor};
+use image::imageops::FilterType;
+use image::{ImageReader, Limits};
+
+use crate::model::ImageSpec;
+use crate::{Error, Result};
+
+/// Largest image side we decode (a guard against decompression bombs).
+pub const MAX_IMAGE_SIDE: u32 = 16_384;
+/// Most memory one image may decode into.
+pub const MAX_IMAGE_ALLOC: u64 = 256 << 20;
+
+/// Decodes a JPEG or PNG and applies `spec`: resize the shorter side (bilinear),
+/// center crop, scale to [0, 1], normalise; writes `3 × crop × crop` floats (CHW)
+/// into `out`.
+pub fn image_into(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<()> {
+    let side = spec.crop as usize;
+    if out.len() != 3 * side * side {
+        return Err(Error::InvalidArgument(format!(
+            "preprocess: output holds {} floats, need {}",
+            out.len(),
+            3 * side * side
+        )));
+    }
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE);
+    limits.max_alloc = Some(MAX_IMAGE_ALLOC);
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| Error::InvalidArgument(format!("cannot read image: {e}")))?;
+    reader.limits(limits);
+    let img = reader
+        .decode()
+        .map_err(|e| Error::InvalidArgument(format!("cannot decode image: {e}")))?
+        .into_rgb8();
+    let (w, h) = img.dimensions();
+    if w == 0 || h == 0 {
+        return Err(Error::InvalidArgument("image is empty".into()));
+    }
+    let short = w.min(h) as f64;
+    let scale = spec.resize.max(spec.crop) as f64 / short;
+    let (nw, nh) = (
+        ((w as f64 * scale).round() as u32).max(spec.crop),
+        ((h as f64 * scale).round() as u32).max(spec.crop),
+    );
+    let resized = image::imageops::resize(&img, nw, nh, FilterType::Triangle);
+    let (x0, y0) = ((nw - spec.crop) / 2, (nh - spec.crop) / 2);
+    let plane = side * side;
+    for y in 0..side {
+        for x in 0..side {
+            let p = resized.get_pixel(x0 + x as u32, y0 + y as u32).0;
+            for c in 0..3 {
+                out[c * plane + y * side + x] = (p[c] as f32 / 255.0 - spec.mean[c]) / spec.std[c];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes and preprocesses a batch of images into one `[N, 3, crop, crop]` tensor.
+/// Images are decoded in parallel on the current rayon pool.
+pub fn images(samples: &[&[u8]], spec: &ImageSpec, device: &Device) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let [c, h, w] = spec.shape();
+    let per = c * h * w;
+    let mut buf = vec![0f32; samples.len() * per];
+    buf.par_chunks_mut(per)
+        .zip(samples.par_iter())
+        .enumerate()
+        .try_for_each(|(i, (out, bytes))| {
+            image_into(bytes, spec, out).map_err(|e| match e {
+                Error::InvalidArgument(m) => {
+                    Error::InvalidArgument(format!("sample {i} of the batch: {m}"))
+                }
+                other => other,
+            })
+        })?;
+    Ok(Tensor::from_vec(buf, (samples.len(), c, h, w), device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x % 256) as u8, (y % 256) as u8, 128])
+        });
+        let mut out = Vec::new();
+        img.write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png)
+            .expect("encode png");
+        out
+    }
+
+    #[test]
+    fn resizes_crops_and_normalises() {
+        let spec = ImageSpec {
+            resize: 8,
+            crop: 4,
+            mean: [0.5; 3],
+            std: [0.5; 3],
+        };
+        let mut out = vec![0f32; 48];
+        image_into(&png(16, 32), &spec, &mut out).expect("decodes");
+        // Blue is 128 everywhere: (128/255 - 0.5) / 0.5.
+        let blue = (128.0 / 255.0 - 0.5) / 0.5;
+        assert!(out[32..].iter().all(|v| (v - blue).abs() < 1e-6));
+        assert!(out.iter().all(|v| (-1.0..=1.0).contains(v)));
+    }
+
+    #[test]
+    fn bad_bytes_are_a_clear_error() {
+        let spec = ImageSpec::IMAGENET_224;
+        let mut out = vec![0f32; 3 * 224 * 224];
+        let e = image_into(b"definitely not an image", &spec, &mut out).unwrap_err();
+        assert!(e.to_string().contains("image"), "{e}");
+        let t = images(
+            &[&png(300, 300), b"\x89PNG\r\n\x1a\ntruncated"],
+            &spec,
+            &Device::Cpu,
+        );
+        let e = t.unwrap_err().to_string();
+        assert!(e.contains("sample 1"), "{e}");
+    }
+}

@@ -1,0 +1,381 @@
+//! The compute side: a stream of training batches.
+//!
+//! [`open`] asks every (node, partition) for stage `split - 1`'s output (`split = 0`:
+//! the encoded samples), in parallel. A partition the node pushes back is read raw and
+//! its prefix is run here, so the stream is the same either way. Rows are re-cut into
+//! the *training* batch size, independent of the node's batch size, and the remaining
+//! stages `[split, n)` run here; each [`TrainBatch`] holds `[B, D]` features.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{DataType, Float16Type, Float32Type};
+use arrow::record_batch::RecordBatch;
+use candle_core::{Device, Tensor};
+use csd_runtime::client::{self, NodeClient};
+use csd_runtime::operator::OperatorReport;
+use csd_runtime::ticket::Compression;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::dataset::{self, Samples};
+use crate::model::{Arch, StagedModel};
+use crate::operator::inputs;
+use crate::request::{FeatureRequest, FeatureType, Mode};
+use crate::{Error, Result};
+
+/// One (node, partition) of a dataset.
+#[derive(Clone)]
+pub struct Source {
+    /// The node.
+    pub client: NodeClient,
+    /// The partition.
+    pub partition: String,
+}
+
+/// What to stream.
+#[derive(Debug, Clone)]
+pub struct FeatureJob {
+    /// Dataset table.
+    pub dataset: String,
+    /// Model.
+    pub arch: Arch,
+    /// Weights table at the nodes ([`weights::ensure`](crate::weights::ensure)).
+    pub weights: String,
+    /// Stages `[0, split)` at the nodes.
+    pub split: usize,
+    /// Rows per training batch.
+    pub train_batch: usize,
+    /// Feature element type on the wire.
+    pub dtype: FeatureType,
+    /// IPC compression of the node's answer.
+    pub compression: Compression,
+    /// Only the first samples of each partition.
+    pub limit: Option<u64>,
+    /// Cap on the node batch.
+    pub max_node_batch: Option<usize>,
+}
+
+/// One training batch.
+#[derive(Debug, Clone)]
+pub struct TrainBatch {
+    /// Sample ids.
+    pub ids: Vec<u64>,
+    /// Labels.
+    pub labels: Vec<i64>,
+    /// `[B, D]` float32 features (the model's last stage, flattened).
+    pub features: Tensor,
+}
+
+/// Figures of a feature stream.
+#[derive(Debug, Default)]
+pub struct FeatureStats {
+    /// Bytes received (Flight data for features; encoded samples for raw reads).
+    pub bytes_received: AtomicU64,
+    /// Partitions the nodes pushed back (computed here).
+    pub pushed_back: AtomicU64,
+    /// Samples streamed.
+    pub samples: AtomicU64,
+    /// The nodes' reports.
+    pub reports: Mutex<Vec<OperatorReport>>,
+}
+
+/// Rows at the split boundary: `x` is `[B, ...]` entering stage `split`.
+struct Boundary {
+    ids: Vec<u64>,
+    labels: Vec<i64>,
+    x: Tensor,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Node(csd_runtime::Error::Internal(format!("worker failed: {e}"))))?
+}
+
+/// Reads a partition raw and runs the prefix here.
+async fn local_prefix(
+    src: Source,
+    job: FeatureJob,
+    model: Arc<dyn StagedModel>,
+    stats: Arc<FeatureStats>,
+) -> Result<BoxStream<'static, Result<Boundary>>> {
+    let raw = src
+        .client
+        .scan(
+            &job.dataset,
+            Some(&src.partition),
+            &[dataset::ID, dataset::LABEL, dataset::DATA],
+        )
+        .await?
+        .map_err(|e| Error::Client(client::Error::from(e)));
+    let mut left = job.limit.unwrap_or(u64::MAX);
+    let s = raw
+        .try_take_while(move |_| futures::future::ready(Ok(left > 0)))
+        .map_ok(move |b: RecordBatch| {
+            let take = (b.num_rows() as u64).min(left);
+            left -= take;
+            b.slice(0, take as usize)
+        })
+        .and_then(move |b| {
+            let (model, stats, split) = (model.clone(), stats.clone(), job.split);
+            async move {
+                blocking(move || {
+                    let s = Samples::from_batch(&b)?;
+                    let raw: u64 = s.bytes()?.iter().map(|d| d.len() as u64).sum();
+                    stats.bytes_received.fetch_add(raw, Ordering::Relaxed);
+                    let x = model.forward_range(&inputs(model.arch(), &s)?, 0, split)?;
+                    Ok(Boundary {
+                        ids: s.ids,
+                        labels: s.labels,
+                        x,
+                    })
+                })
+                .await
+            }
+        });
+    Ok(s.boxed())
+}
+
+fn features_tensor(b: &RecordBatch, shape: &[usize]) -> Result<Tensor> {
+    let col = b
+        .column_by_name("features")
+        .ok_or_else(|| Error::InvalidArgument("node answer lacks the features column".into()))?;
+    let list = col
+        .as_fixed_size_list_opt()
+        .ok_or_else(|| Error::InvalidArgument("features are not a fixed-size list".into()))?;
+    let n = list.len();
+    let values = list.values();
+    let mut dims = vec![n];
+    dims.extend_from_slice(shape);
+    if values.len() != dims.iter().product::<usize>() {
+        return Err(Error::InvalidArgument(format!(
+            "node sent {} feature values for {n} rows of shape {shape:?}",
+            values.len()
+        )));
+    }
+    let t = match values.data_type() {
+        DataType::Float32 => Tensor::from_slice(
+            values.as_primitive::<Float32Type>().values(),
+            dims,
+            &Device::Cpu,
+        )?,
+        DataType::Float16 => Tensor::from_slice(
+            values.as_primitive::<Float16Type>().values(),
+            dims,
+            &Device::Cpu,
+        )?
+        .to_dtype(candle_core::DType::F32)?,
+        other => return Err(Error::InvalidArgument(format!("features are {other}"))),
+    };
+    Ok(t)
+}
+
+async fn partition(
+    src: Source,
+    job: FeatureJob,
+    model: Arc<dyn StagedModel>,
+    stats: Arc<FeatureStats>,
+) -> Result<BoxStream<'static, Result<Boundary>>> {
+    if job.split == 0 {
+        return local_prefix(src, job, model, stats).await;
+    }
+    let req = FeatureRequest {
+        dataset: job.dataset.clone(),
+        partition: src.partition.clone(),
+        model: job.arch,
+        weights: job.weights.clone(),
+        split: job.split,
+        dtype: job.dtype,
+        max_batch: job.max_node_batch,
+        limit: job.limit,
+        mode: Mode::Features,
+    };
+    let reply = match src
+        .client
+        .operator("ml", req.encode(), job.compression)
+        .await
+    {
+        Ok(r) => r,
+        Err(client::Error::PushedBack(p)) => {
+            tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");
+            stats.pushed_back.fetch_add(1, Ordering::Relaxed);
+            return local_prefix(src, job, model, stats).await;
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let shape = model.shape_before(job.split);
+    let reply_stats = reply.stats.clone();
+    let counted = Arc::new(AtomicU64::new(0));
+    let count = {
+        let (reply_stats, stats, counted) = (reply_stats.clone(), stats.clone(), counted.clone());
+        move || {
+            let got = reply_stats.bytes_received.load(Ordering::Relaxed);
+            let before = counted.swap(got, Ordering::Relaxed);
+            stats
+                .bytes_received
+                .fetch_add(got.saturating_sub(before), Ordering::Relaxed);
+        }
+    };
+    let batches = reply.batches.map_err(Error::from).map({
+        let count = count.clone();
+        move |b| {
+            count();
+            let b = b?;
+            let x = features_tensor(&b, &shape)?;
+            let (ids, labels) = ids_labels(&b)?;
+            Ok(Some(Boundary { ids, labels, x }))
+        }
+    });
+    // After the last batch: the node's report, and the bytes of its message.
+    let tail = futures::stream::once(async move {
+        count();
+        if let Some(r) = reply_stats.report()
+            && let Ok(mut v) = stats.reports.lock()
+        {
+            v.push(r);
+        }
+        Ok(None)
+    });
+    let s = batches
+        .chain(tail)
+        .try_filter_map(|b| futures::future::ready(Ok(b)));
+    Ok(s.boxed())
+}
+
+fn ids_labels(b: &RecordBatch) -> Result<(Vec<u64>, Vec<i64>)> {
+    let bad = || Error::InvalidArgument("node answer lacks UInt64 ids or Int64 labels".into());
+    let ids = b
+        .column_by_name(dataset::ID)
+        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>())
+        .ok_or_else(bad)?;
+    let labels = b
+        .column_by_name(dataset::LABEL)
+        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Int64Type>())
+        .ok_or_else(bad)?;
+    Ok((ids.values().to_vec(), labels.values().to_vec()))
+}
+
+/// Opens the feature stream over `sources`; `model` runs the stages kept here.
+pub fn open(
+    sources: Vec<Source>,
+    job: FeatureJob,
+    model: Arc<dyn StagedModel>,
+) -> Result<(BoxStream<'static, Result<TrainBatch>>, Arc<FeatureStats>)> {
+    let n = model.stages().len();
+    if job.split > n {
+        return Err(Error::InvalidArgument(format!(
+            "split {} is out of range for {} (0..={n})",
+            job.split, job.arch
+        )));
+    }
+    if job.train_batch == 0 {
+        return Err(Error::InvalidArgument(
+            "training batch size must be positive".into(),
+        ));
+    }
+    let stats = Arc::new(FeatureStats::default());
+    let parts = futures::stream::iter(sources.into_iter().map({
+        let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
+        move |src| partition(src, job.clone(), model.clone(), stats.clone())
+    }))
+    .buffer_unordered(usize::MAX)
+    .try_flatten_unordered(None)
+    .boxed();
+    struct State {
+        input: BoxStream<'static, Result<Boundary>>,
+        pending: VecDeque<Boundary>,
+        rows: usize,
+        done: bool,
+    }
+    let train = job.train_batch;
+    let split = job.split;
+    let out_stats = stats.clone();
+    let s = futures::stream::try_unfold(
+        State {
+            input: parts,
+            pending: VecDeque::new(),
+            rows: 0,
+            done: false,
+        },
+        move |mut st| {
+            let (model, stats) = (model.clone(), out_stats.clone());
+            async move {
+                loop {
+                    if st.rows >= train || (st.done && st.rows > 0) {
+                        let take = st.rows.min(train);
+                        let (ids, labels, parts) = cut(&mut st.pending, take)?;
+                        st.rows -= take;
+                        let model = model.clone();
+                        let features = blocking(move || {
+                            let x = if parts.len() == 1 {
+                                parts.into_iter().next().unwrap_or_else(|| unreachable!())
+                            } else {
+                                Tensor::cat(&parts, 0)?
+                            };
+                            let y = model.forward_range(&x, split, n)?;
+                            Ok(y.flatten_from(1)?)
+                        })
+                        .await?;
+                        stats.samples.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                        return Ok(Some((
+                            TrainBatch {
+                                ids,
+                                labels,
+                                features,
+                            },
+                            st,
+                        )));
+                    }
+                    if st.done {
+                        return Ok(None);
+                    }
+                    match st.input.try_next().await? {
+                        Some(b) => {
+                            st.rows += b.ids.len();
+                            if !b.ids.is_empty() {
+                                st.pending.push_back(b);
+                            }
+                        }
+                        None => st.done = true,
+                    }
+                }
+            }
+        },
+    );
+    Ok((s.boxed(), stats))
+}
+
+/// Takes the first `take` rows off the queue (splitting a chunk if needed).
+fn cut(
+    pending: &mut VecDeque<Boundary>,
+    mut take: usize,
+) -> Result<(Vec<u64>, Vec<i64>, Vec<Tensor>)> {
+    let (mut ids, mut labels, mut parts) = (Vec::new(), Vec::new(), Vec::new());
+    while take > 0 {
+        let Some(mut b) = pending.pop_front() else {
+            break;
+        };
+        let n = b.ids.len();
+        if n <= take {
+            ids.append(&mut b.ids);
+            labels.append(&mut b.labels);
+            parts.push(b.x);
+            take -= n;
+        } else {
+            ids.extend(b.ids.drain(..take));
+            labels.extend(b.labels.drain(..take));
+            parts.push(b.x.narrow(0, 0, take)?);
+            let rest = b.x.narrow(0, take, n - take)?;
+            pending.push_front(Boundary {
+                ids: b.ids,
+                labels: b.labels,
+                x: rest,
+            });
+            take = 0;
+        }
+    }
+    Ok((ids, labels, parts))
+}

