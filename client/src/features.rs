@@ -182,23 +182,24 @@ pub async fn plan_inputs(
         .and_then(|r| r.details.get("profile").cloned())
         .and_then(|p| serde_json::from_str(&p).ok())
         .ok_or_else(|| Error::Protocol("the node's profile report is missing".into()))?;
-    // The same samples here; the raw read also measures the link.
+    // The same samples here; reading the first batch (not the partition) also
+    // measures the link.
     let t = Instant::now();
-    let first: Vec<arrow::record_batch::RecordBatch> = src
+    let first = src
         .client
         .scan(dataset, Some(&src.partition), &[])
         .await?
-        .map_err(Error::from)
-        .try_collect()
-        .await?;
+        .try_next()
+        .await?
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "dataset {dataset} partition {} is empty",
+                src.partition
+            ))
+        })?;
     let secs = t.elapsed().as_secs_f64();
-    let bytes: usize = first.iter().map(|b| b.get_array_memory_size()).sum();
-    let link_bps = bytes as f64 / secs.max(1e-6);
-    let take: Vec<_> = first
-        .iter()
-        .map(|b| b.slice(0, b.num_rows().min(ml_op::PROFILE_SAMPLES)))
-        .take(1)
-        .collect();
+    let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
+    let take = vec![first.slice(0, first.num_rows().min(ml_op::PROFILE_SAMPLES))];
     let m = model.clone();
     let compute = tokio::task::spawn_blocking(move || ml_op::profile(m.as_ref(), &take))
         .await

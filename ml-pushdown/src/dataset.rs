@@ -73,29 +73,14 @@ pub struct Samples {
 impl Samples {
     /// Takes a batch of a dataset table apart.
     pub fn from_batch(b: &RecordBatch) -> Result<Self> {
-        let col = |n: &str| {
-            b.column_by_name(n)
-                .cloned()
-                .ok_or_else(|| Error::InvalidArgument(format!("dataset batch lacks column {n}")))
-        };
-        let ids = col(ID)?;
-        let labels = col(LABEL)?;
-        let data = col(DATA)?;
-        if ids.null_count() + labels.null_count() + data.null_count() > 0 {
-            return Err(Error::InvalidArgument(
-                "dataset has null ids, labels or samples".into(),
-            ));
+        let (ids, labels) = ids_labels(b)?;
+        let data = b
+            .column_by_name(DATA)
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("dataset batch lacks column {DATA}")))?;
+        if data.null_count() > 0 {
+            return Err(Error::InvalidArgument("dataset has null samples".into()));
         }
-        let ids = ids
-            .as_primitive_opt::<arrow::datatypes::UInt64Type>()
-            .ok_or_else(|| Error::InvalidArgument("id column is not UInt64".into()))?
-            .values()
-            .to_vec();
-        let labels = labels
-            .as_primitive_opt::<arrow::datatypes::Int64Type>()
-            .ok_or_else(|| Error::InvalidArgument("label column is not Int64".into()))?
-            .values()
-            .to_vec();
         Ok(Samples { ids, labels, data })
     }
 
@@ -134,6 +119,25 @@ impl Samples {
                 )));
             }
         })
+    }
+}
+
+/// The `id` (UInt64) and `label` (Int64) columns of a dataset or features batch.
+pub fn ids_labels(b: &RecordBatch) -> Result<(Vec<u64>, Vec<i64>)> {
+    let ids = b
+        .column_by_name(ID)
+        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>());
+    let labels = b
+        .column_by_name(LABEL)
+        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Int64Type>());
+    match (ids, labels) {
+        (Some(i), Some(l)) if i.null_count() + l.null_count() == 0 => {
+            Ok((i.values().to_vec(), l.values().to_vec()))
+        }
+        (Some(_), Some(_)) => Err(Error::InvalidArgument("null ids or labels".into())),
+        _ => Err(Error::InvalidArgument(format!(
+            "batch lacks a UInt64 {ID} or an Int64 {LABEL} column"
+        ))),
     }
 }
 

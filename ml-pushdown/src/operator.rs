@@ -171,12 +171,7 @@ impl MlOperator {
         })?;
         let batches = read_table(
             ctx,
-            &table
-                .partitions
-                .values()
-                .flatten()
-                .cloned()
-                .collect::<Vec<_>>(),
+            table.partitions.values().flatten().cloned().collect(),
             8,
             None,
         )
@@ -365,7 +360,7 @@ impl Operator for MlOperator {
         let guard = MemoryGuard(self.memory_used.clone(), plan.memory);
         if r.mode == Mode::Profile {
             let limit = Some(PROFILE_SAMPLES as u64);
-            let batches = read_table(&ctx, &objects, PROFILE_SAMPLES, limit).await?;
+            let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
             let profile = pool.install(|| profile(model.as_ref(), &batches))?;
             ctx.metrics.set_detail(
                 "profile",

@@ -225,7 +225,7 @@ async fn partition(
             count();
             let b = b?;
             let x = features_tensor(&b, &shape)?;
-            let (ids, labels) = ids_labels(&b)?;
+            let (ids, labels) = dataset::ids_labels(&b)?;
             Ok(Some(Boundary { ids, labels, x }))
         }
     });
@@ -243,19 +243,6 @@ async fn partition(
         .chain(tail)
         .try_filter_map(|b| futures::future::ready(Ok(b)));
     Ok(s.boxed())
-}
-
-fn ids_labels(b: &RecordBatch) -> Result<(Vec<u64>, Vec<i64>)> {
-    let bad = || Error::InvalidArgument("node answer lacks UInt64 ids or Int64 labels".into());
-    let ids = b
-        .column_by_name(dataset::ID)
-        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>())
-        .ok_or_else(bad)?;
-    let labels = b
-        .column_by_name(dataset::LABEL)
-        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Int64Type>())
-        .ok_or_else(bad)?;
-    Ok((ids.values().to_vec(), labels.values().to_vec()))
 }
 
 /// Opens the feature stream over `sources`; `model` runs the stages kept here.

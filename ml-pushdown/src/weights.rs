@@ -101,14 +101,3 @@ pub async fn ensure(client: &NodeClient, bytes: &[u8]) -> Result<String> {
     client.put(&name, "0", schema(), stream).await?;
     Ok(name)
 }
-
-/// Reads a weights table through a client (the compute side's copy).
-pub async fn fetch(client: &NodeClient, table: &str) -> Result<Vec<u8>> {
-    let batches: Vec<RecordBatch> = client
-        .scan(table, None, &[])
-        .await?
-        .map_err(csd_runtime::client::Error::from)
-        .try_collect()
-        .await?;
-    from_batches(table, &batches)
-}
