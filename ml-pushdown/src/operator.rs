@@ -189,13 +189,11 @@ impl MlOperator {
 /// Reads `objects` in order (first `limit` rows), `batch` rows at a time, counting bytes.
 async fn read_table(
     ctx: &OperatorContext,
-    objects: &[ParquetObject],
+    objects: Vec<ParquetObject>,
     batch: usize,
     limit: Option<u64>,
 ) -> Result<Vec<RecordBatch>> {
-    read_stream(ctx, objects.to_vec(), batch, limit)?
-        .try_collect()
-        .await
+    read_stream(ctx, objects, batch, limit)?.try_collect().await
 }
 
 fn read_stream(

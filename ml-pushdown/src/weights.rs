@@ -11,7 +11,6 @@ use arrow::array::{Array, AsArray, BinaryArray, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use arrow::record_batch::RecordBatch;
 use csd_runtime::client::NodeClient;
-use futures::TryStreamExt;
 
 use crate::{Error, Result};
 
