@@ -94,6 +94,31 @@ enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Emulated clusters from scenario files (`testbed/scenarios/*.toml`): start
+    /// nodes on 127.0.0.1 behind throttled links, run the workload under each policy,
+    /// write report.md, report.json and SVG plots.
+    #[command(subcommand)]
+    Testbed(TestbedCmd),
+}
+
+#[derive(Subcommand)]
+enum TestbedCmd {
+    /// Run a scenario.
+    Run {
+        /// The scenario file.
+        scenario: PathBuf,
+        /// Report folder (default: testbed-out/<scenario name>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Smaller data, shorter runs, two values per swept axis.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Check a scenario file and list the runs it would make.
+    Check {
+        /// The scenario file.
+        scenario: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -510,14 +535,22 @@ async fn run(cli: Cli) -> Result<()> {
             for n in &nodes {
                 clients.push(NodeClient::connect(n).await?);
             }
+            let bar = ProgressBar::new_spinner().with_style(
+                ProgressStyle::with_template("{spinner} storing {pos} images {per_sec}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
             let (n, classes) = csd_client::features::put_images(
                 &clients,
                 &table,
                 &dir,
                 labels.as_deref(),
                 partitions,
+                1,
+                |k| bar.inc(k),
             )
-            .await?;
+            .await
+            .map_err(csd_client::features::ml)?;
+            bar.finish_and_clear();
             println!(
                 "stored {n} images of {} classes into {table} ({partitions} partitions over {} nodes); labels: {}",
                 classes.len(),
@@ -598,6 +631,7 @@ async fn run(cli: Cli) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             Ok(())
         }
+        Command::Testbed(cmd) => testbed(cmd).await,
         Command::Demo {
             scale,
             device,
@@ -616,7 +650,10 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_) | Command::Demo { .. }) {
+    if !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Demo { .. } | Command::Testbed(_)
+    ) {
         // Pure client commands behave like other Unix tools under `csd ls | head`: end
         // quietly on a closed pipe instead of panicking in println!. Not where a node is
         // hosted: a peer closing its socket would then kill the node.
@@ -653,13 +690,53 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+async fn testbed(cmd: TestbedCmd) -> Result<()> {
+    use csd_testbed::scenario::{Scenario, label};
+    let tb = |e: csd_testbed::Error| Error::InvalidInput(e.to_string());
+    match cmd {
+        TestbedCmd::Check { scenario } => {
+            let s = Scenario::from_file(&scenario).map_err(tb)?;
+            let points = s.points();
+            println!(
+                "{}: {} policies × {} points = {} runs, each stopped after {} s",
+                s.name,
+                s.policies.len(),
+                points.len(),
+                s.policies.len() * points.len(),
+                s.timeout_s
+            );
+            for p in &points {
+                println!("  {}", label(p));
+            }
+            Ok(())
+        }
+        TestbedCmd::Run {
+            scenario,
+            out,
+            quick,
+        } => {
+            let s = Scenario::from_file(&scenario).map_err(tb)?;
+            let out = out.unwrap_or_else(|| PathBuf::from("testbed-out").join(&s.name));
+            let opts = csd_testbed::RunOptions {
+                out: out.clone(),
+                quick,
+                progress: true,
+            };
+            let report = csd_testbed::run(s, &opts).await.map_err(tb)?;
+            println!("\n{}", report.headline.join("\n"));
+            println!("report: {}", out.join("report.md").display());
+            Ok(())
+        }
+    }
+}
+
 async fn features(args: FeaturesArgs) -> Result<()> {
     use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
     let arch: csd_ml_pushdown::Arch = args
         .model
         .parse()
         .map_err(|e: csd_ml_pushdown::Error| Error::InvalidInput(e.to_string()))?;
-    let split: SplitChoice = args.split.parse()?;
+    let split: SplitChoice = args.split.parse().map_err(csd_client::features::ml)?;
     let weights = std::fs::read(&args.weights)
         .map_err(|e| Error::InvalidInput(format!("{}: {e}", args.weights.display())))?;
     let mut clients = Vec::new();
@@ -679,7 +756,9 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         compression: args.compression.parse()?,
     };
     let started = std::time::Instant::now();
-    let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
+    let (stream, run) = features(&clients, &weights, &opts, args.explain)
+        .await
+        .map_err(csd_client::features::ml)?;
     if let Some(p) = &run.plan
         && args.explain
     {

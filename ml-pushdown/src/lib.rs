@@ -15,10 +15,13 @@
 //! * [`planner`]: per-split predicted epoch time from FLOPs, measured rates, load and
 //!   link bandwidth; picks the least.
 //! * [`train`]: a linear head trained on streamed features (AdamW).
+//! * [`job`]: a whole feature job from the compute tier: load a dataset, measure,
+//!   plan the split, open the stream (the `csd` CLI and the testbed use it).
 //! * [`stream`]: the compute side: a feature stream in the training batch size, with
 //!   the remaining layers run here and pushed-back partitions computed here.
 
 pub mod dataset;
+pub mod job;
 pub mod model;
 pub mod operator;
 pub mod planner;

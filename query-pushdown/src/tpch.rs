@@ -106,15 +106,31 @@ pub async fn load(
     nodes: &[NodeClient],
     scale: f64,
     parts_per_node: usize,
+    progress: impl FnMut(&str, u64),
+) -> Result<(), csd_runtime::client::Error> {
+    let parts = parts_per_node.max(1) * nodes.len().max(1);
+    load_parts(nodes, scale, parts, progress).await
+}
+
+/// Like [`load`], with `parts` partitions per table in all, whatever the node count:
+/// the same data on 1 node or 8.
+pub async fn load_parts(
+    nodes: &[NodeClient],
+    scale: f64,
+    parts: usize,
     mut progress: impl FnMut(&str, u64),
 ) -> Result<(), csd_runtime::client::Error> {
-    let n = nodes.len().max(1);
-    let parts = (parts_per_node.max(1) * n) as i32;
+    if nodes.is_empty() {
+        return Err(csd_runtime::client::Error::InvalidInput(
+            "no storage nodes to load TPC-H into".into(),
+        ));
+    }
+    let n = nodes.len();
     for table in TABLES {
         let parts = if matches!(table, "nation" | "region") {
             1
         } else {
-            parts
+            parts.max(1) as i32
         };
         for p in 0..parts {
             let (schema, batches) = generate(table, scale, p + 1, parts)?;

@@ -1,0 +1,303 @@
+//! The compute side of a feature job, as the `csd` CLI and the testbed run it: load
+//! image datasets, measure what the planner needs, pick the split, open the stream.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use candle_core::Device;
+use csd_runtime::client::{Error as ClientError, NodeClient};
+use csd_runtime::ticket::Compression;
+use futures::TryStreamExt;
+
+use crate::dataset::{self, image_folder};
+use crate::model::StagedModel;
+use crate::operator::{self as ml_op};
+use crate::planner::{self, Plan, PlanInputs, Profile};
+use crate::request::{FeatureRequest, FeatureType, Mode};
+use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
+use crate::{Arch, Error, Result, weights};
+
+fn protocol(m: impl Into<String>) -> Error {
+    Error::Client(ClientError::Protocol(m.into()))
+}
+
+/// Samples per `DoPut` batch when loading images.
+const PUT_BATCH: usize = 64;
+
+/// Stores a folder of images as dataset `table`, spread round-robin over `partitions`
+/// partitions (partition `i` on node `i % nodes`), every sample `repeat` times (ids
+/// stay unique). `progress(n)` is called as `n` more samples are read. Returns
+/// (samples stored, class names).
+pub async fn put_images(
+    clients: &[NodeClient],
+    table: &str,
+    dir: &Path,
+    labels: Option<&Path>,
+    partitions: usize,
+    repeat: usize,
+    mut progress: impl FnMut(u64),
+) -> Result<(usize, Vec<String>)> {
+    if clients.is_empty() {
+        return Err(Error::InvalidArgument("no storage nodes given".into()));
+    }
+    let mut folder = image_folder(dir, labels)?;
+    let one = folder.samples.clone();
+    for _ in 1..repeat.max(1) {
+        folder.samples.extend(one.iter().cloned());
+    }
+    let parts = partitions.max(1);
+    for p in 0..parts {
+        let client = &clients[p % clients.len()];
+        let mine: Vec<(u64, &(std::path::PathBuf, i64))> = folder
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % parts == p)
+            .map(|(i, s)| (i as u64, s))
+            .collect();
+        let mut batches = Vec::new();
+        for chunk in mine.chunks(PUT_BATCH) {
+            let bytes: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|(_, (path, _))| {
+                    std::fs::read(path)
+                        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+                })
+                .collect::<Result<_>>()?;
+            let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+            let ids: Vec<u64> = chunk.iter().map(|(i, _)| *i).collect();
+            let labels: Vec<i64> = chunk.iter().map(|(_, (_, l))| *l).collect();
+            batches.push(Ok(dataset::batch(&ids, &labels, &refs)?));
+            progress(chunk.len() as u64);
+        }
+        if !batches.is_empty() {
+            client
+                .put(
+                    table,
+                    &p.to_string(),
+                    dataset::image_schema(),
+                    futures::stream::iter(batches),
+                )
+                .await?;
+        }
+    }
+    Ok((folder.samples.len(), folder.classes))
+}
+
+/// Every (node, partition) holding `dataset`, and its sample count.
+pub async fn sources(clients: &[NodeClient], dataset: &str) -> Result<(Vec<Source>, u64)> {
+    let mut out = Vec::new();
+    let mut rows = 0;
+    for c in clients {
+        match c.table(dataset).await {
+            Ok(t) => {
+                dataset::check_schema(dataset, &t.schema)?;
+                for p in &t.description.partitions {
+                    rows += p.rows;
+                    out.push(Source {
+                        client: c.clone(),
+                        partition: p.name.clone(),
+                    });
+                }
+            }
+            Err(e) if e.code() == Some(tonic::Code::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "no node holds dataset {dataset}"
+        )));
+    }
+    Ok((out, rows))
+}
+
+/// How to choose the split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitChoice {
+    /// The planner's least predicted epoch time.
+    Auto,
+    /// Stages `[0, k)` at the node.
+    Fixed(usize),
+    /// Nothing at the node: ship the samples.
+    None,
+    /// Every feature stage at the node.
+    Full,
+}
+
+impl std::str::FromStr for SplitChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => SplitChoice::Auto,
+            "none" => SplitChoice::None,
+            "full" => SplitChoice::Full,
+            n => SplitChoice::Fixed(n.parse().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "--split must be auto, none, full or a stage number, not {n:?}"
+                ))
+            })?),
+        })
+    }
+}
+
+/// Measures what the planner needs: the node's and this machine's per-stage times on
+/// the first samples, the link's bandwidth, and the node's free CPU share.
+pub async fn plan_inputs(
+    src: &Source,
+    samples: u64,
+    dataset: &str,
+    model: &Arc<dyn StagedModel>,
+    weights_table: &str,
+    dtype: FeatureType,
+) -> Result<PlanInputs> {
+    let arch = model.arch();
+    // The node's profile (a zero-row request whose report carries the timings).
+    let req = FeatureRequest {
+        dataset: dataset.into(),
+        partition: src.partition.clone(),
+        model: arch,
+        weights: weights_table.into(),
+        split: model.stages().len(),
+        dtype,
+        max_batch: None,
+        limit: None,
+        mode: Mode::Profile,
+    };
+    let reply = src
+        .client
+        .operator("ml", req.encode(), Compression::None)
+        .await?;
+    let stats = reply.stats.clone();
+    let _: Vec<_> = reply.batches.try_collect().await?;
+    let node: Profile = stats
+        .report()
+        .and_then(|r| r.details.get("profile").cloned())
+        .and_then(|p| serde_json::from_str(&p).ok())
+        .ok_or_else(|| protocol("the node's profile report is missing"))?;
+    // The same samples here; reading the first batch (not the partition) also
+    // measures the link.
+    let t = Instant::now();
+    let first = src
+        .client
+        .scan(dataset, Some(&src.partition), &[])
+        .await?
+        .try_next()
+        .await
+        .map_err(ClientError::from)?
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "dataset {dataset} partition {} is empty",
+                src.partition
+            ))
+        })?;
+    let secs = t.elapsed().as_secs_f64();
+    let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
+    let take = vec![first.slice(0, first.num_rows().min(ml_op::PROFILE_SAMPLES))];
+    let m = model.clone();
+    let compute = tokio::task::spawn_blocking(move || ml_op::profile(m.as_ref(), &take))
+        .await
+        .map_err(|e| protocol(e.to_string()))??;
+    let a = &src.client.stats().await?["admission"];
+    let (slots, running, waiting) = (
+        a["slots"].as_u64().unwrap_or(1).max(1) as f64,
+        a["running"].as_u64().unwrap_or(0) as f64,
+        a["waiting"].as_u64().unwrap_or(0) as f64,
+    );
+    Ok(PlanInputs {
+        samples,
+        stages: arch.stages(),
+        node,
+        node_share: (1.0 - (running + waiting) / slots).max(1.0 / (1.0 + running + waiting)),
+        compute,
+        link_bps,
+        feature_bytes: dtype.bytes(),
+        batch: ml_op::DEFAULT_NODE_BATCH as u64,
+    })
+}
+
+/// Options of [`features`].
+#[derive(Debug, Clone)]
+pub struct FeaturesOptions {
+    /// Dataset table.
+    pub dataset: String,
+    /// Model.
+    pub arch: Arch,
+    /// Split choice.
+    pub split: SplitChoice,
+    /// Training batch size.
+    pub train_batch: usize,
+    /// Wire element type.
+    pub dtype: FeatureType,
+    /// IPC compression.
+    pub compression: Compression,
+}
+
+/// The outcome of [`features`].
+pub struct FeaturesRun {
+    /// Split used.
+    pub split: usize,
+    /// The plan, when the split was chosen automatically or explained.
+    pub plan: Option<Plan>,
+    /// Figures of the stream.
+    pub stats: Arc<FeatureStats>,
+}
+
+/// Uploads weights if needed, picks the split and opens the feature stream.
+pub async fn features(
+    clients: &[NodeClient],
+    weights_bytes: &[u8],
+    opts: &FeaturesOptions,
+    explain: bool,
+) -> Result<(
+    futures::stream::BoxStream<'static, Result<TrainBatch>>,
+    FeaturesRun,
+)> {
+    let model: Arc<dyn StagedModel> =
+        Arc::from(opts.arch.load(weights_bytes, &Device::Cpu)?);
+    let (srcs, samples) = sources(clients, &opts.dataset).await?;
+    let mut table = String::new();
+    for c in clients {
+        table = weights::ensure(c, weights_bytes).await?;
+    }
+    let n = model.stages().len();
+    let plan = if opts.split == SplitChoice::Auto || explain {
+        let inputs =
+            plan_inputs(&srcs[0], samples, &opts.dataset, &model, &table, opts.dtype).await?;
+        Some(planner::plan(&inputs))
+    } else {
+        None
+    };
+    let split = match opts.split {
+        SplitChoice::Auto => plan.as_ref().map(|p| p.split()).unwrap_or(n),
+        SplitChoice::None => 0,
+        SplitChoice::Full => n,
+        SplitChoice::Fixed(k) if k <= n => k,
+        SplitChoice::Fixed(k) => {
+            return Err(Error::InvalidArgument(format!(
+                "--split {k} is past the last stage ({n}) of {}",
+                opts.arch
+            )));
+        }
+    };
+    let job = FeatureJob {
+        dataset: opts.dataset.clone(),
+        arch: opts.arch,
+        weights: table,
+        split,
+        train_batch: opts.train_batch,
+        dtype: opts.dtype,
+        compression: opts.compression,
+        limit: None,
+        max_node_batch: None,
+    };
+    let (s, stats) = stream::open(srcs, job, model)?;
+    Ok((s, FeaturesRun { split, plan, stats }))
+}
+
+/// Bytes received so far.
+pub fn received(stats: &FeatureStats) -> u64 {
+    stats.bytes_received.load(Ordering::Relaxed)
+}

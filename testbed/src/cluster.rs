@@ -1,0 +1,266 @@
+//! An emulated cluster on this machine: real `csd-runtime` nodes on 127.0.0.1, each
+//! on an emulated NVMe device, each reached through its own [`ThrottledLink`].
+//!
+//! Nodes and data outlive a run: runs that need the same nodes (same shape, same
+//! admission policy, same data) reuse them, with fresh links so that every run's
+//! byte counters start at zero. Data is loaded directly, not through the links.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use csd_runtime::admission::Policy;
+use csd_runtime::client::NodeClient;
+use csd_runtime::node::{self, NodeConfig, RunningNode};
+use serde::Serialize;
+
+use crate::link::{LinkSpec, ThrottledLink};
+use crate::scenario::{DataSpec, Scenario};
+use crate::{Error, Result};
+
+/// What makes two runs' nodes interchangeable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeKey {
+    count: usize,
+    cpus: usize,
+    memory: String,
+    capacity: String,
+    queue_target_ms: f64,
+    device: String,
+    policy: Policy,
+    data: String,
+    partitions: usize,
+}
+
+impl NodeKey {
+    /// The nodes `s` needs, under node admission `policy`.
+    pub fn of(s: &Scenario, policy: Policy) -> Result<Self> {
+        Ok(NodeKey {
+            count: s.nodes.count,
+            cpus: s.nodes.cpus,
+            memory: s.nodes.memory.clone(),
+            capacity: s.nodes.capacity.clone(),
+            queue_target_ms: s.nodes.queue_target_ms,
+            device: s.device_spec()?,
+            policy,
+            data: format!("{:?}", s.data),
+            partitions: s.partitions(),
+        })
+    }
+}
+
+/// Running nodes holding the scenario's data.
+pub struct Cluster {
+    /// How they were made.
+    pub key: NodeKey,
+    nodes: Vec<RunningNode>,
+    /// Direct (unthrottled) clients, one per node.
+    pub direct: Vec<NodeClient>,
+    /// Samples (images) or rows (lineitem) loaded.
+    pub loaded: u64,
+    /// Seconds spent loading.
+    pub load_s: f64,
+    /// Measured SQL capacity (queries/s), once asked for.
+    pub capacity_qps: Option<f64>,
+}
+
+impl Cluster {
+    /// Starts the nodes and loads the data. `progress` gets a line now and then.
+    pub async fn start(
+        s: &Scenario,
+        key: NodeKey,
+        mut progress: impl FnMut(String),
+    ) -> Result<Self> {
+        let mut nodes = Vec::new();
+        let mut direct = Vec::new();
+        for i in 0..s.nodes.count {
+            let config = NodeConfig {
+                device: key.device.clone(),
+                capacity: Some(s.nodes.capacity.clone()),
+                listen: "127.0.0.1:0".into(),
+                cpus: s.nodes.cpus,
+                memory: s.nodes.memory.clone(),
+                format: true,
+                policy: key.policy,
+                queue_target_ms: s.nodes.queue_target_ms,
+                ..NodeConfig::default()
+            };
+            let operators = csd_query_pushdown::registry()
+                .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+            let n = node::start_with(&config, operators)
+                .await
+                .map_err(|e| Error::Cluster(format!("starting node {i}: {e}")))?;
+            direct.push(NodeClient::connect(&n.url).await?);
+            nodes.push(n);
+        }
+        let t = Instant::now();
+        let parts = s.partitions();
+        let loaded = match &s.data {
+            DataSpec::Tpch { scale, .. } => {
+                let mut rows = 0;
+                csd_query_pushdown::tpch::load_parts(&direct, *scale, parts, |table, r| {
+                    if table == "lineitem" {
+                        rows += r;
+                    }
+                    progress(format!("loading TPC-H SF {scale}: {table}"));
+                })
+                .await?;
+                rows
+            }
+            DataSpec::Images {
+                dir,
+                labels,
+                repeat,
+                ..
+            } => {
+                let dir = dir
+                    .clone()
+                    .unwrap_or_else(|| csd_ml_pushdown::assets_dir().join("textures/train"));
+                if !dir.is_dir() {
+                    return Err(Error::Scenario(format!(
+                        "data.dir: {} is not a folder (run scripts/setup-ml.sh for the default textures)",
+                        dir.display()
+                    )));
+                }
+                let mut n = 0u64;
+                let (count, _) = csd_ml_pushdown::job::put_images(
+                    &direct,
+                    crate::features::DATASET,
+                    &dir,
+                    labels.as_deref(),
+                    parts,
+                    *repeat,
+                    |k| {
+                        n += k;
+                        progress(format!("storing images: {n}"));
+                    },
+                )
+                .await?;
+                count as u64
+            }
+        };
+        Ok(Cluster {
+            key,
+            nodes,
+            direct,
+            loaded,
+            load_s: t.elapsed().as_secs_f64(),
+            capacity_qps: None,
+        })
+    }
+
+    /// Fresh throttled links to every node, as `s` sets them.
+    pub async fn links(&self, s: &Scenario) -> Result<Links> {
+        let mut links = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let l = s.link_of(i);
+            let spec = LinkSpec {
+                bandwidth_bps: l.bandwidth_mbit * 1e6,
+                latency: Duration::from_secs_f64(l.latency_us / 1e6),
+            };
+            links.push(
+                ThrottledLink::start(spec, n.addr)
+                    .await
+                    .map_err(|e| Error::Cluster(format!("link to node {i}: {e}")))?,
+            );
+        }
+        Ok(Links { links })
+    }
+
+    /// Samples every node's busy CPU workers every `every` until the sampler is
+    /// stopped.
+    pub fn sample_cpu(&self, every: Duration) -> CpuSampler {
+        let states: Vec<_> = self.nodes.iter().map(|n| n.state.clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let task = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let mut out = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                let mut busy = Vec::with_capacity(states.len());
+                for st in &states {
+                    let a = st.stats().await.admission;
+                    busy.push(a.running as f64 / a.slots.max(1) as f64);
+                }
+                out.push(CpuSample {
+                    t_s: t0.elapsed().as_secs_f64(),
+                    busy,
+                });
+                tokio::time::sleep(every).await;
+            }
+            out
+        });
+        CpuSampler { stop, task }
+    }
+
+    /// Stops the nodes.
+    pub async fn shutdown(self) {
+        for n in self.nodes {
+            if let Err(e) = n.shutdown().await {
+                tracing::warn!("node shutdown: {e}");
+            }
+        }
+    }
+}
+
+/// The links of one run.
+pub struct Links {
+    links: Vec<ThrottledLink>,
+}
+
+impl Links {
+    /// `grpc://` URLs of the links' entries (node order).
+    pub fn urls(&self) -> Vec<String> {
+        self.links.iter().map(ThrottledLink::url).collect()
+    }
+
+    /// Clients through the links.
+    pub async fn clients(&self) -> Result<Vec<NodeClient>> {
+        let mut out = Vec::new();
+        for u in self.urls() {
+            out.push(NodeClient::connect(&u).await?);
+        }
+        Ok(out)
+    }
+
+    /// (to the nodes, from the nodes) bytes carried so far, all links.
+    pub fn bytes(&self) -> (u64, u64) {
+        self.links.iter().fold((0, 0), |(u, d), l| {
+            let c = l.counters();
+            (
+                u + c.up_bytes.load(Ordering::Relaxed),
+                d + c.down_bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Closes them.
+    pub async fn shutdown(self) {
+        for l in self.links {
+            l.shutdown().await;
+        }
+    }
+}
+
+/// Busy fraction of each node's CPU workers at one moment.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct CpuSample {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Per node, running requests ÷ CPU workers.
+    pub busy: Vec<f64>,
+}
+
+/// A running CPU sampler.
+pub struct CpuSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<CpuSample>>,
+}
+
+impl CpuSampler {
+    /// Stops and returns the samples.
+    pub async fn finish(self) -> Vec<CpuSample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}

@@ -1,0 +1,274 @@
+//! Small variants of the shipped scenarios, run end to end: real nodes, real links,
+//! real queries; answers compared with the baseline, reports written.
+
+use std::path::Path;
+
+use csd_testbed::report::Report;
+use csd_testbed::scenario::{PolicyName, Scenario};
+use csd_testbed::{RunOptions, run};
+
+async fn run_text(text: &str, dir: &Path) -> Report {
+    let s = Scenario::parse(text).expect("valid scenario");
+    run(
+        s,
+        &RunOptions {
+            out: dir.to_path_buf(),
+            quick: false,
+            progress: false,
+        },
+    )
+    .await
+    .expect("scenario runs")
+}
+
+fn assert_clean(r: &Report) {
+    for run in &r.runs {
+        assert!(
+            run.mismatches.is_empty(),
+            "{} at {:?}: {:?}",
+            run.policy,
+            run.point,
+            run.mismatches
+        );
+        assert_eq!(run.failed, 0, "{} at {:?}: {:?}", run.policy, run.point, run.errors);
+        assert!(!run.timed_out, "{} at {:?} timed out", run.policy, run.point);
+        assert!(run.completed > 0);
+    }
+}
+
+fn assert_report_files(dir: &Path, extra: &[&str]) {
+    for f in ["report.md", "report.json", "bytes.svg", "p99.svg"]
+        .iter()
+        .chain(extra)
+    {
+        let p = dir.join(f);
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        if f.ends_with(".svg") {
+            assert!(text.contains("<svg") && text.contains("polyline"), "{f} has no curve");
+        }
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).expect("md");
+    assert!(md.contains("## Headline") && md.contains("fewer bytes"), "{md}");
+    let back: Report =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("json")).expect("parses");
+    assert!(!back.runs.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_pushdown_vs_none_across_bandwidth() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "bw-small"
+policies = ["none", "full", "adaptive"]
+timeout_s = 120
+[nodes]
+count = 1
+cpus = 2
+memory = "512MiB"
+capacity = "256MiB"
+[link]
+latency_us = 200
+[data]
+kind = "tpch"
+scale = 0.01
+[workload]
+kind = "sql"
+queries = [6, "SELECT l_orderkey, l_extendedprice FROM lineitem WHERE l_quantity <= 50 * {selectivity}"]
+selectivity = 0.1
+[[sweep]]
+parameter = "link.bandwidth_mbit"
+values = [50, 0]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    assert_eq!(r.runs.len(), 6);
+    for pt in [50.0, 0.0] {
+        let at = |p: PolicyName| {
+            r.runs
+                .iter()
+                .find(|x| x.policy == p && x.point[0].1 == pt)
+                .expect("run")
+        };
+        let (none, full) = (at(PolicyName::None), at(PolicyName::Full));
+        assert_eq!(none.completed, 2);
+        // Q6 is an aggregate and the scan keeps 10% of two columns: far fewer bytes.
+        assert!(
+            full.bytes_from_nodes * 3 < none.bytes_from_nodes,
+            "full {} B vs none {} B",
+            full.bytes_from_nodes,
+            none.bytes_from_nodes
+        );
+        assert_eq!(none.fragments, 0, "no pushdown, no node requests");
+        assert!(full.fragments > 0 && full.pushed_back == 0, "full never pushes back");
+        if pt > 0.0 {
+            // The link enforces its bandwidth: nothing crosses faster.
+            let floor = none.bytes_from_nodes as f64 * 8.0 / (pt * 1e6);
+            assert!(
+                none.wall_s >= floor * 0.95,
+                "{} B in {} s is faster than {pt} Mbit/s",
+                none.bytes_from_nodes,
+                none.wall_s
+            );
+        }
+    }
+    assert_eq!(r.headline.len(), 2);
+    assert_report_files(dir.path(), &["time.svg", "latency-0.svg", "cpu-1.svg"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_answers_on_one_and_three_nodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "scale-small"
+policies = ["none", "adaptive"]
+[nodes]
+count = 1
+capacity = "256MiB"
+memory = "512MiB"
+[link]
+bandwidth_mbit = 0
+latency_us = 0
+[data]
+kind = "tpch"
+scale = 0.01
+partitions = 3
+[workload]
+kind = "sql"
+queries = [1, 12, 14]
+clients = 2
+[[sweep]]
+parameter = "nodes.count"
+values = [1, 3]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    for run in &r.runs {
+        // Two clients, each the mix once.
+        assert_eq!(run.completed, 6, "{:?}", run.point);
+    }
+    // Pushdown at three nodes asks each partition's node: 3 partitions per scan.
+    let three = r
+        .runs
+        .iter()
+        .find(|x| x.policy == PolicyName::Adaptive && x.point[0].1 == 3.0)
+        .expect("run");
+    assert!(three.fragments >= 3 * 6, "{} fragments", three.fragments);
+    assert_eq!(three.cpu.first().map(|s| s.busy.len()), Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_load_with_and_without_admission() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "overload-small"
+policies = ["full", "adaptive"]
+timeout_s = 60
+[nodes]
+count = 1
+cpus = 1
+capacity = "256MiB"
+memory = "512MiB"
+queue_target_ms = 20
+[link]
+bandwidth_mbit = 0
+latency_us = 0
+[data]
+kind = "tpch"
+scale = 0.01
+[workload]
+kind = "sql"
+queries = [6, 14]
+duration_s = 1.5
+[[sweep]]
+parameter = "workload.load"
+values = [3]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    let cap = r.capacity_qps.expect("capacity measured");
+    assert!(cap > 0.0);
+    for run in &r.runs {
+        let offered = run.offered_qps.expect("open loop");
+        assert!((offered - 3.0 * cap).abs() < 1e-6 * offered.max(1.0));
+    }
+    let full = r.runs.iter().find(|x| x.policy == PolicyName::Full).expect("full");
+    assert_eq!(full.pushed_back, 0, "the always-policy never pushes back");
+    assert_report_files(dir.path(), &["goodput.svg", "cpu.svg"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn features_compute_only_vs_pushdown() {
+    let home = csd_ml_pushdown::assets_dir();
+    if !home.join("efficientnet-lite0.safetensors").is_file() || !home.join("textures/test").is_dir() {
+        eprintln!(
+            "skipped: ML assets missing under {} (run scripts/setup-ml.sh)",
+            home.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        r#"
+name = "hapi-small"
+policies = ["compute-only", "full", "split:5"]
+timeout_s = 300
+[nodes]
+count = 1
+cpus = 1
+capacity = "256MiB"
+[link]
+bandwidth_mbit = 100
+latency_us = 100
+[data]
+kind = "images"
+dir = "{}"
+partitions = 2
+[workload]
+kind = "features"
+batch = 16
+"#,
+        home.join("textures/test").display()
+    );
+    let r = run_text(&text, dir.path()).await;
+    assert_clean(&r);
+    let at = |p: PolicyName| r.runs.iter().find(|x| x.policy == p).expect("run");
+    let (raw, full, five) = (
+        at(PolicyName::ComputeOnly),
+        at(PolicyName::Full),
+        at(PolicyName::Split(5)),
+    );
+    assert_eq!(raw.extra["split"], 0.0);
+    assert_eq!(full.extra["split"], 19.0);
+    assert_eq!(five.extra["split"], 5.0);
+    // The same features (bit-identical in f32) whatever runs where.
+    assert_eq!(full.extra["max_rel_err_vs_baseline"], 0.0);
+    assert_eq!(five.extra["max_rel_err_vs_baseline"], 0.0);
+    // 1,280 floats per sample against 96×96 PNGs, and block4's 40×28×28 maps.
+    assert!(full.bytes_from_nodes < raw.bytes_from_nodes);
+    assert!(five.bytes_from_nodes > raw.bytes_from_nodes);
+}
+
+#[test]
+fn shipped_scenarios_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("scenarios folder") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let mut s = Scenario::from_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            s.shrink();
+            s.validate().unwrap_or_else(|e| panic!("{} shrunk: {e}", p.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "expected the four shipped scenarios, found {n}");
+}
