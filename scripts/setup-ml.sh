@@ -26,4 +26,9 @@ fi
 if [ ! -s "$home/textures/labels.csv" ]; then
   "$py" "$repo/scripts/texture_patches.py" "$home/textures"
 fi
+# Larger patches (about 100 kB each, near an ImageNet photo) for the testbed's HAPI
+# scenario, where the bytes of a raw sample against its features decide the split.
+if [ ! -s "$home/textures200/labels.csv" ]; then
+  "$py" "$repo/scripts/texture_patches.py" "$home/textures200" --patch 200
+fi
 echo "ML assets ready in $home"

@@ -57,4 +57,3 @@ pub async fn write_parquet(
     }
     Ok(rows)
 }
-

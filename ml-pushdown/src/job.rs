@@ -255,8 +255,7 @@ pub async fn features(
     futures::stream::BoxStream<'static, Result<TrainBatch>>,
     FeaturesRun,
 )> {
-    let model: Arc<dyn StagedModel> =
-        Arc::from(opts.arch.load(weights_bytes, &Device::Cpu)?);
+    let model: Arc<dyn StagedModel> = Arc::from(opts.arch.load(weights_bytes, &Device::Cpu)?);
     let (srcs, samples) = sources(clients, &opts.dataset).await?;
     let mut table = String::new();
     for c in clients {

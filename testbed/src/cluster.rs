@@ -85,8 +85,8 @@ impl Cluster {
                 queue_target_ms: s.nodes.queue_target_ms,
                 ..NodeConfig::default()
             };
-            let operators = csd_query_pushdown::registry()
-                .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+            let operators =
+                csd_query_pushdown::registry().with(Arc::new(csd_ml_pushdown::MlOperator::new()));
             let n = node::start_with(&config, operators)
                 .await
                 .map_err(|e| Error::Cluster(format!("starting node {i}: {e}")))?;
@@ -114,7 +114,8 @@ impl Cluster {
                 ..
             } => {
                 let dir = dir
-                    .clone()
+                    .as_deref()
+                    .map(crate::scenario::expand)
                     .unwrap_or_else(|| csd_ml_pushdown::assets_dir().join("textures/train"));
                 if !dir.is_dir() {
                     return Err(Error::Scenario(format!(

@@ -33,7 +33,8 @@ pub fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
     };
     let arch: Arch = model.parse()?;
     let path = weights
-        .clone()
+        .as_deref()
+        .map(crate::scenario::expand)
         .unwrap_or_else(|| csd_ml_pushdown::assets_dir().join(format!("{model}.safetensors")));
     let bytes = std::fs::read(&path).map_err(|e| {
         Error::Scenario(format!(
@@ -54,7 +55,9 @@ pub async fn run(
     bar: &ProgressBar,
 ) -> Result<RunResult> {
     let WorkloadSpec::Features { batch, f16, epochs } = s.workload else {
-        return Err(Error::Scenario("workload.kind: expected \"features\"".into()));
+        return Err(Error::Scenario(
+            "workload.kind: expected \"features\"".into(),
+        ));
     };
     let (arch, weights_bytes) = model(s)?;
     // Weights are set-up, not traffic: store them directly, once per cluster.
@@ -77,7 +80,11 @@ pub async fn run(
         arch,
         split,
         train_batch: batch,
-        dtype: if f16 { FeatureType::F16 } else { FeatureType::F32 },
+        dtype: if f16 {
+            FeatureType::F16
+        } else {
+            FeatureType::F32
+        },
         compression: Compression::None,
     };
     let clients = links.clients().await?;
@@ -134,7 +141,12 @@ pub async fn run(
             ok: n == cluster.loaded,
             error: (n != cluster.loaded)
                 .then(|| format!("{n} samples streamed, {} stored", cluster.loaded)),
-            fragments: run.stats.reports.lock().map(|r| r.len() as u64).unwrap_or(0),
+            fragments: run
+                .stats
+                .reports
+                .lock()
+                .map(|r| r.len() as u64)
+                .unwrap_or(0),
             pushed_back: run.stats.pushed_back.load(Ordering::Relaxed),
         });
     }
@@ -163,7 +175,8 @@ pub async fn run(
     if let Some(k) = splits.first() {
         r.extra.insert("split".into(), *k as f64);
     }
-    r.extra.insert("pushed_back_partitions".into(), pushed_back as f64);
+    r.extra
+        .insert("pushed_back_partitions".into(), pushed_back as f64);
     if !baseline {
         r.extra.insert("max_rel_err_vs_baseline".into(), max_err);
     }

@@ -125,19 +125,33 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
             let links = c.links(&at).await?;
             let result = match at.workload {
                 WorkloadSpec::Sql { .. } => {
-                    sql::run(&at, c, &links, policy, sql_refs.entry(label(pt)).or_default(), &bar)
-                        .await
+                    sql::run(
+                        &at,
+                        c,
+                        &links,
+                        policy,
+                        sql_refs.entry(label(pt)).or_default(),
+                        &bar,
+                    )
+                    .await
                 }
                 WorkloadSpec::Features { .. } => {
-                    features::run(&at, c, &links, policy, ml_refs.entry(label(pt)).or_default(), &bar)
-                        .await
+                    features::run(
+                        &at,
+                        c,
+                        &links,
+                        policy,
+                        ml_refs.entry(label(pt)).or_default(),
+                        &bar,
+                    )
+                    .await
                 }
             };
             links.shutdown().await;
             capacity = capacity.or(c.capacity_qps);
             let mut r = result?;
             r.point = pt.clone();
-            bar.println(format!(
+            let line = format!(
                 "{:<13} {:<40} {:>8.2} s  {:>5} ok {:>3} failed  {:>10.3} MB from nodes  p99 {:>8.1} ms{}",
                 policy.to_string(),
                 label(pt),
@@ -151,7 +165,13 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                 } else {
                     format!("  {} ANSWERS DIFFER", r.mismatches.len())
                 }
-            ));
+            );
+            if opts.progress && bar.is_hidden() {
+                // Not a terminal: one line per run instead of a bar.
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
             bar.inc(1);
             runs.push(r);
         }

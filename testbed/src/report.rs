@@ -202,7 +202,11 @@ impl Report {
         self.scenario
             .policies
             .iter()
-            .filter_map(|p| self.runs.iter().find(|r| r.policy == *p && &r.point == point))
+            .filter_map(|p| {
+                self.runs
+                    .iter()
+                    .find(|r| r.policy == *p && &r.point == point)
+            })
             .collect()
     }
 
@@ -321,16 +325,30 @@ impl Report {
         let _ = writeln!(
             m,
             "- {} storage node(s), {} CPU worker(s) and {} memory each; emulated NVMe: {} µs, {} MB/s read, queue depth {}, parallelism {}",
-            s.nodes.count, s.nodes.cpus, s.nodes.memory, d.latency_us, d.read_mbps, d.queue_depth, d.parallelism
+            s.nodes.count,
+            s.nodes.cpus,
+            s.nodes.memory,
+            d.latency_us,
+            d.read_mbps,
+            d.queue_depth,
+            d.parallelism
         );
         let _ = writeln!(
             m,
             "- Link per node: {} Mbit/s, {} µs one way{}",
             s.link.bandwidth_mbit,
             s.link.latency_us,
-            if s.links.is_empty() { "" } else { " (some nodes overridden)" }
+            if s.links.is_empty() {
+                ""
+            } else {
+                " (some nodes overridden)"
+            }
         );
-        let _ = writeln!(m, "- Data: `{}`", serde_json::to_string(&s.data).unwrap_or_default());
+        let _ = writeln!(
+            m,
+            "- Data: `{}`",
+            serde_json::to_string(&s.data).unwrap_or_default()
+        );
         let _ = writeln!(
             m,
             "- Workload: `{}`",
@@ -393,7 +411,10 @@ impl Report {
                     if features {
                         format!(
                             " {} |",
-                            r.extra.get("split").map(|k| k.to_string()).unwrap_or("-".into())
+                            r.extra
+                                .get("split")
+                                .map(|k| k.to_string())
+                                .unwrap_or("-".into())
                         )
                     } else {
                         String::new()
@@ -434,9 +455,15 @@ impl Report {
             Metric::Time => ("wall time (s)", "time", |r| r.wall_s),
             Metric::Goodput => ("goodput (queries/s)", "goodput", |r| r.goodput_qps),
         };
-        let metrics: [(&str, &str, fn(&RunResult) -> f64, bool); 3] = [
+        type Plot = (&'static str, &'static str, fn(&RunResult) -> f64, bool);
+        let metrics: [Plot; 3] = [
             (mname, mfile, mval, false),
-            ("MB from the nodes", "bytes", |r| r.bytes_from_nodes as f64 / 1e6, true),
+            (
+                "MB from the nodes",
+                "bytes",
+                |r| r.bytes_from_nodes as f64 / 1e6,
+                true,
+            ),
             ("p99 latency (ms)", "p99", |r| r.p99_ms, false),
         ];
         for (ydesc, file, f, log_y) in metrics {
@@ -451,12 +478,21 @@ impl Report {
                     .map(|(i, r)| (i as f64, f(r)))
                     .collect();
                 series.push(("all policies".to_string(), pts));
-                let names: Vec<String> = self.scenario.policies.iter().map(|p| p.to_string()).collect();
+                let names: Vec<String> = self
+                    .scenario
+                    .policies
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect();
                 ("policy".to_string(), false, Some(names))
             } else {
                 let a0 = &axes[0];
                 let seconds: Vec<Option<(String, f64)>> = match axes.get(1) {
-                    Some(a1) => a1.values.iter().map(|v| Some((a1.parameter.clone(), *v))).collect(),
+                    Some(a1) => a1
+                        .values
+                        .iter()
+                        .map(|v| Some((a1.parameter.clone(), *v)))
+                        .collect(),
                     None => vec![None],
                 };
                 for p in &self.scenario.policies {
@@ -475,7 +511,9 @@ impl Report {
                             })
                             .collect();
                         let name = match sv {
-                            Some((n, v)) => format!("{p}, {}={v}", n.rsplit('.').next().unwrap_or(n)),
+                            Some((n, v)) => {
+                                format!("{p}, {}={v}", n.rsplit('.').next().unwrap_or(n))
+                            }
                             None => p.to_string(),
                         };
                         series.push((name, pts));
@@ -497,6 +535,7 @@ impl Report {
                 log_x,
                 log_y,
                 ticks.as_deref(),
+                axes.get(1).map_or(1, |a| a.values.len()),
             )?;
             out.push((ydesc.to_string(), name));
         }
@@ -510,8 +549,12 @@ impl Report {
             let lat: Vec<(String, Vec<(f64, f64)>)> = runs
                 .iter()
                 .map(|r| {
-                    let mut v: Vec<f64> =
-                        r.done.iter().filter(|d| d.ok).map(|d| d.latency_ms).collect();
+                    let mut v: Vec<f64> = r
+                        .done
+                        .iter()
+                        .filter(|d| d.ok)
+                        .map(|d| d.latency_ms)
+                        .collect();
                     v.sort_by(f64::total_cmp);
                     let n = v.len().max(1) as f64;
                     let pts = v
@@ -532,6 +575,7 @@ impl Report {
                 false,
                 false,
                 None,
+                1,
             )?;
             out.push((format!("Latency CDF, {}", label(pt)), name));
             let cpu: Vec<(String, Vec<(f64, f64)>)> = runs
@@ -539,7 +583,10 @@ impl Report {
                 .map(|r| {
                     (
                         r.policy.to_string(),
-                        r.cpu.iter().map(|s| (s.t_s, mean(&s.busy) * 100.0)).collect(),
+                        r.cpu
+                            .iter()
+                            .map(|s| (s.t_s, mean(&s.busy) * 100.0))
+                            .collect(),
                     )
                 })
                 .collect();
@@ -553,6 +600,7 @@ impl Report {
                 false,
                 false,
                 None,
+                1,
             )?;
             out.push((format!("Storage CPU over time, {}", label(pt)), name));
         }
@@ -561,7 +609,8 @@ impl Report {
 }
 
 /// An SVG line chart of `series` (name, points). `ticks` labels integer x values
-/// (categories). Empty series are skipped.
+/// (categories). Series come in groups of `shades`: one hue per group (policy),
+/// lighter within it (second swept parameter). Empty series are skipped.
 #[allow(clippy::too_many_arguments)]
 pub fn line_chart(
     path: &Path,
@@ -572,9 +621,20 @@ pub fn line_chart(
     log_x: bool,
     log_y: bool,
     ticks: Option<&[String]>,
+    shades: usize,
 ) -> Result<()> {
-    draw(path, title, xdesc, ydesc, series, log_x, log_y, ticks)
-        .map_err(|e| Error::Report(format!("drawing {}: {e}", path.display())))
+    draw(
+        path,
+        title,
+        xdesc,
+        ydesc,
+        series,
+        log_x,
+        log_y,
+        ticks,
+        shades.max(1),
+    )
+    .map_err(|e| Error::Report(format!("drawing {}: {e}", path.display())))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -587,13 +647,25 @@ fn draw(
     log_x: bool,
     log_y: bool,
     ticks: Option<&[String]>,
+    shades: usize,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
+    const HUES: [RGBColor; 6] = [
+        RGBColor(214, 39, 40),
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(23, 190, 207),
+    ];
     let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
     let fold = |f: fn(&(f64, f64)) -> f64, lo: bool| {
-        all.iter().map(f).fold(if lo { f64::INFINITY } else { f64::NEG_INFINITY }, |a, b| {
-            if lo { a.min(b) } else { a.max(b) }
-        })
+        all.iter().map(f).fold(
+            if lo { f64::INFINITY } else { f64::NEG_INFINITY },
+            |a, b| {
+                if lo { a.min(b) } else { a.max(b) }
+            },
+        )
     };
     let (mut x0, mut x1) = (fold(|p| p.0, true), fold(|p| p.0, false));
     let (mut y0, mut y1) = (fold(|p| p.1, true), fold(|p| p.1, false));
@@ -643,13 +715,20 @@ fn draw(
                 if pts.is_empty() {
                     continue;
                 }
-                let color = Palette99::pick(i).to_rgba();
+                let RGBColor(r, g, b) = HUES[(i / shades) % HUES.len()];
+                // Lighter for later values of the second parameter.
+                let t = (i % shades) as f64 / (shades as f64 + 0.5);
+                let mix = |c: u8| (c as f64 + (255.0 - c as f64) * t * 0.8) as u8;
+                let color = RGBColor(mix(r), mix(g), mix(b)).to_rgba();
                 chart
                     .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
                     .label(name.as_str())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
                 if pts.len() < 64 {
-                    chart.draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 3, color.filled())))?;
+                    chart.draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+                    )?;
                 }
             }
             chart

@@ -168,7 +168,7 @@ pub enum DataSpec {
     Images {
         /// The folder; default: the textures `scripts/setup-ml.sh` cuts
         /// (`$CSD_ML_HOME/textures/train`). Relative paths are against the scenario
-        /// file's folder.
+        /// file's folder; a leading `$CSD_ML_HOME` is the ML assets folder.
         #[serde(default)]
         dir: Option<PathBuf>,
         /// `file,class` CSV instead of subfolders.
@@ -272,7 +272,10 @@ pub enum PolicyName {
 impl PolicyName {
     /// Whether it applies to SQL workloads (else to feature jobs). `full` is both.
     pub fn sql(self) -> bool {
-        matches!(self, PolicyName::None | PolicyName::Full | PolicyName::Adaptive)
+        matches!(
+            self,
+            PolicyName::None | PolicyName::Full | PolicyName::Adaptive
+        )
     }
     /// Whether it applies to feature jobs.
     pub fn features(self) -> bool {
@@ -369,7 +372,10 @@ fn inner(e: Error) -> String {
 
 fn whole(field: &str, v: f64, lo: usize, hi: usize) -> Result<usize> {
     if v.fract() != 0.0 || v < lo as f64 || v > hi as f64 {
-        return Err(bad(field, format!("expected a whole number from {lo} to {hi}, got {v}")));
+        return Err(bad(
+            field,
+            format!("expected a whole number from {lo} to {hi}, got {v}"),
+        ));
     }
     Ok(v as usize)
 }
@@ -406,6 +412,7 @@ impl Scenario {
         } = &mut self.data
         {
             for p in [dir, labels, weights].into_iter().flatten() {
+                *p = expand(p);
                 if p.is_relative() {
                     *p = base.join(&*p);
                 }
@@ -426,14 +433,20 @@ impl Scenario {
             ));
         }
         if n.cpus == 0 || n.cpus > 64 {
-            return Err(bad("nodes.cpus", format!("expected 1 to 64, got {}", n.cpus)));
+            return Err(bad(
+                "nodes.cpus",
+                format!("expected 1 to 64, got {}", n.cpus),
+            ));
         }
         for (field, v) in [("nodes.memory", &n.memory), ("nodes.capacity", &n.capacity)] {
             csd_runtime::device::parse_size(v)
                 .map_err(|_| bad(field, format!("expected a size such as 1GiB, got {v:?}")))?;
         }
         if !(n.queue_target_ms.is_finite() && n.queue_target_ms >= 0.0) {
-            return Err(bad("nodes.queue_target_ms", "expected a non-negative number"));
+            return Err(bad(
+                "nodes.queue_target_ms",
+                "expected a non-negative number",
+            ));
         }
         self.device_spec()?;
         for (i, l) in std::iter::once(&self.link).chain(&self.links).enumerate() {
@@ -464,7 +477,10 @@ impl Scenario {
         match &self.data {
             DataSpec::Tpch { scale, partitions } => {
                 if !(scale.is_finite() && *scale > 0.0 && *scale <= 100.0) {
-                    return Err(bad("data.scale", format!("expected 0 < scale ≤ 100, got {scale}")));
+                    return Err(bad(
+                        "data.scale",
+                        format!("expected 0 < scale ≤ 100, got {scale}"),
+                    ));
                 }
                 if partitions.is_some_and(|p| p == 0 || p > 1024) {
                     return Err(bad("data.partitions", "expected 1 to 1024"));
@@ -514,19 +530,27 @@ impl Scenario {
                                 format!("TPC-H has queries 1 to 22, not {n}"),
                             ));
                         }
-                        QueryRef::Sql(s) if s.contains("{selectivity}") && selectivity.is_none() => {
-                            if !self.sweep.iter().any(|a| a.parameter == "workload.selectivity") {
-                                return Err(bad(
-                                    "workload.selectivity",
-                                    "a query uses {selectivity} but no value or sweep gives it",
-                                ));
-                            }
+                        QueryRef::Sql(s)
+                            if s.contains("{selectivity}")
+                                && selectivity.is_none()
+                                && !self
+                                    .sweep
+                                    .iter()
+                                    .any(|a| a.parameter == "workload.selectivity") =>
+                        {
+                            return Err(bad(
+                                "workload.selectivity",
+                                "a query uses {selectivity} but no value or sweep gives it",
+                            ));
                         }
                         _ => {}
                     }
                 }
                 if *clients == 0 || *clients > 256 {
-                    return Err(bad("workload.clients", format!("expected 1 to 256, got {clients}")));
+                    return Err(bad(
+                        "workload.clients",
+                        format!("expected 1 to 256, got {clients}"),
+                    ));
                 }
                 if rate_qps.is_some() && load.is_some() {
                     return Err(bad("workload.load", "give rate_qps or load, not both"));
@@ -538,10 +562,9 @@ impl Scenario {
                 }
                 let open = rate_qps.is_some()
                     || load.is_some()
-                    || self
-                        .sweep
-                        .iter()
-                        .any(|a| matches!(a.parameter.as_str(), "workload.load" | "workload.rate_qps"));
+                    || self.sweep.iter().any(|a| {
+                        matches!(a.parameter.as_str(), "workload.load" | "workload.rate_qps")
+                    });
                 if open && duration_s.is_none() {
                     return Err(bad(
                         "workload.duration_s",
@@ -584,7 +607,9 @@ impl Scenario {
             if !sql && !p.features() {
                 return Err(bad(
                     "policies",
-                    format!("{p} is a SQL policy; feature jobs take compute-only, full, auto, split:N"),
+                    format!(
+                        "{p} is a SQL policy; feature jobs take compute-only, full, auto, split:N"
+                    ),
                 ));
             }
         }
@@ -593,18 +618,29 @@ impl Scenario {
         {
             return Err(bad("baseline", format!("{b} is not among the policies")));
         }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= MAX_TIMEOUT_S) {
-            return Err(bad("timeout_s", format!("expected 0 < seconds ≤ {MAX_TIMEOUT_S}")));
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= MAX_TIMEOUT_S)
+        {
+            return Err(bad(
+                "timeout_s",
+                format!("expected 0 < seconds ≤ {MAX_TIMEOUT_S}"),
+            ));
         }
         if self.sweep.len() > 2 {
-            return Err(bad("sweep", "at most two axes (a curve per value of the second)"));
+            return Err(bad(
+                "sweep",
+                "at most two axes (a curve per value of the second)",
+            ));
         }
         for (i, a) in self.sweep.iter().enumerate() {
             let field = format!("sweep[{i}]");
             if !SWEEPABLE.contains(&a.parameter.as_str()) {
                 return Err(bad(
                     &format!("{field}.parameter"),
-                    format!("{:?} cannot be swept; expected one of {}", a.parameter, SWEEPABLE.join(", ")),
+                    format!(
+                        "{:?} cannot be swept; expected one of {}",
+                        a.parameter,
+                        SWEEPABLE.join(", ")
+                    ),
                 ));
             }
             if a.values.is_empty() || a.values.len() > 64 {
@@ -774,6 +810,14 @@ impl Scenario {
     }
 }
 
+/// `$CSD_ML_HOME/...` → the ML assets folder (`scripts/setup-ml.sh`'s; set or not).
+pub fn expand(p: &Path) -> PathBuf {
+    match p.strip_prefix("$CSD_ML_HOME") {
+        Ok(rest) => csd_ml_pushdown::assets_dir().join(rest),
+        Err(_) => p.to_path_buf(),
+    }
+}
+
 /// A label for a point: `link.bandwidth_mbit=100, nodes.count=2`.
 pub fn label(point: &Point) -> String {
     if point.is_empty() {
@@ -804,7 +848,9 @@ queries = [1, 6]
 "#;
 
     fn err(text: &str) -> String {
-        Scenario::parse(text).expect_err("should be refused").to_string()
+        Scenario::parse(text)
+            .expect_err("should be refused")
+            .to_string()
     }
 
     #[test]
@@ -835,25 +881,43 @@ queries = [1, 6]
     #[test]
     fn errors_name_the_field() {
         let e = err(&BASE.replace("count = 2", "count = 0"));
-        assert!(e.contains("nodes.count") && e.contains("expected 1 to 16"), "{e}");
+        assert!(
+            e.contains("nodes.count") && e.contains("expected 1 to 16"),
+            "{e}"
+        );
         let e = err(&BASE.replace("count = 2", "count = 2\ncpu = 3"));
-        assert!(e.contains("unknown field `cpu`") && e.contains("cpus"), "{e}");
+        assert!(
+            e.contains("unknown field `cpu`") && e.contains("cpus"),
+            "{e}"
+        );
         let e = err(&BASE.replace("count = 2", "count = \"two\""));
-        assert!(e.contains("count = \"two\"") && e.contains("expected usize"), "{e}");
+        assert!(
+            e.contains("count = \"two\"") && e.contains("expected usize"),
+            "{e}"
+        );
         let e = err(&BASE.replace("[1, 6]", "[1, 23]"));
         assert!(e.contains("workload.queries") && e.contains("23"), "{e}");
         let e = err(&BASE.replace("\"adaptive\"", "\"auto\""));
         assert!(e.contains("policies") && e.contains("auto"), "{e}");
         let e = err(&BASE.replace("\"adaptive\"", "\"sometimes\""));
-        assert!(e.contains("unknown policy") && e.contains("sometimes"), "{e}");
+        assert!(
+            e.contains("unknown policy") && e.contains("sometimes"),
+            "{e}"
+        );
         let e = err(&format!(
             "{BASE}[[sweep]]\nparameter = \"nodes.colour\"\nvalues = [1]\n"
         ));
-        assert!(e.contains("sweep[0].parameter") && e.contains("link.bandwidth_mbit"), "{e}");
+        assert!(
+            e.contains("sweep[0].parameter") && e.contains("link.bandwidth_mbit"),
+            "{e}"
+        );
         let e = err(&format!(
             "{BASE}[[sweep]]\nparameter = \"nodes.count\"\nvalues = [1, 2.5]\n"
         ));
-        assert!(e.contains("sweep[0].values") && e.contains("whole number"), "{e}");
+        assert!(
+            e.contains("sweep[0].values") && e.contains("whole number"),
+            "{e}"
+        );
         let e = err(&BASE.replace("queries = [1, 6]", "queries = [1]\nload = 2"));
         assert!(e.contains("workload.duration_s"), "{e}");
         let e = err(&BASE.replace("scale = 0.01", "scale = 0.01\nkind2 = 1"));

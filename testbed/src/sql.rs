@@ -82,12 +82,16 @@ struct Shared {
     t0: Instant,
     done: Mutex<Vec<Done>>,
     checked: Mutex<HashSet<usize>>,
-    mismatches: Mutex<Vec<String>>,
-    baseline: bool,
-    references: Mutex<References>,
+    /// First answers, compared after the run so the comparison is not timed.
+    answers: Mutex<Vec<(usize, Vec<RecordBatch>)>>,
 }
 
-async fn one(session: Arc<CsdSession>, shared: Arc<Shared>, mix: Arc<Vec<(String, String)>>, k: usize) {
+async fn one(
+    session: Arc<CsdSession>,
+    shared: Arc<Shared>,
+    mix: Arc<Vec<(String, String)>>,
+    k: usize,
+) {
     let (name, sql) = &mix[k];
     let started = shared.t0.elapsed();
     let r = session.run(sql).await;
@@ -116,44 +120,53 @@ async fn one(session: Arc<CsdSession>, shared: Arc<Shared>, mix: Arc<Vec<(String
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(k);
             if first {
-                check(&shared, name, sql, &run.batches);
+                shared
+                    .answers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((k, run.batches));
             }
         }
         Err(e) => d.error = Some(e.to_string()),
     }
-    shared.done.lock().unwrap_or_else(|p| p.into_inner()).push(d);
+    shared
+        .done
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(d);
 }
 
-/// Compares the first answer of each query with the baseline's.
-fn check(shared: &Shared, name: &str, sql: &str, batches: &[RecordBatch]) {
-    let h = match canonical_hash(batches) {
-        Ok(h) => h,
-        Err(e) => {
-            shared
-                .mismatches
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(format!("{name}: cannot compare the answer: {e}"));
-            return;
+/// Compares each query's first answer with the baseline's (or records it, when this
+/// is the baseline).
+fn check(
+    baseline: bool,
+    references: &mut References,
+    mix: &[(String, String)],
+    answers: Vec<(usize, Vec<RecordBatch>)>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, batches) in answers {
+        let (name, sql) = &mix[k];
+        match canonical_hash(&batches) {
+            Err(e) => out.push(format!("{name}: cannot compare the answer: {e}")),
+            Ok(h) if baseline => {
+                references.insert(sql.clone(), h);
+            }
+            Ok(h) => {
+                if references.get(sql).is_some_and(|r| *r != h) {
+                    out.push(format!("{name}: the answer differs from the baseline's"));
+                }
+            }
         }
-    };
-    let mut refs = shared.references.lock().unwrap_or_else(|p| p.into_inner());
-    if shared.baseline {
-        refs.insert(sql.to_string(), h);
-    } else if let Some(r) = refs.get(sql)
-        && *r != h
-    {
-        shared
-            .mismatches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(format!("{name}: the answer differs from the baseline's"));
     }
+    out
 }
 
 /// A hash of the answer's rows, sorted; floats rounded to 9 significant digits
 /// (partial aggregates add in another order).
-pub fn canonical_hash(batches: &[RecordBatch]) -> std::result::Result<u64, arrow::error::ArrowError> {
+pub fn canonical_hash(
+    batches: &[RecordBatch],
+) -> std::result::Result<u64, arrow::error::ArrowError> {
     let opts = FormatOptions::default().with_null("NULL");
     let mut rows: Vec<String> = Vec::new();
     for b in batches {
@@ -274,9 +287,7 @@ pub async fn run(
         t0: Instant::now(),
         done: Mutex::new(Vec::new()),
         checked: Mutex::new(HashSet::new()),
-        mismatches: Mutex::new(Vec::new()),
-        baseline: policy == s.baseline(),
-        references: Mutex::new(std::mem::take(references)),
+        answers: Mutex::new(Vec::new()),
     });
     let sampler = cluster.sample_cpu(Duration::from_millis(100));
     let mut tasks = tokio::task::JoinSet::new();
@@ -319,7 +330,12 @@ pub async fn run(
                     if let Some(wait) = at.checked_sub(shared.t0.elapsed()) {
                         tokio::time::sleep(wait).await;
                     }
-                    tasks.spawn(one(session.clone(), shared.clone(), mix.clone(), k % mix.len()));
+                    tasks.spawn(one(
+                        session.clone(),
+                        shared.clone(),
+                        mix.clone(),
+                        k % mix.len(),
+                    ));
                     k += 1;
                     at += gaps.next().unwrap_or(until);
                 }
@@ -336,8 +352,9 @@ pub async fn run(
     let (up0, down0) = bytes_before;
     let (up1, down1) = links.bytes();
     let done = std::mem::take(&mut *shared.done.lock().unwrap_or_else(|p| p.into_inner()));
-    *references = std::mem::take(&mut *shared.references.lock().unwrap_or_else(|p| p.into_inner()));
-    let mismatches = std::mem::take(&mut *shared.mismatches.lock().unwrap_or_else(|p| p.into_inner()));
+    let answers = std::mem::take(&mut *shared.answers.lock().unwrap_or_else(|p| p.into_inner()));
+    bar.set_message(format!("{policy}: comparing answers"));
+    let mismatches = check(policy == s.baseline(), references, &mix, answers);
     Ok(RunResult::new(
         policy,
         wall_s,

@@ -30,8 +30,16 @@ fn assert_clean(r: &Report) {
             run.point,
             run.mismatches
         );
-        assert_eq!(run.failed, 0, "{} at {:?}: {:?}", run.policy, run.point, run.errors);
-        assert!(!run.timed_out, "{} at {:?} timed out", run.policy, run.point);
+        assert_eq!(
+            run.failed, 0,
+            "{} at {:?}: {:?}",
+            run.policy, run.point, run.errors
+        );
+        assert!(
+            !run.timed_out,
+            "{} at {:?} timed out",
+            run.policy, run.point
+        );
         assert!(run.completed > 0);
     }
 }
@@ -44,13 +52,20 @@ fn assert_report_files(dir: &Path, extra: &[&str]) {
         let p = dir.join(f);
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         if f.ends_with(".svg") {
-            assert!(text.contains("<svg") && text.contains("polyline"), "{f} has no curve");
+            assert!(
+                text.contains("<svg") && text.contains("polyline"),
+                "{f} has no curve"
+            );
         }
     }
     let md = std::fs::read_to_string(dir.join("report.md")).expect("md");
-    assert!(md.contains("## Headline") && md.contains("fewer bytes"), "{md}");
+    assert!(
+        md.contains("## Headline") && md.contains("fewer bytes"),
+        "{md}"
+    );
     let back: Report =
-        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("json")).expect("parses");
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("json"))
+            .expect("parses");
     assert!(!back.runs.is_empty());
 }
 
@@ -102,7 +117,10 @@ values = [50, 0]
             none.bytes_from_nodes
         );
         assert_eq!(none.fragments, 0, "no pushdown, no node requests");
-        assert!(full.fragments > 0 && full.pushed_back == 0, "full never pushes back");
+        assert!(
+            full.fragments > 0 && full.pushed_back == 0,
+            "full never pushes back"
+        );
         if pt > 0.0 {
             // The link enforces its bandwidth: nothing crosses faster.
             let floor = none.bytes_from_nodes as f64 * 8.0 / (pt * 1e6);
@@ -200,7 +218,11 @@ values = [3]
         let offered = run.offered_qps.expect("open loop");
         assert!((offered - 3.0 * cap).abs() < 1e-6 * offered.max(1.0));
     }
-    let full = r.runs.iter().find(|x| x.policy == PolicyName::Full).expect("full");
+    let full = r
+        .runs
+        .iter()
+        .find(|x| x.policy == PolicyName::Full)
+        .expect("full");
     assert_eq!(full.pushed_back, 0, "the always-policy never pushes back");
     assert_report_files(dir.path(), &["goodput.svg", "cpu.svg"]);
 }
@@ -208,7 +230,9 @@ values = [3]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn features_compute_only_vs_pushdown() {
     let home = csd_ml_pushdown::assets_dir();
-    if !home.join("efficientnet-lite0.safetensors").is_file() || !home.join("textures/test").is_dir() {
+    if !home.join("efficientnet-lite0.safetensors").is_file()
+        || !home.join("textures/test").is_dir()
+    {
         eprintln!(
             "skipped: ML assets missing under {} (run scripts/setup-ml.sh)",
             home.display()
@@ -266,7 +290,8 @@ fn shipped_scenarios_are_valid() {
         if p.extension().is_some_and(|x| x == "toml") {
             let mut s = Scenario::from_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             s.shrink();
-            s.validate().unwrap_or_else(|e| panic!("{} shrunk: {e}", p.display()));
+            s.validate()
+                .unwrap_or_else(|e| panic!("{} shrunk: {e}", p.display()));
             n += 1;
         }
     }

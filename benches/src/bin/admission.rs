@@ -214,7 +214,7 @@ async fn offer(
     seed: u64,
     t0: Instant,
 ) -> Vec<Done> {
-    let mut rng = seed.max(1);
+    let mut gaps = csd_testbed::sql::Poisson::new(rate, seed);
     let mut next = Duration::ZERO;
     let start = t0.elapsed();
     let mut tasks = Vec::new();
@@ -226,14 +226,7 @@ async fn offer(
         }
         tasks.push(tokio::spawn(run_one(s.clone(), mix[k % mix.len()], t0)));
         k += 1;
-        // splitmix64 → exponential inter-arrival time.
-        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let u = ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        next += Duration::from_secs_f64(-u.ln() / rate);
+        next += gaps.next().unwrap_or(Duration::from_secs_f64(secs));
     }
     let mut out = Vec::new();
     for t in tasks {
@@ -244,12 +237,8 @@ async fn offer(
     out
 }
 
-fn pct(mut v: Vec<f64>, p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
+fn pct(v: Vec<f64>, p: f64) -> f64 {
+    csd_testbed::report::percentile(&v, p)
 }
 
 async fn node_for(policy: Policy, args: &Args) -> (Node, Arc<CsdSession>) {
