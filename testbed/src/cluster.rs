@@ -60,8 +60,8 @@ pub struct Cluster {
     pub loaded: u64,
     /// Seconds spent loading.
     pub load_s: f64,
-    /// Measured SQL capacity (queries/s), once asked for.
-    pub capacity_qps: Option<f64>,
+    /// Image data: the model and its weights (stored at every node with the data).
+    pub model: Option<(csd_ml_pushdown::Arch, Vec<u8>)>,
 }
 
 impl Cluster {
@@ -95,6 +95,7 @@ impl Cluster {
         }
         let t = Instant::now();
         let parts = s.partitions();
+        let mut model = None;
         let loaded = match &s.data {
             DataSpec::Tpch { scale, .. } => {
                 let mut rows = 0;
@@ -137,6 +138,11 @@ impl Cluster {
                     },
                 )
                 .await?;
+                let (arch, weights) = crate::features::model(s)?;
+                for c in &direct {
+                    csd_ml_pushdown::weights::ensure(c, &weights).await?;
+                }
+                model = Some((arch, weights));
                 count as u64
             }
         };
@@ -146,7 +152,7 @@ impl Cluster {
             direct,
             loaded,
             load_s: t.elapsed().as_secs_f64(),
-            capacity_qps: None,
+            model,
         })
     }
 
@@ -171,18 +177,24 @@ impl Cluster {
     /// Samples every node's busy CPU workers every `every` until the sampler is
     /// stopped.
     pub fn sample_cpu(&self, every: Duration) -> CpuSampler {
-        let states: Vec<_> = self.nodes.iter().map(|n| n.state.clone()).collect();
+        let admissions: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| n.state.admission.clone())
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let task = tokio::spawn(async move {
             let t0 = Instant::now();
             let mut out = Vec::new();
             while !s.load(Ordering::Relaxed) {
-                let mut busy = Vec::with_capacity(states.len());
-                for st in &states {
-                    let a = st.stats().await.admission;
-                    busy.push(a.running as f64 / a.slots.max(1) as f64);
-                }
+                let busy = admissions
+                    .iter()
+                    .map(|a| {
+                        let a = a.stats();
+                        a.running as f64 / a.slots.max(1) as f64
+                    })
+                    .collect();
                 out.push(CpuSample {
                     t_s: t0.elapsed().as_secs_f64(),
                     busy,

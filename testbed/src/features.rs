@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use csd_ml_pushdown::Arch;
 use csd_ml_pushdown::job::{self, FeaturesOptions, SplitChoice};
 use csd_ml_pushdown::request::FeatureType;
-use csd_ml_pushdown::{Arch, weights};
 use csd_runtime::ticket::Compression;
 use futures::TryStreamExt;
 use indicatif::ProgressBar;
@@ -48,7 +48,7 @@ pub fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
 /// Runs the feature job of `s` (one sweep point) under `policy`.
 pub async fn run(
     s: &Scenario,
-    cluster: &mut Cluster,
+    cluster: &Cluster,
     links: &Links,
     policy: PolicyName,
     references: &mut References,
@@ -59,11 +59,11 @@ pub async fn run(
             "workload.kind: expected \"features\"".into(),
         ));
     };
-    let (arch, weights_bytes) = model(s)?;
-    // Weights are set-up, not traffic: store them directly, once per cluster.
-    for c in &cluster.direct {
-        weights::ensure(c, &weights_bytes).await?;
-    }
+    // Weights are set-up, not traffic: the cluster stored them with the data.
+    let Some((arch, weights_bytes)) = &cluster.model else {
+        return Err(Error::Scenario("data.kind: expected \"images\"".into()));
+    };
+    let arch = *arch;
     let split = match policy {
         PolicyName::ComputeOnly => SplitChoice::None,
         PolicyName::Full => SplitChoice::Full,
@@ -102,7 +102,7 @@ pub async fn run(
     for epoch in 0..epochs {
         let started = t0.elapsed();
         let work = async {
-            let (mut stream, run) = job::features(&clients, &weights_bytes, &opts, false).await?;
+            let (mut stream, run) = job::features(&clients, weights_bytes, &opts, false).await?;
             let mut n = 0u64;
             while let Some(b) = stream.try_next().await? {
                 if epoch == 0 {
@@ -185,13 +185,13 @@ pub async fn run(
 
 /// max |a - b| ÷ max |a| (0 when both are zero).
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
     let scale = a.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
     let diff = a
         .iter()
         .zip(b)
         .fold(0f64, |m, (x, y)| m.max((*x as f64 - *y as f64).abs()));
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
     if scale == 0.0 { diff } else { diff / scale }
 }

@@ -117,10 +117,9 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                 load_s.push(c.load_s);
                 cluster = Some(c);
             }
-            let Some(c) = cluster.as_mut() else {
+            let Some(c) = cluster.as_ref() else {
                 return Err(Error::Cluster("no cluster".into()));
             };
-            c.capacity_qps = c.capacity_qps.or(capacity);
             bar.set_message(format!("{policy} at {}", label(pt)));
             let links = c.links(&at).await?;
             let result = match at.workload {
@@ -131,6 +130,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                         &links,
                         policy,
                         sql_refs.entry(label(pt)).or_default(),
+                        &mut capacity,
                         &bar,
                     )
                     .await
@@ -148,7 +148,6 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                 }
             };
             links.shutdown().await;
-            capacity = capacity.or(c.capacity_qps);
             let mut r = result?;
             r.point = pt.clone();
             let line = format!(

@@ -247,10 +247,11 @@ impl Iterator for Poisson {
 /// Runs the workload of `s` (one sweep point) under `policy`.
 pub async fn run(
     s: &Scenario,
-    cluster: &mut Cluster,
+    cluster: &Cluster,
     links: &Links,
     policy: PolicyName,
     references: &mut References,
+    capacity_qps: &mut Option<f64>,
     bar: &ProgressBar,
 ) -> Result<RunResult> {
     let WorkloadSpec::Sql {
@@ -268,12 +269,12 @@ pub async fn run(
     let rate = match (rate_qps, load) {
         (Some(r), _) => Some(r),
         (None, Some(l)) => {
-            let cap = match cluster.capacity_qps {
+            let cap = match *capacity_qps {
                 Some(c) => c,
                 None => {
                     bar.set_message("measuring capacity");
                     let c = capacity(s, links).await?;
-                    cluster.capacity_qps = Some(c);
+                    *capacity_qps = Some(c);
                     c
                 }
             };

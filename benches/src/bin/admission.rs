@@ -477,46 +477,27 @@ async fn main() {
     println!("wrote {} and {}", json.display(), svg.display());
 }
 
-fn plot(path: &std::path::Path, levels: &[Level]) -> Result<(), Box<dyn std::error::Error>> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let max_x = levels.iter().map(|l| l.load).fold(1.0, f64::max);
-    let max_y = levels.iter().map(|l| l.goodput_qps).fold(1.0, f64::max) * 1.15;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Goodput against offered load (one node, --cpus 1)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y)?;
-    chart
-        .configure_mesh()
-        .x_desc("offered load (x node capacity)")
-        .y_desc("goodput (queries/s)")
-        .draw()?;
-    for (p, color) in [("always", RED), ("never", BLUE), ("adaptive", GREEN)] {
-        let pts: Vec<(f64, f64)> = levels
-            .iter()
-            .filter(|l| l.policy == p)
-            .map(|l| (l.load, l.goodput_qps))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(p)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-        chart.draw_series(
-            pts.iter()
-                .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-        )?;
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()?;
-    root.present()?;
-    Ok(())
+fn plot(path: &std::path::Path, levels: &[Level]) -> Result<(), csd_testbed::Error> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = ["always", "never", "adaptive"]
+        .iter()
+        .map(|p| {
+            let pts = levels
+                .iter()
+                .filter(|l| l.policy == *p)
+                .map(|l| (l.load, l.goodput_qps))
+                .collect();
+            (p.to_string(), pts)
+        })
+        .collect();
+    csd_testbed::report::line_chart(
+        path,
+        "Goodput against offered load (one node, --cpus 1)",
+        "offered load (x node capacity)",
+        "goodput (queries/s)",
+        &series,
+        false,
+        false,
+        None,
+        1,
+    )
 }
