@@ -207,6 +207,9 @@ struct ServeArgs {
     /// CPU workers for operator work.
     #[arg(long)]
     cpus: Option<usize>,
+    /// Pin the operator workers to these cores (`0-3,6`, as taskset -c takes).
+    #[arg(long)]
+    cpu_set: Option<String>,
     /// Memory budget (e.g. 2GiB).
     #[arg(long)]
     memory: Option<String>,
@@ -331,6 +334,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = args.cpus {
         config.cpus = v;
+    }
+    if let Some(v) = args.cpu_set {
+        config.cpu_set = Some(v);
     }
     if let Some(v) = args.memory {
         config.memory = v;
@@ -754,6 +760,7 @@ async fn features(args: FeaturesArgs) -> Result<()> {
             csd_ml_pushdown::request::FeatureType::F32
         },
         compression: args.compression.parse()?,
+        pool: None,
     };
     let started = std::time::Instant::now();
     let (stream, run) = features(&clients, &weights, &opts, args.explain)
