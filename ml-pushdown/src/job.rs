@@ -152,6 +152,7 @@ pub async fn plan_inputs(
     model: &Arc<dyn StagedModel>,
     weights_table: &str,
     dtype: FeatureType,
+    pool: Option<Arc<rayon::ThreadPool>>,
 ) -> Result<PlanInputs> {
     let arch = model.arch();
     // The node's profile (a zero-row request whose report carries the timings).
@@ -197,9 +198,7 @@ pub async fn plan_inputs(
     let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
     let take = vec![first.slice(0, first.num_rows().min(ml_op::PROFILE_SAMPLES))];
     let m = model.clone();
-    let compute = tokio::task::spawn_blocking(move || ml_op::profile(m.as_ref(), &take))
-        .await
-        .map_err(|e| protocol(e.to_string()))??;
+    let compute = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take)).await?;
     let a = &src.client.stats().await?["admission"];
     let (slots, running, waiting) = (
         a["slots"].as_u64().unwrap_or(1).max(1) as f64,
@@ -233,6 +232,9 @@ pub struct FeaturesOptions {
     pub dtype: FeatureType,
     /// IPC compression.
     pub compression: Compression,
+    /// The compute tier's threads (`None`: rayon's global pool). The planner profiles
+    /// the compute side on them too.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 /// The outcome of [`features`].
@@ -263,8 +265,16 @@ pub async fn features(
     }
     let n = model.stages().len();
     let plan = if opts.split == SplitChoice::Auto || explain {
-        let inputs =
-            plan_inputs(&srcs[0], samples, &opts.dataset, &model, &table, opts.dtype).await?;
+        let inputs = plan_inputs(
+            &srcs[0],
+            samples,
+            &opts.dataset,
+            &model,
+            &table,
+            opts.dtype,
+            opts.pool.clone(),
+        )
+        .await?;
         Some(planner::plan(&inputs))
     } else {
         None
@@ -291,6 +301,7 @@ pub async fn features(
         compression: opts.compression,
         limit: None,
         max_node_batch: None,
+        pool: opts.pool.clone(),
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((s, FeaturesRun { split, plan, stats }))

@@ -13,7 +13,8 @@
 //! so a request whose single sample cannot fit is pushed back, never run.
 //!
 //! **CPU.** Decoding and layers run on a rayon pool with as many threads as the node
-//! has CPUs (`--cpus`), so candle's matrix products never use cores outside the budget.
+//! has CPUs (`--cpus`), so candle's matrix products never use cores outside the budget;
+//! with `--cpu-set` its threads are pinned to the same cores as the node's CPU pool.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,13 +130,19 @@ impl MlOperator {
         Self::default()
     }
 
-    fn pool(&self, threads: usize) -> Result<Arc<rayon::ThreadPool>> {
+    fn pool(&self, threads: usize, cores: Option<&[usize]>) -> Result<Arc<rayon::ThreadPool>> {
         if let Some(p) = self.pool.get() {
             return Ok(p.clone());
         }
+        let cores: Option<Arc<[usize]>> = cores.map(Into::into);
         let p = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
             .thread_name(|i| format!("csd-ml-{i}"))
+            .start_handler(move |_| {
+                if let Some(c) = &cores {
+                    csd_runtime::pool::pin_current_thread(c);
+                }
+            })
             .build()
             .map_err(|e| {
                 Error::Node(csd_runtime::Error::Internal(format!("ml thread pool: {e}")))
@@ -349,7 +356,7 @@ impl Operator for MlOperator {
 
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> csd_runtime::Result<OperatorStream> {
         let (r, objects, plan) = Self::request(&ctx, &args)?;
-        let pool = self.pool(ctx.node.pool.threads())?;
+        let pool = self.pool(ctx.node.pool.threads(), ctx.node.pool.cores())?;
         let model = self.model(&ctx, r.model, &r.weights).await?;
         ctx.metrics.set_detail("node_batch", plan.batch);
         ctx.metrics.set_detail("memory_reserved", plan.memory);

@@ -56,6 +56,8 @@ pub struct FeatureJob {
     pub limit: Option<u64>,
     /// Cap on the node batch.
     pub max_node_batch: Option<usize>,
+    /// The compute tier's threads for decoding and layers; `None`: rayon's global pool.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 /// One training batch.
@@ -89,10 +91,17 @@ struct Boundary {
     x: Tensor,
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Node(csd_runtime::Error::Internal(format!("worker failed: {e}"))))?
+/// Runs `f` off the async threads, on `pool` when there is one.
+pub(crate) async fn blocking<T: Send + 'static>(
+    pool: Option<Arc<rayon::ThreadPool>>,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(move || match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    })
+    .await
+    .map_err(|e| Error::Node(csd_runtime::Error::Internal(format!("worker failed: {e}"))))?
 }
 
 /// Reads a partition raw and runs the prefix here.
@@ -121,8 +130,9 @@ async fn local_prefix(
         })
         .and_then(move |b| {
             let (model, stats, split) = (model.clone(), stats.clone(), job.split);
+            let pool = job.pool.clone();
             async move {
-                blocking(move || {
+                blocking(pool, move || {
                     let s = Samples::from_batch(&b)?;
                     let raw: u64 = s.bytes()?.iter().map(|d| d.len() as u64).sum();
                     stats.bytes_received.fetch_add(raw, Ordering::Relaxed);
@@ -280,6 +290,7 @@ pub fn open(
     let train = job.train_batch;
     let split = job.split;
     let out_stats = stats.clone();
+    let pool = job.pool.clone();
     let s = futures::stream::try_unfold(
         State {
             input: parts,
@@ -288,7 +299,7 @@ pub fn open(
             done: false,
         },
         move |mut st| {
-            let (model, stats) = (model.clone(), out_stats.clone());
+            let (model, stats, pool) = (model.clone(), out_stats.clone(), pool.clone());
             async move {
                 loop {
                     if st.rows >= train || (st.done && st.rows > 0) {
@@ -296,7 +307,7 @@ pub fn open(
                         let (ids, labels, parts) = cut(&mut st.pending, take)?;
                         st.rows -= take;
                         let model = model.clone();
-                        let features = blocking(move || {
+                        let features = blocking(pool.clone(), move || {
                             let x = if parts.len() == 1 {
                                 parts.into_iter().next().unwrap_or_else(|| unreachable!())
                             } else {

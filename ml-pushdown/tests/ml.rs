@@ -186,6 +186,7 @@ async fn features(
         compression: Compression::Lz4Frame,
         limit: None,
         max_node_batch: None,
+        pool: None,
     };
     let src = vec![Source {
         client: client.clone(),

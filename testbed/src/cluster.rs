@@ -30,6 +30,7 @@ pub struct NodeKey {
     policy: Policy,
     data: String,
     partitions: usize,
+    pin: bool,
 }
 
 impl NodeKey {
@@ -45,6 +46,7 @@ impl NodeKey {
             policy,
             data: format!("{:?}", s.data),
             partitions: s.partitions(),
+            pin: s.nodes.pin,
         })
     }
 }
@@ -62,6 +64,8 @@ pub struct Cluster {
     pub load_s: f64,
     /// Image data: the model and its weights (stored at every node with the data).
     pub model: Option<(csd_ml_pushdown::Arch, Vec<u8>)>,
+    /// With `nodes.pin`: the compute tier's threads, on the cores the nodes do not use.
+    pub compute_pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Cluster {
@@ -71,6 +75,20 @@ impl Cluster {
         key: NodeKey,
         mut progress: impl FnMut(String),
     ) -> Result<Self> {
+        let plan = s.core_plan(&csd_runtime::pool::available_cores())?;
+        let compute_pool = match &plan {
+            Some(p) => {
+                let cores: Arc<[usize]> = p.compute.clone().into();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(cores.len())
+                    .thread_name(|i| format!("compute-{i}"))
+                    .start_handler(move |_| csd_runtime::pool::pin_current_thread(&cores))
+                    .build()
+                    .map_err(|e| Error::Cluster(format!("compute thread pool: {e}")))?;
+                Some(Arc::new(pool))
+            }
+            None => None,
+        };
         let mut nodes = Vec::new();
         let mut direct = Vec::new();
         for i in 0..s.nodes.count {
@@ -79,6 +97,10 @@ impl Cluster {
                 capacity: Some(s.nodes.capacity.clone()),
                 listen: "127.0.0.1:0".into(),
                 cpus: s.nodes.cpus,
+                cpu_set: plan.as_ref().map(|p| {
+                    let cores: Vec<String> = p.nodes[i].iter().map(usize::to_string).collect();
+                    cores.join(",")
+                }),
                 memory: s.nodes.memory.clone(),
                 format: true,
                 policy: key.policy,
@@ -153,6 +175,7 @@ impl Cluster {
             loaded,
             load_s: t.elapsed().as_secs_f64(),
             model,
+            compute_pool,
         })
     }
 

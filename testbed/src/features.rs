@@ -86,6 +86,7 @@ pub async fn run(
             FeatureType::F32
         },
         compression: Compression::None,
+        pool: cluster.compute_pool.clone(),
     };
     let clients = links.clients().await?;
     let baseline = policy == s.baseline();

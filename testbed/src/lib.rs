@@ -86,6 +86,10 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
         s.validate()?;
     }
     let points = s.points();
+    let cores = csd_runtime::pool::available_cores();
+    for pt in &points {
+        s.at(pt)?.core_plan(&cores)?;
+    }
     let base = s.baseline();
     let mut order = vec![base];
     order.extend(s.policies.iter().copied().filter(|p| *p != base));

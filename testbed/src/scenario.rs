@@ -79,6 +79,13 @@ pub struct NodesSpec {
     /// The emulated NVMe device.
     #[serde(default)]
     pub device: DeviceConf,
+    /// Give every node its own cores (node `i` gets the `i`-th run of `cpus` cores)
+    /// and the compute node's ML work the cores left over, so that a node and the
+    /// compute tier do not share cores the way separate machines would not. Needs
+    /// `count × cpus` + 1 cores. (The compute tier's SQL runs on the async runtime and
+    /// stays unpinned.)
+    #[serde(default)]
+    pub pin: bool,
 }
 
 fn one() -> usize {
@@ -92,6 +99,15 @@ fn default_capacity() -> String {
 }
 fn default_queue_target() -> f64 {
     50.0
+}
+
+/// Which cores each node and the compute tier run on (`nodes.pin`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CorePlan {
+    /// Per node.
+    pub nodes: Vec<Vec<usize>>,
+    /// The compute tier's ML work.
+    pub compute: Vec<usize>,
 }
 
 /// Emulated NVMe timing (see `csd_runtime::device::emulated::TimingModel`).
@@ -670,6 +686,33 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+
+    /// With `nodes.pin`: each node's cores and the compute tier's, out of `available`.
+    pub fn core_plan(&self, available: &[usize]) -> Result<Option<CorePlan>> {
+        if !self.nodes.pin {
+            return Ok(None);
+        }
+        let need = self.nodes.count * self.nodes.cpus;
+        if need >= available.len() {
+            return Err(bad(
+                "nodes.pin",
+                format!(
+                    "{} node(s) × {} cpus need {need} cores, plus at least one for the compute \
+                     node; this machine lets us use {} ({available:?})",
+                    self.nodes.count,
+                    self.nodes.cpus,
+                    available.len()
+                ),
+            ));
+        }
+        Ok(Some(CorePlan {
+            nodes: available[..need]
+                .chunks(self.nodes.cpus)
+                .map(<[usize]>::to_vec)
+                .collect(),
+            compute: available[need..].to_vec(),
+        }))
     }
 
     /// The device spec every node gets (`emulated:mem,...`).
