@@ -251,15 +251,33 @@ impl Report {
             if time.is_empty() {
                 continue;
             }
+            // A ratio below 1 reads as its inverse with the opposite word
+            // ("3.0x more bytes", not "0.33x fewer").
+            let say = |r: f64, what: &str| -> String {
+                match what.split_once(' ') {
+                    Some((better, rest)) if r < 1.0 && better != "the" => {
+                        let worse = match better {
+                            "less" => "more",
+                            "fewer" => "more",
+                            w => w,
+                        };
+                        format!("{:.2}x {worse} {rest}", 1.0 / r.max(1e-9))
+                    }
+                    _ => format!("{r:.2}x {what}"),
+                }
+            };
             let range = |v: &[(f64, String)], what: &str| -> String {
                 let lo = v.iter().min_by(|a, b| a.0.total_cmp(&b.0));
                 let hi = v.iter().max_by(|a, b| a.0.total_cmp(&b.0));
                 match (lo, hi) {
                     (Some(lo), Some(hi)) if v.len() > 1 => format!(
-                        "{:.2}x {what} at {} to {:.2}x at {}",
-                        lo.0, lo.1, hi.0, hi.1
+                        "{} at {} to {} at {}",
+                        say(lo.0, what),
+                        lo.1,
+                        say(hi.0, what),
+                        hi.1
                     ),
-                    (Some(lo), _) => format!("{:.2}x {what}", lo.0),
+                    (Some(lo), _) => say(lo.0, what),
                     _ => String::new(),
                 }
             };
@@ -357,11 +375,21 @@ impl Report {
         if let Some(c) = self.capacity_qps {
             let _ = writeln!(m, "- Measured capacity: {c:.2} queries/s");
         }
-        let _ = writeln!(
-            m,
-            "- Everything shares this machine's {} cores (nodes, links, compute).",
-            self.machine_cores
-        );
+        if s.nodes.pin {
+            let _ = writeln!(
+                m,
+                "- Pinned (`nodes.pin`): each node's operator workers have cores of their own, \
+                 and the compute tier's ML work the rest of this machine's {} cores; gRPC, \
+                 links and the compute tier's SQL share all of them.",
+                self.machine_cores
+            );
+        } else {
+            let _ = writeln!(
+                m,
+                "- Everything shares this machine's {} cores (nodes, links, compute).",
+                self.machine_cores
+            );
+        }
         let _ = writeln!(m, "\n## Results\n");
         let features = matches!(s.workload, WorkloadSpec::Features { .. });
         for pt in self.points() {
