@@ -897,6 +897,23 @@ queries = [1, 6]
     }
 
     #[test]
+    fn pinning_gives_nodes_their_own_cores_and_compute_the_rest() {
+        let mut s = Scenario::parse(BASE).expect("valid");
+        assert_eq!(
+            s.core_plan(&[0, 1, 2]).unwrap(),
+            None,
+            "pin is off by default"
+        );
+        s.nodes.pin = true;
+        let plan = s.core_plan(&[0, 1, 2, 3, 5]).unwrap().unwrap();
+        assert_eq!(plan.nodes, vec![vec![0], vec![1]]);
+        assert_eq!(plan.compute, vec![2, 3, 5]);
+        s.nodes.cpus = 2;
+        let e = s.core_plan(&[0, 1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("nodes.pin") && e.contains("need 4 cores"), "{e}");
+    }
+
+    #[test]
     fn parses_defaults_and_points() {
         let mut s = Scenario::parse(BASE).expect("valid");
         assert_eq!(s.nodes.cpus, 1);

@@ -240,6 +240,9 @@ async fn features_compute_only_vs_pushdown() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    // Pinned where the machine allows (the node on one core, the compute tier's ML
+    // work on the rest): features must not depend on where they are computed.
+    let pin = csd_runtime::pool::available_cores().len() >= 2;
     let text = format!(
         r#"
 name = "hapi-small"
@@ -249,6 +252,7 @@ timeout_s = 300
 count = 1
 cpus = 1
 capacity = "256MiB"
+pin = {pin}
 [link]
 bandwidth_mbit = 100
 latency_us = 100
@@ -264,6 +268,8 @@ batch = 16
     );
     let r = run_text(&text, dir.path()).await;
     assert_clean(&r);
+    let md = std::fs::read_to_string(dir.path().join("report.md")).expect("report.md");
+    assert_eq!(md.contains("Pinned (`nodes.pin`)"), pin, "{md}");
     let at = |p: PolicyName| r.runs.iter().find(|x| x.policy == p).expect("run");
     let (raw, full, five) = (
         at(PolicyName::ComputeOnly),

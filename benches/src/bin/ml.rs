@@ -1,0 +1,537 @@
+//! ML pushdown bench, two parts side by side in one run.
+//!
+//! **rate**: EfficientNet-Lite0 feature extraction (224×224, stem to pool) on the same
+//! cores: onnxruntime (PyPI, the same weights written as ONNX by
+//! `scripts/effnet_lite0_onnx.py`) against our candle model, and the storage-side
+//! operator end to end (a real node: decode, preprocess, layers, Arrow IPC over gRPC).
+//! The features are compared, and a per-stage profile says where our time goes.
+//!
+//! **splits**: the testbed's HAPI scenario with every split as a policy, plus
+//! compute-only, full pushdown and the planner's auto split, over throttled links of
+//! 50/200/1000 Mbit/s: epoch time and bytes, auto against the best split.
+//!
+//! Needs `scripts/setup-ml.sh --bench` (weights, textures, onnxruntime and onnx).
+//!
+//! `cargo run --release -p csd-benches --bin ml -- [--only rate|splits] [--cores 1]`
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use clap::Parser;
+use csd_benches::{default_json_path, write_json};
+use csd_ml_pushdown::model::{Arch, ImageSpec};
+use csd_ml_pushdown::request::FeatureType;
+use csd_ml_pushdown::stream::{self, FeatureJob, Source};
+use csd_runtime::client::NodeClient;
+use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::pool::{available_cores, parse_core_list, pin_current_thread};
+use csd_runtime::ticket::Compression;
+use csd_testbed::scenario::{PolicyName, Scenario};
+use futures::TryStreamExt;
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    /// ML assets (default: $CSD_ML_HOME, else ~/.cache/csd/ml).
+    #[arg(long)]
+    home: Option<PathBuf>,
+    /// Cores for the rate part (`taskset -c` list; default: the last core).
+    #[arg(long)]
+    cores: Option<String>,
+    /// Images per forward call in the rate part.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Seconds per measurement in the rate part.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// Run one part only: `rate` or `splits`.
+    #[arg(long)]
+    only: Option<String>,
+    /// Link bandwidths (Mbit/s) for the splits part.
+    #[arg(long, default_value = "50,200,1000")]
+    bandwidths: String,
+    /// Splits to sweep besides compute-only (0), full and auto (default: all).
+    #[arg(long)]
+    splits: Option<String>,
+    /// How many times the training patches are stored (the epoch's size).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// The splits part's testbed report goes here.
+    #[arg(long, default_value = "target/bench-ml")]
+    out: PathBuf,
+    /// JSON output path.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Serialize, Default)]
+struct Out {
+    rate: Option<Rate>,
+    splits: Vec<SplitRow>,
+}
+
+#[derive(Serialize)]
+struct Rate {
+    cores: Vec<usize>,
+    batch: usize,
+    onnxruntime: String,
+    ort_images_per_s: f64,
+    candle_images_per_s: f64,
+    operator_images_per_s: f64,
+    candle_vs_ort: f64,
+    operator_vs_ort: f64,
+    max_rel_err_vs_ort: f64,
+    /// Seconds per image: decode+preprocess, then each stage.
+    profile_decode_s: f64,
+    profile_stage_s: Vec<f64>,
+}
+
+#[derive(Serialize)]
+struct SplitRow {
+    bandwidth_mbit: f64,
+    times: Vec<(String, f64, u64)>,
+    best: String,
+    best_s: f64,
+    auto_split: f64,
+    auto_s: f64,
+    auto_over_best: f64,
+    raw_over_full_bytes: f64,
+}
+
+fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("ml bench: {msg}");
+    std::process::exit(1)
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// A float32 `.npy` file (format 1.0) holding `x`.
+fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
+    let dims = x.dims();
+    let shape: Vec<String> = dims.iter().map(usize::to_string).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        shape.join(", ")
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    let v: Vec<f32> = x
+        .flatten_all()
+        .and_then(|t| t.to_vec1())
+        .map_err(std::io::Error::other)?;
+    for f in v {
+        out.extend_from_slice(&f.to_le_bytes());
+    }
+    std::fs::write(path, out)
+}
+
+fn pinned_pool(cores: &[usize]) -> rayon::ThreadPool {
+    let c: Arc<[usize]> = cores.into();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cores.len())
+        .start_handler(move |_| pin_current_thread(&c))
+        .build()
+        .unwrap_or_else(|e| die(format!("thread pool: {e}")))
+}
+
+async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
+    let cores = match &args.cores {
+        Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
+        None => vec![*available_cores().last().unwrap_or(&0)],
+    };
+    let list: Vec<String> = cores.iter().map(usize::to_string).collect();
+    let list = list.join(",");
+    let py = home.join("venv/bin/python");
+    let onnx = home.join("efficientnet-lite0.onnx");
+    if !onnx.is_file() {
+        let st = std::process::Command::new(&py)
+            .arg(repo().join("scripts/effnet_lite0_onnx.py"))
+            .arg(home.join("efficientnet-lite0.safetensors"))
+            .arg(&onnx)
+            .status()
+            .unwrap_or_else(|e| die(format!("{}: {e}", py.display())));
+        if !st.success() {
+            die("writing the ONNX model failed; run scripts/setup-ml.sh --bench (installs onnx)");
+        }
+    }
+    // The same real images for both: the first `batch` training patches.
+    let folder = csd_ml_pushdown::dataset::image_folder(&home.join("textures200/train"), None)
+        .unwrap_or_else(|e| die(e));
+    let files: Vec<Vec<u8>> = folder
+        .samples
+        .iter()
+        .cycle()
+        .take(args.batch)
+        .map(|(p, _)| std::fs::read(p).unwrap_or_else(|e| die(format!("{}: {e}", p.display()))))
+        .collect();
+    let refs: Vec<&[u8]> = files.iter().map(Vec::as_slice).collect();
+    let model = Arch::EfficientNetLite0
+        .load(weights, &Device::Cpu)
+        .unwrap_or_else(|e| die(e));
+    let n = model.stages().len();
+    let pool = pinned_pool(&cores);
+    let x = pool
+        .install(|| {
+            csd_ml_pushdown::preprocess::images(&refs, &ImageSpec::IMAGENET_224, &Device::Cpu)
+        })
+        .unwrap_or_else(|e| die(e));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| die(e));
+    let npy = dir.path().join("input.npy");
+    write_npy(&npy, &x).unwrap_or_else(|e| die(e));
+
+    println!("rate: onnxruntime on cores {list} ...");
+    let out = std::process::Command::new("taskset")
+        .args(["-c", &list])
+        .arg(&py)
+        .arg(repo().join("benches/ml_ort.py"))
+        .arg(&onnx)
+        .arg(&npy)
+        .args(["--threads", &cores.len().to_string()])
+        .args(["--batch", &args.batch.to_string()])
+        .args(["--seconds", &args.seconds.to_string()])
+        .output()
+        .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
+    if !out.status.success() {
+        die(format!(
+            "onnxruntime failed (run scripts/setup-ml.sh --bench): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let ort: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| die(format!("ml_ort.py output: {e}")));
+    let ort_rate = ort["images_per_s"].as_f64().unwrap_or(0.0);
+
+    println!("rate: candle model on cores {list} ...");
+    let (ours, y) = pool.install(|| {
+        let y = model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
+        model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
+        let t = Instant::now();
+        let mut done = 0usize;
+        while t.elapsed().as_secs_f64() < args.seconds {
+            model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
+            done += args.batch;
+        }
+        (done as f64 / t.elapsed().as_secs_f64(), y)
+    });
+    let y: Vec<Vec<f32>> = y
+        .flatten_from(1)
+        .and_then(|t| t.to_vec2())
+        .unwrap_or_else(|e| die(e));
+    let mut err = 0f64;
+    if let Some(rows) = ort["features"].as_array() {
+        for (r, mine) in rows.iter().zip(&y) {
+            let theirs: Vec<f64> = r
+                .as_array()
+                .map(|v| v.iter().filter_map(|f| f.as_f64()).collect())
+                .unwrap_or_default();
+            let scale = theirs.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-12);
+            for (a, b) in theirs.iter().zip(mine) {
+                err = err.max((a - *b as f64).abs() / scale);
+            }
+        }
+    } else {
+        die("ml_ort.py printed no features");
+    }
+
+    // Where the time goes: decode+preprocess and each stage, per image.
+    let batch = csd_ml_pushdown::dataset::batch(
+        &(0..refs.len() as u64).collect::<Vec<_>>(),
+        &vec![0; refs.len()],
+        &refs,
+    )
+    .unwrap_or_else(|e| die(e));
+    let profile = pool
+        .install(|| csd_ml_pushdown::operator::profile(model.as_ref(), &[batch]))
+        .unwrap_or_else(|e| die(e));
+
+    println!("rate: the storage-side operator end to end (node pinned to cores {list}) ...");
+    let op = operator_rate(&cores, cores.len(), home, weights, args).await;
+    Rate {
+        cores,
+        batch: args.batch,
+        onnxruntime: ort["onnxruntime"].as_str().unwrap_or("?").into(),
+        ort_images_per_s: ort_rate,
+        candle_images_per_s: ours,
+        operator_images_per_s: op,
+        candle_vs_ort: ours / ort_rate,
+        operator_vs_ort: op / ort_rate,
+        max_rel_err_vs_ort: err,
+        profile_decode_s: profile.decode_s,
+        profile_stage_s: profile.stage_s,
+    }
+}
+
+/// Images/s of full pushdown from a real node on `cores`, over loopback (no throttle).
+async fn operator_rate(
+    cores: &[usize],
+    cpus: usize,
+    home: &Path,
+    weights: &[u8],
+    args: &Args,
+) -> f64 {
+    let list: Vec<String> = cores.iter().map(usize::to_string).collect();
+    let config = NodeConfig {
+        device: "emulated:mem".into(),
+        capacity: Some("2GiB".into()),
+        listen: "127.0.0.1:0".into(),
+        cpus,
+        cpu_set: Some(list.join(",")),
+        memory: "2GiB".into(),
+        format: true,
+        policy: csd_runtime::admission::Policy::Always,
+        ..NodeConfig::default()
+    };
+    let ops = csd_runtime::operator::OperatorRegistry::new()
+        .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+    let node = node::start_with(&config, ops)
+        .await
+        .unwrap_or_else(|e| die(format!("starting the node: {e}")));
+    let client = NodeClient::connect(&node.url)
+        .await
+        .unwrap_or_else(|e| die(e));
+    let clients = vec![client.clone()];
+    let (count, _) = csd_ml_pushdown::job::put_images(
+        &clients,
+        "bench_images",
+        &home.join("textures200/train"),
+        None,
+        1,
+        args.repeat.max(1),
+        |_| {},
+    )
+    .await
+    .unwrap_or_else(|e| die(e));
+    let table = csd_ml_pushdown::weights::ensure(&client, weights)
+        .await
+        .unwrap_or_else(|e| die(e));
+    let model: Arc<dyn csd_ml_pushdown::model::StagedModel> = Arc::from(
+        Arch::EfficientNetLite0
+            .load(weights, &Device::Cpu)
+            .unwrap_or_else(|e| die(e)),
+    );
+    let (srcs, _) = csd_ml_pushdown::job::sources(&clients, "bench_images")
+        .await
+        .unwrap_or_else(|e| die(e));
+    let job = FeatureJob {
+        dataset: "bench_images".into(),
+        arch: Arch::EfficientNetLite0,
+        weights: table,
+        split: model.stages().len(),
+        train_batch: 64,
+        dtype: FeatureType::F32,
+        compression: Compression::None,
+        limit: None,
+        max_node_batch: Some(args.batch),
+        pool: None,
+    };
+    let mut best = 0f64;
+    // The first pass also loads the model at the node; the second is the figure.
+    for _ in 0..2 {
+        let t = Instant::now();
+        let (s, _) = stream::open(
+            srcs.iter()
+                .map(|s| Source {
+                    client: s.client.clone(),
+                    partition: s.partition.clone(),
+                })
+                .collect(),
+            job.clone(),
+            model.clone(),
+        )
+        .unwrap_or_else(|e| die(e));
+        let batches: Vec<_> = s.try_collect().await.unwrap_or_else(|e| die(e));
+        let got: usize = batches.iter().map(|b| b.ids.len()).sum();
+        assert_eq!(got, count, "every stored sample comes back");
+        best = got as f64 / t.elapsed().as_secs_f64();
+    }
+    node.shutdown().await.ok();
+    best
+}
+
+async fn splits(args: &Args) -> Vec<SplitRow> {
+    let path = repo().join("testbed/scenarios/hapi.toml");
+    let mut s = Scenario::from_file(&path).unwrap_or_else(|e| die(e));
+    let n = Arch::EfficientNetLite0.stages().len();
+    let ks: Vec<usize> = match &args.splits {
+        Some(list) => list
+            .split(',')
+            .map(|k| {
+                k.trim()
+                    .parse()
+                    .unwrap_or_else(|_| die(format!("--splits: {k:?}")))
+            })
+            .collect(),
+        None => (1..n).collect(),
+    };
+    s.policies = vec![PolicyName::ComputeOnly, PolicyName::Full, PolicyName::Auto];
+    s.policies.extend(
+        ks.iter()
+            .filter(|&&k| k > 0 && k < n)
+            .map(|&k| PolicyName::Split(k)),
+    );
+    s.baseline = Some(PolicyName::ComputeOnly);
+    if let csd_testbed::scenario::DataSpec::Images { repeat, .. } = &mut s.data {
+        *repeat = args.repeat.max(1);
+    }
+    let bw: Vec<f64> = args
+        .bandwidths
+        .split(',')
+        .map(|b| {
+            b.trim()
+                .parse()
+                .unwrap_or_else(|_| die(format!("--bandwidths: {b:?}")))
+        })
+        .collect();
+    s.sweep[0].values = bw.clone();
+    s.validate().unwrap_or_else(|e| die(e));
+    println!(
+        "splits: {} policies × {} bandwidths through the testbed (report in {}) ...",
+        s.policies.len(),
+        bw.len(),
+        args.out.display()
+    );
+    let report = csd_testbed::run(
+        s,
+        &csd_testbed::RunOptions {
+            out: args.out.clone(),
+            quick: false,
+            progress: true,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| die(e));
+    let mut rows = Vec::new();
+    for b in bw {
+        let at: Vec<_> = report
+            .runs
+            .iter()
+            .filter(|r| r.point.first().map(|p| p.1) == Some(b))
+            .collect();
+        for r in &at {
+            if !r.mismatches.is_empty() || r.failed > 0 || r.timed_out {
+                die(format!(
+                    "{} at {b} Mbit/s: {} mismatches, {} failed, timed out {}",
+                    r.policy,
+                    r.mismatches.len(),
+                    r.failed,
+                    r.timed_out
+                ));
+            }
+        }
+        let time = |p: PolicyName| at.iter().find(|r| r.policy == p);
+        let fixed = at.iter().filter(|r| r.policy != PolicyName::Auto);
+        let Some(best) = fixed.min_by(|a, b| a.wall_s.total_cmp(&b.wall_s)) else {
+            die("no runs")
+        };
+        let (Some(auto), Some(raw), Some(full)) = (
+            time(PolicyName::Auto),
+            time(PolicyName::ComputeOnly),
+            time(PolicyName::Full),
+        ) else {
+            die("auto, compute-only or full is missing")
+        };
+        rows.push(SplitRow {
+            bandwidth_mbit: b,
+            times: at
+                .iter()
+                .map(|r| (r.policy.to_string(), r.wall_s, r.bytes_from_nodes))
+                .collect(),
+            best: best.policy.to_string(),
+            best_s: best.wall_s,
+            auto_split: auto.extra.get("split").copied().unwrap_or(f64::NAN),
+            auto_s: auto.wall_s,
+            auto_over_best: auto.wall_s / best.wall_s,
+            raw_over_full_bytes: raw.bytes_from_nodes as f64 / full.bytes_from_nodes.max(1) as f64,
+        });
+    }
+    rows
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let home = args
+        .home
+        .clone()
+        .unwrap_or_else(csd_ml_pushdown::assets_dir);
+    let wpath = home.join("efficientnet-lite0.safetensors");
+    let weights = std::fs::read(&wpath).unwrap_or_else(|e| {
+        die(format!(
+            "{}: {e} (run scripts/setup-ml.sh --bench first)",
+            wpath.display()
+        ))
+    });
+    let mut out = Out::default();
+    if args.only.as_deref() != Some("splits") {
+        let r = rate(&args, &home, &weights).await;
+        println!(
+            "\n| cores {:?}, batch {} | images/s | vs onnxruntime |\n|---|---|---|",
+            r.cores, r.batch
+        );
+        println!(
+            "| onnxruntime {} | {:.1} | 1.00 |",
+            r.onnxruntime, r.ort_images_per_s
+        );
+        println!(
+            "| candle model (ours) | {:.1} | {:.2} |",
+            r.candle_images_per_s, r.candle_vs_ort
+        );
+        println!(
+            "| node operator end to end (decode + model + Flight) | {:.1} | {:.2} |",
+            r.operator_images_per_s, r.operator_vs_ort
+        );
+        println!(
+            "features vs onnxruntime: max relative error {:.2e}",
+            r.max_rel_err_vs_ort
+        );
+        let total: f64 = r.profile_decode_s + r.profile_stage_s.iter().sum::<f64>();
+        println!(
+            "where the time goes (ms per image): decode+preprocess {:.2} ({:.0}%)",
+            r.profile_decode_s * 1e3,
+            100.0 * r.profile_decode_s / total
+        );
+        let names = Arch::EfficientNetLite0.stages();
+        for (i, t) in r.profile_stage_s.iter().enumerate() {
+            println!(
+                "  stage {i:>2} {:<14} {:>7.2} ms ({:>4.1}%)  {:>6.1} MFLOP",
+                names.get(i).map(|s| s.name.as_str()).unwrap_or("?"),
+                t * 1e3,
+                100.0 * t / total,
+                names.get(i).map(|s| s.flops as f64 / 1e6).unwrap_or(0.0)
+            );
+        }
+        out.rate = Some(r);
+    }
+    if args.only.as_deref() != Some("rate") {
+        let rows = splits(&args).await;
+        println!(
+            "\n| link | best fixed | best s | auto split | auto s | auto/best | raw/full bytes |\n|---|---|---|---|---|---|---|"
+        );
+        for r in &rows {
+            println!(
+                "| {} Mbit/s | {} | {:.2} | {} | {:.2} | {:.3} | {:.1}x |",
+                r.bandwidth_mbit,
+                r.best,
+                r.best_s,
+                r.auto_split,
+                r.auto_s,
+                r.auto_over_best,
+                r.raw_over_full_bytes
+            );
+        }
+        out.splits = rows;
+    }
+    write_json(&args.json.unwrap_or_else(|| default_json_path("ml")), &out).expect("json");
+}
