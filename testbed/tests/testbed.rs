@@ -60,7 +60,7 @@ fn assert_report_files(dir: &Path, extra: &[&str]) {
     }
     let md = std::fs::read_to_string(dir.join("report.md")).expect("md");
     assert!(
-        md.contains("## Headline") && md.contains("fewer bytes"),
+        md.contains("## Headline") && md.contains("bytes from the nodes"),
         "{md}"
     );
     let back: Report =
