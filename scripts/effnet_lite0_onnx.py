@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ml-pushdown", "tests", "reference"))
-from effnet_lite0 import EPS, STAGES, read_st  # noqa: E402  (the shared weight reader)
+from effnet_lite0 import EPS, blocks, read_st  # noqa: E402  (the shared architecture walk)
 
 
 def main(weights, out):
@@ -54,24 +54,17 @@ def main(weights, out):
         return z
 
     x = conv_bn("input", "_conv_stem.weight", "_bn0", stride=2)
-    bi = 0
-    for r, k, s, e, cin, cout in STAGES:
-        for j in range(r):
-            stride = s if j == 0 else 1
-            inp = cin if j == 0 else cout
-            p = f"_blocks.{bi}"
-            y = x
-            mid = inp * e
-            if e != 1:
-                y = conv_bn(y, p + "._expand_conv.weight", p + "._bn0")
-            y = conv_bn(y, p + "._depthwise_conv.weight", p + "._bn1", stride, groups=mid)
-            y = conv_bn(y, p + "._project_conv.weight", p + "._bn2", act=False)
-            if stride == 1 and inp == cout:
-                z = name("add")
-                nodes.append(helper.make_node("Add", [y, x], [z]))
-                y = z
-            x = y
-            bi += 1
+    for p, stride, inp, cout, e in blocks():
+        y = x
+        if e != 1:
+            y = conv_bn(y, p + "._expand_conv.weight", p + "._bn0")
+        y = conv_bn(y, p + "._depthwise_conv.weight", p + "._bn1", stride, groups=inp * e)
+        y = conv_bn(y, p + "._project_conv.weight", p + "._bn2", act=False)
+        if stride == 1 and inp == cout:
+            z = name("add")
+            nodes.append(helper.make_node("Add", [y, x], [z]))
+            y = z
+        x = y
     x = conv_bn(x, "_conv_head.weight", "_bn1")
     pooled = name("pool")
     nodes.append(helper.make_node("GlobalAveragePool", [x], [pooled]))

@@ -77,6 +77,30 @@ pub fn registry() -> csd_runtime::operator::OperatorRegistry {
     csd_runtime::operator::OperatorRegistry::new().with(std::sync::Arc::new(MlOperator::new()))
 }
 
+/// A rayon pool of `threads` threads named `{name}-{i}`, each pinned to `cores` when
+/// given (the node's `--cpu-set`, or an emulated compute tier's cores).
+pub fn thread_pool(
+    name: &'static str,
+    threads: usize,
+    cores: Option<&[usize]>,
+) -> Result<rayon::ThreadPool> {
+    let cores: Option<std::sync::Arc<[usize]>> = cores.map(Into::into);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .thread_name(move |i| format!("{name}-{i}"))
+        .start_handler(move |_| {
+            if let Some(c) = &cores {
+                csd_runtime::pool::pin_current_thread(c);
+            }
+        })
+        .build()
+        .map_err(|e| {
+            Error::Node(csd_runtime::Error::Internal(format!(
+                "{name} thread pool: {e}"
+            )))
+        })
+}
+
 /// Where `scripts/setup-ml.sh` puts weights, sample images and its Python
 /// (`$CSD_ML_HOME`, default `~/.cache/csd/ml`).
 pub fn assets_dir() -> std::path::PathBuf {

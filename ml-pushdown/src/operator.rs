@@ -134,19 +134,7 @@ impl MlOperator {
         if let Some(p) = self.pool.get() {
             return Ok(p.clone());
         }
-        let cores: Option<Arc<[usize]>> = cores.map(Into::into);
-        let p = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
-            .thread_name(|i| format!("csd-ml-{i}"))
-            .start_handler(move |_| {
-                if let Some(c) = &cores {
-                    csd_runtime::pool::pin_current_thread(c);
-                }
-            })
-            .build()
-            .map_err(|e| {
-                Error::Node(csd_runtime::Error::Internal(format!("ml thread pool: {e}")))
-            })?;
+        let p = crate::thread_pool("csd-ml", threads, cores)?;
         Ok(self.pool.get_or_init(|| Arc::new(p)).clone())
     }
 

@@ -77,16 +77,11 @@ impl Cluster {
     ) -> Result<Self> {
         let plan = s.core_plan(&csd_runtime::pool::available_cores())?;
         let compute_pool = match &plan {
-            Some(p) => {
-                let cores: Arc<[usize]> = p.compute.clone().into();
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(cores.len())
-                    .thread_name(|i| format!("compute-{i}"))
-                    .start_handler(move |_| csd_runtime::pool::pin_current_thread(&cores))
-                    .build()
-                    .map_err(|e| Error::Cluster(format!("compute thread pool: {e}")))?;
-                Some(Arc::new(pool))
-            }
+            Some(p) => Some(Arc::new(csd_ml_pushdown::thread_pool(
+                "compute",
+                p.compute.len(),
+                Some(&p.compute),
+            )?)),
             None => None,
         };
         let mut nodes = Vec::new();

@@ -252,43 +252,40 @@ impl Report {
                 continue;
             }
             // A ratio below 1 reads as its inverse with the opposite word
-            // ("3.0x more bytes", not "0.33x fewer").
-            let say = |r: f64, what: &str| -> String {
-                match what.split_once(' ') {
-                    Some((better, rest)) if r < 1.0 && better != "the" => {
-                        let worse = match better {
-                            "less" => "more",
-                            "fewer" => "more",
-                            w => w,
-                        };
-                        format!("{:.2}x {worse} {rest}", 1.0 / r.max(1e-9))
-                    }
-                    _ => format!("{r:.2}x {what}"),
-                }
+            // ("3.0x more bytes", not "0.33x fewer"); goodput stays a plain ratio.
+            let say = |r: f64, (up, down): (&str, Option<&str>)| match down {
+                Some(down) if r < 1.0 => format!("{:.2}x {down}", 1.0 / r.max(1e-9)),
+                _ => format!("{r:.2}x {up}"),
             };
-            let range = |v: &[(f64, String)], what: &str| -> String {
+            let range = |v: &[(f64, String)], words: (&str, Option<&str>)| -> String {
                 let lo = v.iter().min_by(|a, b| a.0.total_cmp(&b.0));
                 let hi = v.iter().max_by(|a, b| a.0.total_cmp(&b.0));
                 match (lo, hi) {
                     (Some(lo), Some(hi)) if v.len() > 1 => format!(
                         "{} at {} to {} at {}",
-                        say(lo.0, what),
+                        say(lo.0, words),
                         lo.1,
-                        say(hi.0, what),
+                        say(hi.0, words),
                         hi.1
                     ),
-                    (Some(lo), _) => say(lo.0, what),
+                    (Some(lo), _) => say(lo.0, words),
                     _ => String::new(),
                 }
             };
-            let what = match metric {
-                Metric::Time => "less time",
-                Metric::Goodput => "the goodput",
+            let words = match metric {
+                Metric::Time => ("less time", Some("more time")),
+                Metric::Goodput => ("the goodput", None),
             };
             out.push(format!(
                 "**{p} vs {base}**: {}; {}",
-                range(&time, what),
-                range(&bytes, "fewer bytes from the nodes")
+                range(&time, words),
+                range(
+                    &bytes,
+                    (
+                        "fewer bytes from the nodes",
+                        Some("more bytes from the nodes")
+                    )
+                )
             ));
         }
         self.headline = out;

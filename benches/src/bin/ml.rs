@@ -23,10 +23,10 @@ use clap::Parser;
 use csd_benches::{default_json_path, write_json};
 use csd_ml_pushdown::model::{Arch, ImageSpec};
 use csd_ml_pushdown::request::FeatureType;
-use csd_ml_pushdown::stream::{self, FeatureJob, Source};
+use csd_ml_pushdown::stream::{self, FeatureJob};
 use csd_runtime::client::NodeClient;
 use csd_runtime::node::{self, NodeConfig};
-use csd_runtime::pool::{available_cores, parse_core_list, pin_current_thread};
+use csd_runtime::pool::{available_cores, parse_core_list};
 use csd_runtime::ticket::Compression;
 use csd_testbed::scenario::{PolicyName, Scenario};
 use futures::TryStreamExt;
@@ -137,15 +137,6 @@ fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
     std::fs::write(path, out)
 }
 
-fn pinned_pool(cores: &[usize]) -> rayon::ThreadPool {
-    let c: Arc<[usize]> = cores.into();
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(cores.len())
-        .start_handler(move |_| pin_current_thread(&c))
-        .build()
-        .unwrap_or_else(|e| die(format!("thread pool: {e}")))
-}
-
 async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let cores = match &args.cores {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
@@ -181,7 +172,8 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
         .load(weights, &Device::Cpu)
         .unwrap_or_else(|e| die(e));
     let n = model.stages().len();
-    let pool = pinned_pool(&cores);
+    let pool =
+        csd_ml_pushdown::thread_pool("bench", cores.len(), Some(&cores)).unwrap_or_else(|e| die(e));
     let x = pool
         .install(|| {
             csd_ml_pushdown::preprocess::images(&refs, &ImageSpec::IMAGENET_224, &Device::Cpu)
@@ -340,17 +332,8 @@ async fn operator_rate(
     // The first pass also loads the model at the node; the second is the figure.
     for _ in 0..2 {
         let t = Instant::now();
-        let (s, _) = stream::open(
-            srcs.iter()
-                .map(|s| Source {
-                    client: s.client.clone(),
-                    partition: s.partition.clone(),
-                })
-                .collect(),
-            job.clone(),
-            model.clone(),
-        )
-        .unwrap_or_else(|e| die(e));
+        let (s, _) =
+            stream::open(srcs.clone(), job.clone(), model.clone()).unwrap_or_else(|e| die(e));
         let batches: Vec<_> = s.try_collect().await.unwrap_or_else(|e| die(e));
         let got: usize = batches.iter().map(|b| b.ids.len()).sum();
         assert_eq!(got, count, "every stored sample comes back");

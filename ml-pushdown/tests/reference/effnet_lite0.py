@@ -85,27 +85,32 @@ def relu6(x):
     return np.clip(x, 0, 6)
 
 
+def blocks():
+    """The MBConv blocks in order: (weight prefix, stride, in, out channels, expansion)."""
+    bi = 0
+    for r, _k, s, e, cin, cout in STAGES:
+        for j in range(r):
+            yield f"_blocks.{bi}", (s if j == 0 else 1), (cin if j == 0 else cout), cout, e
+            bi += 1
+
+
 def forward(W, x, mode):
     W = {k: v.astype(np.float64) if v.dtype != np.int64 else v for k, v in W.items()}
     outs = {}
     x = relu6(bn(conv(x, W["_conv_stem.weight"], 2, mode=mode), W, "_bn0"))
     outs["stage.0"] = x
     bi = 0
-    for r, k, s, e, cin, cout in STAGES:
-        for j in range(r):
-            stride = s if j == 0 else 1
-            inp = cin if j == 0 else cout
-            p = f"_blocks.{bi}"
-            y = x
-            if e != 1:
-                y = relu6(bn(conv(y, W[p + "._expand_conv.weight"]), W, p + "._bn0"))
-            y = relu6(bn(conv(y, W[p + "._depthwise_conv.weight"], stride, groups=y.shape[1], mode=mode), W, p + "._bn1"))
-            y = bn(conv(y, W[p + "._project_conv.weight"]), W, p + "._bn2")
-            if stride == 1 and inp == cout:
-                y = y + x
-            x = y
-            bi += 1
-            outs[f"stage.{bi}"] = x
+    for p, stride, inp, cout, e in blocks():
+        y = x
+        if e != 1:
+            y = relu6(bn(conv(y, W[p + "._expand_conv.weight"]), W, p + "._bn0"))
+        y = relu6(bn(conv(y, W[p + "._depthwise_conv.weight"], stride, groups=y.shape[1], mode=mode), W, p + "._bn1"))
+        y = bn(conv(y, W[p + "._project_conv.weight"]), W, p + "._bn2")
+        if stride == 1 and inp == cout:
+            y = y + x
+        x = y
+        bi += 1
+        outs[f"stage.{bi}"] = x
     x = relu6(bn(conv(x, W["_conv_head.weight"]), W, "_bn1"))
     outs[f"stage.{bi + 1}"] = x
     x = x.mean(axis=(2, 3))
