@@ -125,6 +125,56 @@ fn stages_match_numpy_reference() {
     eprintln!("worst stage error {worst:.2e}, logits {e:.2e}");
 }
 
+/// ResNet-18 and ResNet-50, every stage and the logits, against a numpy float64
+/// implementation written from the architecture, on random weights the script writes
+/// under torchvision's names (no pretrained ResNet ships inside a PyPI package).
+#[test]
+fn resnet_stages_match_numpy_reference() {
+    let Some((_, tex, py)) = assets() else { return };
+    let csd_ml_pushdown::model::InputKind::Image(spec) = Arch::ResNet18.input();
+    let bytes = std::fs::read(tex.join("test/brick/0.png")).expect("patch");
+    let x = csd_ml_pushdown::preprocess::images(&[bytes.as_slice()], &spec, &Device::Cpu)
+        .expect("preprocess");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.safetensors");
+    candle_core::safetensors::save(&[("input", x.clone())].into_iter().collect(), &input).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/resnet.py");
+    for (arch, depth) in [(Arch::ResNet18, "18"), (Arch::ResNet50, "50")] {
+        let weights = dir.path().join(format!("resnet{depth}.safetensors"));
+        let output = dir.path().join(format!("ref{depth}.safetensors"));
+        let st = std::process::Command::new(&py)
+            .arg(&script)
+            .args([
+                depth.as_ref(),
+                weights.as_os_str(),
+                input.as_os_str(),
+                output.as_os_str(),
+            ])
+            .status()
+            .expect("run python");
+        assert!(st.success(), "reference script failed");
+        let m = arch
+            .load(&std::fs::read(&weights).unwrap(), &Device::Cpu)
+            .expect("load");
+        let want = candle_core::safetensors::load(&output, &Device::Cpu).unwrap();
+        let mut h = x.clone();
+        let n = m.stages().len();
+        let mut worst = 0f32;
+        for i in 0..n {
+            h = m.forward_stage(i, &h).unwrap();
+            let r = &want[&format!("stage.{i}")];
+            assert_eq!(h.dims(), r.dims(), "{arch} stage {i} shape");
+            let e = max_rel_err(&h, r);
+            assert!(e < 1e-4, "{arch} stage {i}: relative error {e}");
+            worst = worst.max(e);
+        }
+        let logits = m.classify(&h).unwrap().expect("the script writes fc");
+        let e = max_rel_err(&logits, &want[&format!("stage.{n}")]);
+        assert!(e < 1e-4, "{arch} logits: relative error {e}");
+        eprintln!("{arch}: {n} stages, worst stage error {worst:.2e}, logits {e:.2e}");
+    }
+}
+
 async fn ml_node(memory: &str) -> RunningNode {
     node::start_with(
         &NodeConfig {

@@ -8,6 +8,7 @@
 
 use candle_core::{D, Device, Tensor};
 
+use super::cpu::{self, Host, MbConv, Window};
 use super::{Arch, StageInfo, StagedModel, Weights, depthwise_conv2d};
 use crate::Result;
 
@@ -37,6 +38,7 @@ struct Block {
     expand: Option<Conv>,
     dw: Conv,
     project: Conv,
+    kernel: usize,
     stride: usize,
     skip: bool,
 }
@@ -54,6 +56,9 @@ pub struct EfficientNetLite0 {
     info: Vec<StageInfo>,
     fc: Option<(Tensor, Tensor)>,
     weight_bytes: u64,
+    /// Run on the CPU with the fused kernels of `cpu` (else candle's ops, which is what
+    /// other devices use).
+    fused: bool,
 }
 
 fn folded(w: &Weights, conv: &str, bn: &str, shape: &[usize], dev: &Device) -> Result<Conv> {
@@ -194,6 +199,7 @@ impl EfficientNetLite0 {
                     &[cout, mid, 1, 1],
                     dev,
                 )?,
+                kernel: k,
                 stride: s,
                 skip: s == 1 && inp == cout,
             }));
@@ -240,7 +246,72 @@ impl EfficientNetLite0 {
             info: layout(),
             fc,
             weight_bytes,
+            fused: dev.is_cpu(),
         })
+    }
+
+    /// Uses candle's ops even on the CPU (to check the fused kernels against them).
+    #[cfg(test)]
+    pub(crate) fn with_candle_ops(mut self) -> Self {
+        self.fused = false;
+        self
+    }
+
+    /// Stage `i` with the fused CPU kernels, one image per task.
+    fn forward_fused(&self, i: usize, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, ch, h, w) = x.dims4()?;
+        let expect = self.shape_before(i)[0];
+        if ch != expect {
+            candle_core::bail!("stage {i} takes {expect} channels, got {ch}");
+        }
+        match &self.stages[i] {
+            Stage::Stem(c) => {
+                let (wt, b) = (Host::new(&c.w), Host::new(&c.b));
+                let (wt, b) = (wt.slice()?, b.slice()?);
+                let g = Window {
+                    h,
+                    w,
+                    k: 3,
+                    stride: 2,
+                };
+                let (oh, ow) = g.out();
+                cpu::per_image(x, &[STEM, oh, ow], |o, x| cpu::dense_conv(o, x, wt, b, g))
+            }
+            Stage::Block(blk) => {
+                let e = blk
+                    .expand
+                    .as_ref()
+                    .map(|e| (Host::new(&e.w), Host::new(&e.b)));
+                let (dw, dwb) = (Host::new(&blk.dw.w), Host::new(&blk.dw.b));
+                let (pw, pb) = (Host::new(&blk.project.w), Host::new(&blk.project.b));
+                let m = MbConv {
+                    expand: match &e {
+                        Some((w, b)) => Some((w.slice()?, b.slice()?)),
+                        None => None,
+                    },
+                    dw: (dw.slice()?, dwb.slice()?),
+                    project: (pw.slice()?, pb.slice()?),
+                    window: Window {
+                        h,
+                        w,
+                        k: blk.kernel,
+                        stride: blk.stride,
+                    },
+                    skip: blk.skip,
+                };
+                let (oh, ow) = m.window.out();
+                let cout = m.project.1.len();
+                cpu::per_image(x, &[cout, oh, ow], |o, x| cpu::mbconv(o, x, &m))
+            }
+            Stage::Head(c) => {
+                let (wt, b) = (Host::new(&c.w), Host::new(&c.b));
+                let (wt, b) = (wt.slice()?, b.slice()?);
+                cpu::per_image(x, &[HEAD, h, w], |o, x| {
+                    cpu::pointwise(o, x, wt, b, h * w, true, None)
+                })
+            }
+            Stage::Pool => cpu::per_image(x, &[HEAD], cpu::mean_planes),
+        }
     }
 }
 
@@ -258,6 +329,9 @@ impl StagedModel for EfficientNetLite0 {
     }
 
     fn forward_stage(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        if self.fused {
+            return Ok(self.forward_fused(i, x)?);
+        }
         let y = match &self.stages[i] {
             Stage::Stem(c) => {
                 let y = x.conv2d(&c.w, 1, 2, 1, 1)?;
@@ -285,5 +359,101 @@ impl StagedModel for EfficientNetLite0 {
             Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::{DType, Device, Tensor};
+
+    use super::*;
+
+    /// Random weights with EfficientNet-Lite0's names and shapes.
+    fn random_weights() -> candle_core::Result<Weights> {
+        let dev = Device::Cpu;
+        let mut m = HashMap::new();
+        let mut conv = |conv: String, bn: String, shape: &[usize]| -> candle_core::Result<()> {
+            let fan_in = (shape[1] * shape[2] * shape[3]) as f64;
+            let out = shape[0];
+            let w = (Tensor::randn(0f32, 1., shape, &dev)? * (2.0 / fan_in).sqrt())?;
+            m.insert(format!("{conv}.weight"), w);
+            m.insert(
+                format!("{bn}.weight"),
+                Tensor::rand(0.5f32, 1.5, out, &dev)?,
+            );
+            m.insert(
+                format!("{bn}.bias"),
+                (Tensor::randn(0f32, 1., out, &dev)? * 0.1)?,
+            );
+            m.insert(
+                format!("{bn}.running_mean"),
+                (Tensor::randn(0f32, 1., out, &dev)? * 0.1)?,
+            );
+            m.insert(
+                format!("{bn}.running_var"),
+                Tensor::rand(0.5f32, 1.5, out, &dev)?,
+            );
+            Ok(())
+        };
+        conv("_conv_stem".into(), "_bn0".into(), &[STEM, 3, 3, 3])?;
+        for (i, (k, _, expand, inp, cout)) in blocks().into_iter().enumerate() {
+            let mid = inp * expand;
+            let p = format!("_blocks.{i}");
+            if expand != 1 {
+                conv(
+                    format!("{p}._expand_conv"),
+                    format!("{p}._bn0"),
+                    &[mid, inp, 1, 1],
+                )?;
+            }
+            conv(
+                format!("{p}._depthwise_conv"),
+                format!("{p}._bn1"),
+                &[mid, 1, k, k],
+            )?;
+            conv(
+                format!("{p}._project_conv"),
+                format!("{p}._bn2"),
+                &[cout, mid, 1, 1],
+            )?;
+        }
+        conv("_conv_head".into(), "_bn1".into(), &[HEAD, 320, 1, 1])?;
+        Ok(Weights::new(m, Arch::EfficientNetLite0))
+    }
+
+    /// The fused CPU kernels against candle's ops, stage by stage, on odd image sizes
+    /// (stride-2 windows over odd widths) and a batch of three.
+    #[test]
+    fn fused_kernels_match_candle_ops() -> crate::Result<()> {
+        let w = random_weights()?;
+        let fused = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?;
+        let plain = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?.with_candle_ops();
+        for side in [77usize, 64] {
+            let mut h = Tensor::randn(0f32, 1., (3, 3, side, side), &Device::Cpu)?;
+            for i in 0..plain.stages.len() {
+                let theirs = plain.forward_stage(i, &h)?;
+                let ours = fused.forward_stage(i, &h)?;
+                assert_eq!(ours.dims(), theirs.dims(), "stage {i}, {side}px");
+                let scale = theirs
+                    .abs()?
+                    .max_all()?
+                    .to_dtype(DType::F32)?
+                    .to_scalar::<f32>()?;
+                let err = (&ours - &theirs)?
+                    .abs()?
+                    .max_all()?
+                    .to_dtype(DType::F32)?
+                    .to_scalar::<f32>()?;
+                assert!(scale > 0.0, "stage {i}: all zeros, the test says nothing");
+                assert!(
+                    err <= 1e-5 * scale.max(1.0),
+                    "stage {i} ({side}px): max error {err}, scale {scale}"
+                );
+                h = theirs;
+            }
+        }
+        Ok(())
     }
 }

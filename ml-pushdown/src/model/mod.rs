@@ -6,8 +6,10 @@
 //! FLOPs and the activation memory it needs per sample, so the planner can price every
 //! split and the node can size its batches from its memory budget before running.
 
+mod cpu;
 mod efficientnet;
 mod ops;
+mod resnet;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use efficientnet::EfficientNetLite0;
 pub use ops::depthwise_conv2d;
+pub use resnet::ResNet;
 
 use crate::{Error, Result};
 
@@ -27,23 +30,33 @@ use crate::{Error, Result};
 pub enum Arch {
     /// EfficientNet-Lite0 (ImageNet, 224×224): stem, 16 MBConv blocks, head, pool.
     EfficientNetLite0,
+    /// ResNet-18 (ImageNet, 224×224): stem, 8 basic blocks, pool.
+    #[serde(rename = "resnet18")]
+    ResNet18,
+    /// ResNet-50 (ImageNet, 224×224): stem, 16 bottleneck blocks, pool.
+    #[serde(rename = "resnet50")]
+    ResNet50,
 }
 
 impl Arch {
     /// Every architecture, for messages.
-    pub const ALL: [Arch; 1] = [Arch::EfficientNetLite0];
+    pub const ALL: [Arch; 3] = [Arch::EfficientNetLite0, Arch::ResNet18, Arch::ResNet50];
 
     /// The name used on the command line and in requests.
     pub fn name(self) -> &'static str {
         match self {
             Arch::EfficientNetLite0 => "efficientnet-lite0",
+            Arch::ResNet18 => "resnet18",
+            Arch::ResNet50 => "resnet50",
         }
     }
 
     /// What the model's samples are.
     pub fn input(self) -> InputKind {
         match self {
-            Arch::EfficientNetLite0 => InputKind::Image(ImageSpec::IMAGENET_224),
+            Arch::EfficientNetLite0 | Arch::ResNet18 | Arch::ResNet50 => {
+                InputKind::Image(ImageSpec::IMAGENET_224)
+            }
         }
     }
 
@@ -51,6 +64,8 @@ impl Arch {
     pub fn stages(self) -> Vec<StageInfo> {
         match self {
             Arch::EfficientNetLite0 => efficientnet::layout(),
+            Arch::ResNet18 => resnet::layout(resnet::Depth::R18),
+            Arch::ResNet50 => resnet::layout(resnet::Depth::R50),
         }
     }
 
@@ -58,9 +73,17 @@ impl Arch {
     pub fn load(self, weights: &[u8], device: &Device) -> Result<Box<dyn StagedModel>> {
         let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
             .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
+        let w = Weights::new(tensors, self);
         match self {
-            Arch::EfficientNetLite0 => Ok(Box::new(EfficientNetLite0::from_tensors(
-                &Weights::new(tensors, self),
+            Arch::EfficientNetLite0 => Ok(Box::new(EfficientNetLite0::from_tensors(&w, device)?)),
+            Arch::ResNet18 => Ok(Box::new(ResNet::from_tensors(
+                resnet::Depth::R18,
+                &w,
+                device,
+            )?)),
+            Arch::ResNet50 => Ok(Box::new(ResNet::from_tensors(
+                resnet::Depth::R50,
+                &w,
                 device,
             )?)),
         }

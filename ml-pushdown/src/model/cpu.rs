@@ -1,0 +1,635 @@
+//! CPU kernels for the convolutional models: one image at a time, fused and cache-sized.
+//!
+//! Built from candle's ops, an MBConv block makes several full passes over tensors of
+//! ~5 MB per image (1×1 convolution as a batched matmul, then a separate bias add, then
+//! a separate clamp, each into a fresh allocation that the kernel page-faults in), and
+//! candle's im2col for the stem is scalar code. These kernels instead:
+//!
+//! - run a 1×1 convolution as one `gemm` call per column chunk into an output already
+//!   holding the bias (and the residual), clamping the chunk while it is in cache;
+//! - run the expansion and the depthwise convolution of a block channel tile by channel
+//!   tile, so the expanded tensor (6× the block's input) never leaves L2;
+//! - run depthwise and stem convolutions as row `axpy`s over a zero-padded plane (for
+//!   stride 2 with its columns split into even and odd, so every tap reads contiguous
+//!   memory), compiled for AVX-512 or AVX2+FMA when the CPU has them;
+//! - reuse per-thread scratch buffers instead of allocating per stage.
+//!
+//! Every kernel works on one image; callers parallelise over the batch.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use candle_core::{CpuStorage, Tensor};
+use rayon::prelude::*;
+
+/// Instruction sets the kernels are compiled for, picked once at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Base,
+}
+
+fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if fma && is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if fma {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Base
+    })
+}
+
+/// Defines `pub(crate) fn $name(args)` that calls `$body::<true>` compiled for AVX-512
+/// or AVX2+FMA when the CPU has them, else `$body::<false>` (no fused multiply-add,
+/// which without hardware support would be a slow library call).
+macro_rules! multiversion {
+    ($(#[$doc:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident;) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name($($a: $t),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                fn v4($($a: $t),*) {
+                    $body::<true>($($a),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                fn v3($($a: $t),*) {
+                    $body::<true>($($a),*)
+                }
+                match isa() {
+                    // SAFETY: `isa()` found these features on this CPU.
+                    Isa::Avx512 => return unsafe { v4($($a),*) },
+                    // SAFETY: as above.
+                    Isa::Avx2 => return unsafe { v3($($a),*) },
+                    Isa::Base => {}
+                }
+            }
+            $body::<false>($($a),*)
+        }
+    };
+}
+
+/// `o += w * x`, element-wise.
+#[inline(always)]
+fn axpy<const FMA: bool>(o: &mut [f32], x: &[f32], w: f32) {
+    let n = o.len().min(x.len());
+    let (o, x) = (&mut o[..n], &x[..n]);
+    for i in 0..n {
+        o[i] = if FMA {
+            x[i].mul_add(w, o[i])
+        } else {
+            o[i] + w * x[i]
+        };
+    }
+}
+
+#[inline(always)]
+fn relu6(o: &mut [f32]) {
+    for v in o {
+        *v = v.clamp(0.0, 6.0);
+    }
+}
+
+/// Per-thread scratch: a padded input plane, an expanded channel tile.
+#[derive(Default)]
+struct Scratch {
+    pad: Vec<f32>,
+    tile: Vec<f32>,
+    dw: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Geometry of a `k×k` convolution with symmetric zero padding `k / 2` and stride 1 or
+/// 2 over an `h×w` plane.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub stride: usize,
+}
+
+impl Window {
+    fn pad(&self) -> usize {
+        self.k / 2
+    }
+    /// Output height and width.
+    pub fn out(&self) -> (usize, usize) {
+        let p = self.pad();
+        (
+            (self.h + 2 * p - self.k) / self.stride + 1,
+            (self.w + 2 * p - self.k) / self.stride + 1,
+        )
+    }
+    /// Width of a padded row.
+    fn wp(&self) -> usize {
+        self.w + 2 * self.pad()
+    }
+}
+
+/// Copies plane `src` (`h×w`) into `dst` with a zero border of `k / 2`. For stride 2
+/// each padded row is stored as its even columns followed by its odd columns.
+fn pad_plane(dst: &mut Vec<f32>, src: &[f32], g: Window) {
+    let (p, wp) = (g.pad(), g.wp());
+    let hp = g.h + 2 * p;
+    dst.clear();
+    dst.resize(hp * wp, 0.0);
+    let ne = wp.div_ceil(2);
+    for y in 0..g.h {
+        let row = &mut dst[(y + p) * wp..(y + p + 1) * wp];
+        let s = &src[y * g.w..(y + 1) * g.w];
+        if g.stride == 1 {
+            row[p..p + g.w].copy_from_slice(s);
+        } else {
+            for (x, v) in s.iter().enumerate() {
+                let j = x + p;
+                row[if j % 2 == 0 { j / 2 } else { ne + j / 2 }] = *v;
+            }
+        }
+    }
+}
+
+/// `out += conv(padded plane, taps)` for one input and one output plane.
+#[inline(always)]
+fn conv_acc<const FMA: bool>(out: &mut [f32], pad: &[f32], taps: &[f32], g: Window) {
+    let (oh, ow) = g.out();
+    let (k, s, wp) = (g.k, g.stride, g.wp());
+    let ne = wp.div_ceil(2);
+    for oy in 0..oh {
+        let orow = &mut out[oy * ow..(oy + 1) * ow];
+        for ky in 0..k {
+            let prow = &pad[(oy * s + ky) * wp..(oy * s + ky + 1) * wp];
+            for kx in 0..k {
+                let start = match (s, kx % 2) {
+                    (1, _) => kx,
+                    (_, 0) => kx / 2,
+                    _ => ne + kx / 2,
+                };
+                axpy::<FMA>(orow, &prow[start..start + ow], taps[ky * k + kx]);
+            }
+        }
+    }
+}
+
+/// 1×1 convolution of one image: `dst[o] = b[o] + Σ_i w[o, i] x[i] (+ residual[o])`,
+/// optionally clamped to [0, 6]. `x`: `[cin, hw]`, `w`: `[cout, cin]`, `dst`:
+/// `[cout, hw]`.
+#[inline(always)]
+fn pointwise_body<const FMA: bool>(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    hw: usize,
+    relu: bool,
+    residual: Option<&[f32]>,
+) {
+    let cout = b.len();
+    let cin = w.len() / cout;
+    assert!(dst.len() == cout * hw && x.len() == cin * hw && w.len() == cout * cin);
+    // Column chunks of about 256 KB of output, so the clamp finds them in cache.
+    let chunk = ((64 * 1024) / cout)
+        .clamp(64, hw.max(64))
+        .next_multiple_of(16);
+    let mut c0 = 0;
+    while c0 < hw {
+        let n = chunk.min(hw - c0);
+        for o in 0..cout {
+            let row = &mut dst[o * hw + c0..o * hw + c0 + n];
+            match residual {
+                Some(r) => {
+                    for (d, r) in row.iter_mut().zip(&r[o * hw + c0..o * hw + c0 + n]) {
+                        *d = b[o] + r;
+                    }
+                }
+                None => row.fill(b[o]),
+            }
+        }
+        // SAFETY: dst is `cout × hw` row-major, x is `cin × hw`, w is `cout × cin`
+        // (asserted above); the chunk `[c0, c0 + n)` lies within every row.
+        unsafe {
+            gemm::gemm(
+                cout,
+                n,
+                cin,
+                dst.as_mut_ptr().add(c0),
+                1,
+                hw as isize,
+                true,
+                w.as_ptr(),
+                1,
+                cin as isize,
+                x.as_ptr().add(c0),
+                1,
+                hw as isize,
+                1.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        if relu {
+            for o in 0..cout {
+                relu6(&mut dst[o * hw + c0..o * hw + c0 + n]);
+            }
+        }
+        c0 += n;
+    }
+}
+
+multiversion! {
+    /// 1×1 convolution of one image (see `pointwise_body`).
+    fn pointwise(
+        dst: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        hw: usize,
+        relu: bool,
+        residual: Option<&[f32]>,
+    ) => pointwise_body;
+}
+
+/// Dense `k×k` convolution of one image, `cin` planes to `cout` planes, plus bias and
+/// ReLU6 (the stem). `w`: `[cout, cin, k, k]`.
+#[inline(always)]
+fn dense_conv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window) {
+    let cout = b.len();
+    let kk = g.k * g.k;
+    let cin = w.len() / (cout * kk);
+    let (oh, ow) = g.out();
+    let plane = g.h * g.w;
+    assert!(x.len() == cin * plane && dst.len() == cout * oh * ow);
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        // Every input plane padded once, side by side.
+        let padded = (g.h + 2 * g.pad()) * g.wp();
+        s.tile.clear();
+        for i in 0..cin {
+            pad_plane(&mut s.pad, &x[i * plane..(i + 1) * plane], g);
+            s.tile.extend_from_slice(&s.pad);
+        }
+        for (o, out) in dst.chunks_mut(oh * ow).enumerate() {
+            out.fill(b[o]);
+            for i in 0..cin {
+                conv_acc::<FMA>(
+                    out,
+                    &s.tile[i * padded..(i + 1) * padded],
+                    &w[(o * cin + i) * kk..(o * cin + i + 1) * kk],
+                    g,
+                );
+            }
+            relu6(out);
+        }
+    })
+}
+
+multiversion! {
+    /// Dense convolution + bias + ReLU6 of one image (see `dense_conv_body`).
+    fn dense_conv(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window) => dense_conv_body;
+}
+
+/// The weights of one MBConv block, as slices.
+pub(crate) struct MbConv<'a> {
+    /// `[mid, cin]` and `[mid]`, when the block expands.
+    pub expand: Option<(&'a [f32], &'a [f32])>,
+    /// `[mid, k, k]` and `[mid]`.
+    pub dw: (&'a [f32], &'a [f32]),
+    /// `[cout, mid]` and `[cout]`.
+    pub project: (&'a [f32], &'a [f32]),
+    /// The depthwise window over the block's input plane.
+    pub window: Window,
+    /// Whether the input is added to the output.
+    pub skip: bool,
+}
+
+/// One MBConv block on one image: expand (1×1, ReLU6) and depthwise (ReLU6) a channel
+/// tile at a time, then project (1×1) with the residual.
+#[inline(always)]
+fn mbconv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) {
+    let g = m.window;
+    let hw = g.h * g.w;
+    let (oh, ow) = g.out();
+    let ohw = oh * ow;
+    let mid = m.dw.1.len();
+    let kk = g.k * g.k;
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let mut dw = std::mem::take(&mut s.dw);
+        dw.clear();
+        dw.resize(mid * ohw, 0.0);
+        // Channels per tile: about 256 KB of expanded activations, at least 16 rows
+        // for the GEMM's microkernel.
+        let tile = ((64 * 1024) / hw).clamp(16, mid.max(16)).min(mid);
+        let mut c0 = 0;
+        while c0 < mid {
+            let tn = tile.min(mid - c0);
+            let src: &[f32] = match m.expand {
+                Some((we, be)) => {
+                    let cin = we.len() / mid;
+                    s.tile.clear();
+                    s.tile.resize(tn * hw, 0.0);
+                    pointwise_body::<FMA>(
+                        &mut s.tile,
+                        x,
+                        &we[c0 * cin..(c0 + tn) * cin],
+                        &be[c0..c0 + tn],
+                        hw,
+                        true,
+                        None,
+                    );
+                    &s.tile
+                }
+                None => &x[c0 * hw..(c0 + tn) * hw],
+            };
+            for c in 0..tn {
+                let ch = c0 + c;
+                pad_plane(&mut s.pad, &src[c * hw..(c + 1) * hw], g);
+                let out = &mut dw[ch * ohw..(ch + 1) * ohw];
+                out.fill(m.dw.1[ch]);
+                conv_acc::<FMA>(out, &s.pad, &m.dw.0[ch * kk..(ch + 1) * kk], g);
+                relu6(out);
+            }
+            c0 += tn;
+        }
+        pointwise_body::<FMA>(
+            dst,
+            &dw,
+            m.project.0,
+            m.project.1,
+            ohw,
+            false,
+            m.skip.then_some(x),
+        );
+        s.dw = dw;
+    })
+}
+
+multiversion! {
+    /// One MBConv block on one image (see `mbconv_body`).
+    fn mbconv(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) => mbconv_body;
+}
+
+/// Depthwise `k×k` convolution + bias (+ ReLU6) of one image: `x` `[c, h, w]`, `w`
+/// `[c, k, k]`.
+#[inline(always)]
+fn depthwise_body<const FMA: bool>(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    g: Window,
+    relu: bool,
+) {
+    let (oh, ow) = g.out();
+    let kk = g.k * g.k;
+    let hw = g.h * g.w;
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
+            pad_plane(&mut s.pad, &x[ch * hw..(ch + 1) * hw], g);
+            out.fill(b[ch]);
+            conv_acc::<FMA>(out, &s.pad, &w[ch * kk..(ch + 1) * kk], g);
+            if relu {
+                relu6(out);
+            }
+        }
+    })
+}
+
+multiversion! {
+    /// Depthwise convolution of one image (see `depthwise_body`).
+    fn depthwise(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window, relu: bool) => depthwise_body;
+}
+
+/// Mean of each of `dst.len()` planes of `x`.
+pub(crate) fn mean_planes(dst: &mut [f32], x: &[f32]) {
+    let hw = x.len() / dst.len().max(1);
+    for (d, plane) in dst.iter_mut().zip(x.chunks(hw)) {
+        *d = plane.iter().sum::<f32>() / hw as f32;
+    }
+}
+
+/// A CPU tensor's float32 data, borrowed for as long as this lives.
+pub(crate) struct Host<'a> {
+    storage: candle_core::StorageRef<'a>,
+    layout: &'a candle_core::Layout,
+}
+
+impl<'a> Host<'a> {
+    pub fn new(t: &'a Tensor) -> Self {
+        let (storage, layout) = t.storage_and_layout();
+        Host { storage, layout }
+    }
+
+    /// The contiguous float32 elements.
+    pub fn slice(&self) -> candle_core::Result<&[f32]> {
+        match (&*self.storage, self.layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Ok(&v[a..b]),
+            (candle_core::Storage::Cpu(CpuStorage::F32(_)), None) => {
+                candle_core::bail!("expected a contiguous tensor")
+            }
+            _ => candle_core::bail!("expected a float32 tensor on the CPU"),
+        }
+    }
+}
+
+/// Runs `f(output image, input image)` over the images of `x` (`[N, ...]`, float32 on
+/// the CPU) in parallel on the current rayon pool, into a new `[N, out_shape...]`.
+pub(crate) fn per_image(
+    x: &Tensor,
+    out_shape: &[usize],
+    f: impl Fn(&mut [f32], &[f32]) + Sync,
+) -> candle_core::Result<Tensor> {
+    let x = x.contiguous()?;
+    let n = x.dim(0)?;
+    let per_out: usize = out_shape.iter().product();
+    let per_in = x.elem_count() / n.max(1);
+    let host = Host::new(&x);
+    let src = host.slice()?;
+    let mut out = vec![0f32; n * per_out];
+    out.par_chunks_mut(per_out.max(1))
+        .zip(src.par_chunks(per_in.max(1)))
+        .for_each(|(o, i)| f(o, i));
+    let mut shape = vec![n];
+    shape.extend_from_slice(out_shape);
+    Tensor::from_vec(out, shape, x.device())
+}
+
+/// Dense convolution of one image through im2col + GEMM, a chunk of output rows at a
+/// time (the columns of a chunk stay in L2): `dst = b + conv(x, w) (+ residual)`,
+/// optionally ReLU (`relu`, max(0, ·)). `w`: `[cout, cin, k, k]`. A 1×1 stride-1
+/// convolution skips the copy.
+#[inline(always)]
+fn conv_body<const FMA: bool>(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    g: Window,
+    relu: bool,
+    residual: Option<&[f32]>,
+) {
+    let cout = b.len();
+    let kk = g.k * g.k;
+    let depth = w.len() / cout;
+    let cin = depth / kk;
+    let (oh, ow) = g.out();
+    let ohw = oh * ow;
+    let plane = g.h * g.w;
+    assert!(x.len() == cin * plane && dst.len() == cout * ohw && depth == cin * kk);
+    if g.k == 1 && g.stride == 1 {
+        pointwise_body::<FMA>(dst, x, w, b, ohw, false, residual);
+        if relu {
+            dst.iter_mut().for_each(|v| *v = v.max(0.0));
+        }
+        return;
+    }
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let (wp, hp) = (g.wp(), g.h + 2 * g.pad());
+        let ne = wp.div_ceil(2);
+        let mut padded = std::mem::take(&mut s.dw);
+        padded.clear();
+        for i in 0..cin {
+            pad_plane(&mut s.pad, &x[i * plane..(i + 1) * plane], g);
+            padded.extend_from_slice(&s.pad);
+        }
+        let rows = ((128 * 1024) / (depth * ow).max(1)).clamp(1, oh);
+        let mut oy0 = 0;
+        while oy0 < oh {
+            let nr = rows.min(oh - oy0);
+            let n = nr * ow;
+            s.tile.clear();
+            s.tile.resize(depth * n, 0.0);
+            for i in 0..cin {
+                let src = &padded[i * hp * wp..(i + 1) * hp * wp];
+                for ky in 0..g.k {
+                    for kx in 0..g.k {
+                        let r = (i * kk + ky * g.k + kx) * n;
+                        let start = match (g.stride, kx % 2) {
+                            (1, _) => kx,
+                            (_, 0) => kx / 2,
+                            _ => ne + kx / 2,
+                        };
+                        for y in 0..nr {
+                            let py = (oy0 + y) * g.stride + ky;
+                            let from = py * wp + start;
+                            s.tile[r + y * ow..r + (y + 1) * ow]
+                                .copy_from_slice(&src[from..from + ow]);
+                        }
+                    }
+                }
+            }
+            let c0 = oy0 * ow;
+            for o in 0..cout {
+                let row = &mut dst[o * ohw + c0..o * ohw + c0 + n];
+                match residual {
+                    Some(r) => {
+                        for (d, r) in row.iter_mut().zip(&r[o * ohw + c0..o * ohw + c0 + n]) {
+                            *d = b[o] + r;
+                        }
+                    }
+                    None => row.fill(b[o]),
+                }
+            }
+            // SAFETY: dst is `cout × ohw` row-major and the chunk `[c0, c0 + n)` lies in
+            // every row; the columns are `depth × n`, w is `cout × depth` (asserted).
+            unsafe {
+                gemm::gemm(
+                    cout,
+                    n,
+                    depth,
+                    dst.as_mut_ptr().add(c0),
+                    1,
+                    ohw as isize,
+                    true,
+                    w.as_ptr(),
+                    1,
+                    depth as isize,
+                    s.tile.as_ptr(),
+                    1,
+                    n as isize,
+                    1.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            if relu {
+                for o in 0..cout {
+                    for v in &mut dst[o * ohw + c0..o * ohw + c0 + n] {
+                        *v = v.max(0.0);
+                    }
+                }
+            }
+            oy0 += nr;
+        }
+        s.dw = padded;
+    })
+}
+
+multiversion! {
+    /// Dense convolution of one image (see `conv_body`).
+    fn conv(
+        dst: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        g: Window,
+        relu: bool,
+        residual: Option<&[f32]>,
+    ) => conv_body;
+}
+
+/// Max pooling over `k×k` windows (padding `k / 2`) of non-negative planes (after a
+/// ReLU, so zero padding is the same as ignoring the border).
+pub(crate) fn max_pool(dst: &mut [f32], x: &[f32], g: Window) {
+    let (oh, ow) = g.out();
+    let hw = g.h * g.w;
+    let (k, s, wp) = (g.k, g.stride, g.wp());
+    let ne = wp.div_ceil(2);
+    SCRATCH.with(|sc| {
+        let sc = &mut *sc.borrow_mut();
+        for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
+            pad_plane(&mut sc.pad, &x[ch * hw..(ch + 1) * hw], g);
+            out.fill(0.0);
+            for oy in 0..oh {
+                let orow = &mut out[oy * ow..(oy + 1) * ow];
+                for ky in 0..k {
+                    let prow = &sc.pad[(oy * s + ky) * wp..(oy * s + ky + 1) * wp];
+                    for kx in 0..k {
+                        let start = match (s, kx % 2) {
+                            (1, _) => kx,
+                            (_, 0) => kx / 2,
+                            _ => ne + kx / 2,
+                        };
+                        for (o, v) in orow.iter_mut().zip(&prow[start..start + ow]) {
+                            *o = o.max(*v);
+                        }
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,524 @@
+//! ResNet-18 and ResNet-50 (He et al.; torchvision's layout, stride on the 3×3 of a
+//! bottleneck) as stages: stem (7×7 convolution and max pool), one stage per residual
+//! block, global pool.
+//!
+//! Weights use torchvision's names (`conv1`, `bn1`, `layer1.0.conv1`,
+//! `layer2.0.downsample.0`, `fc`, …) in a safetensors file. Batch norms (eps 1e-5) are
+//! folded into the convolutions at load time.
+
+use candle_core::{D, Device, Tensor};
+
+use super::cpu::{self, Host, Window};
+use super::{Arch, StageInfo, StagedModel, Weights};
+use crate::Result;
+
+const EPS: f64 = 1e-5;
+const INPUT: usize = 224;
+const WIDTHS: [usize; 4] = [64, 128, 256, 512];
+
+/// The two depths csd stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Depth {
+    R18,
+    R50,
+}
+
+impl Depth {
+    fn blocks(self) -> [usize; 4] {
+        match self {
+            Depth::R18 => [2, 2, 2, 2],
+            Depth::R50 => [3, 4, 6, 3],
+        }
+    }
+    fn expansion(self) -> usize {
+        match self {
+            Depth::R18 => 1,
+            Depth::R50 => 4,
+        }
+    }
+    fn arch(self) -> Arch {
+        match self {
+            Depth::R18 => Arch::ResNet18,
+            Depth::R50 => Arch::ResNet50,
+        }
+    }
+    /// Feature width after the last block.
+    pub(crate) fn features(self) -> usize {
+        512 * self.expansion()
+    }
+}
+
+/// One convolution of a block: (in, out, kernel, stride).
+type ConvShape = (usize, usize, usize, usize);
+
+/// Per block: its convolutions and its downsample convolution, if any.
+fn block_shapes(depth: Depth) -> Vec<(Vec<ConvShape>, Option<ConvShape>)> {
+    let mut out = Vec::new();
+    let mut cin = 64;
+    for (li, (&n, &width)) in depth.blocks().iter().zip(&WIDTHS).enumerate() {
+        for r in 0..n {
+            let s = if r == 0 && li > 0 { 2 } else { 1 };
+            let cout = width * depth.expansion();
+            let convs = match depth {
+                Depth::R18 => vec![(cin, width, 3, s), (width, width, 3, 1)],
+                Depth::R50 => vec![
+                    (cin, width, 1, 1),
+                    (width, width, 3, s),
+                    (width, cout, 1, 1),
+                ],
+            };
+            let down = (s != 1 || cin != cout).then_some((cin, cout, 1, s));
+            out.push((convs, down));
+            cin = cout;
+        }
+    }
+    out
+}
+
+fn out_side(side: usize, k: usize, s: usize) -> usize {
+    (side + 2 * (k / 2) - k) / s + 1
+}
+
+/// The stages' shapes, FLOPs and activation sizes (no weights needed).
+pub(crate) fn layout(depth: Depth) -> Vec<StageInfo> {
+    let f4 = 4u64;
+    let mut info = Vec::new();
+    let conv_side = out_side(INPUT, 7, 2);
+    let side = out_side(conv_side, 3, 2);
+    let conv_elems = (64 * conv_side * conv_side) as u64;
+    info.push(StageInfo {
+        name: "stem".into(),
+        out_shape: vec![64, side, side],
+        flops: 2 * conv_elems * 147 + (64 * side * side * 9) as u64,
+        // input, im2col columns, convolution output (+bias, ReLU), pooled output
+        peak_bytes: f4
+            * (3 * (INPUT * INPUT) as u64
+                + 147 * (conv_side * conv_side) as u64
+                + 3 * conv_elems
+                + (64 * side * side) as u64),
+    });
+    let mut side = side;
+    let mut cout_last = 64;
+    for (i, (convs, down)) in block_shapes(depth).into_iter().enumerate() {
+        let mut flops = 0u64;
+        // Input, the widest im2col columns, every intermediate and the output (with its
+        // bias and residual sums).
+        let mut peak = (convs[0].0 * side * side) as u64;
+        let mut widest_cols = 0u64;
+        let mut s = side;
+        for &(cin, cout, k, st) in &convs {
+            let o = out_side(s, k, st);
+            flops += 2 * (cout * cin * k * k * o * o) as u64;
+            widest_cols = widest_cols.max((cin * k * k * o * o) as u64);
+            peak += 2 * (cout * o * o) as u64;
+            s = o;
+        }
+        if let Some((cin, cout, _, st)) = down {
+            let o = out_side(side, 1, st);
+            flops += 2 * (cout * cin * o * o) as u64;
+            peak += 2 * (cout * o * o) as u64;
+        }
+        cout_last = convs[convs.len() - 1].1;
+        info.push(StageInfo {
+            name: format!("block{i}"),
+            out_shape: vec![cout_last, s, s],
+            flops,
+            peak_bytes: f4 * (peak + widest_cols),
+        });
+        side = s;
+    }
+    let elems = (cout_last * side * side) as u64;
+    info.push(StageInfo {
+        name: "pool".into(),
+        out_shape: vec![cout_last],
+        flops: elems,
+        peak_bytes: f4 * (2 * elems + cout_last as u64),
+    });
+    info
+}
+
+/// A convolution with its batch norm folded in, and its geometry.
+struct Conv {
+    /// `[out, in, k, k]`.
+    w: Tensor,
+    b: Tensor,
+    k: usize,
+    stride: usize,
+}
+
+impl Conv {
+    fn load(w: &Weights, conv: &str, bn: &str, s: ConvShape, dev: &Device) -> Result<Self> {
+        let (cin, cout, k, stride) = s;
+        let wt = w.get(&format!("{conv}.weight"), &[cout, cin, k, k])?;
+        let g = w.get(&format!("{bn}.weight"), &[cout])?;
+        let beta = w.get(&format!("{bn}.bias"), &[cout])?;
+        let mean = w.get(&format!("{bn}.running_mean"), &[cout])?;
+        let var = w.get(&format!("{bn}.running_var"), &[cout])?;
+        let scale = (g / (var + EPS)?.sqrt()?)?;
+        let wt = wt.broadcast_mul(&scale.reshape((cout, 1, 1, 1))?)?;
+        let b = (beta - (mean * &scale)?)?;
+        Ok(Conv {
+            w: wt.to_device(dev)?,
+            b: b.to_device(dev)?,
+            k,
+            stride,
+        })
+    }
+
+    /// candle's ops: convolution plus bias.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let c = self.b.dim(0)?;
+        x.conv2d(&self.w, self.k / 2, self.stride, 1, 1)?
+            .broadcast_add(&self.b.reshape((1, c, 1, 1))?)
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.w.elem_count() + self.b.elem_count()) as u64 * 4
+    }
+}
+
+struct Block {
+    convs: Vec<Conv>,
+    down: Option<Conv>,
+}
+
+enum Stage {
+    Stem(Conv),
+    Block(Block),
+    Pool,
+}
+
+/// ResNet-18 or ResNet-50 with ImageNet preprocessing (224×224).
+pub struct ResNet {
+    depth: Depth,
+    stages: Vec<Stage>,
+    info: Vec<StageInfo>,
+    fc: Option<(Tensor, Tensor)>,
+    weight_bytes: u64,
+    /// Run on the CPU with the kernels of `cpu` (else candle's ops).
+    fused: bool,
+}
+
+impl ResNet {
+    pub(crate) fn from_tensors(depth: Depth, w: &Weights, dev: &Device) -> Result<Self> {
+        let mut stages = vec![Stage::Stem(Conv::load(
+            w,
+            "conv1",
+            "bn1",
+            (3, 64, 7, 2),
+            dev,
+        )?)];
+        let mut idx = 0;
+        for (li, &n) in depth.blocks().iter().enumerate() {
+            for r in 0..n {
+                let (shapes, down) = &block_shapes(depth)[idx];
+                idx += 1;
+                let p = format!("layer{}.{r}", li + 1);
+                let convs = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &s)| {
+                        Conv::load(
+                            w,
+                            &format!("{p}.conv{}", j + 1),
+                            &format!("{p}.bn{}", j + 1),
+                            s,
+                            dev,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let down = match down {
+                    Some(s) => Some(Conv::load(
+                        w,
+                        &format!("{p}.downsample.0"),
+                        &format!("{p}.downsample.1"),
+                        *s,
+                        dev,
+                    )?),
+                    None => None,
+                };
+                stages.push(Stage::Block(Block { convs, down }));
+            }
+        }
+        stages.push(Stage::Pool);
+        let f = depth.features();
+        let fc = if w.has("fc.weight") {
+            Some((
+                w.get("fc.weight", &[1000, f])?.to_device(dev)?,
+                w.get("fc.bias", &[1000])?.to_device(dev)?,
+            ))
+        } else {
+            None
+        };
+        let mut weight_bytes = 0u64;
+        for s in &stages {
+            match s {
+                Stage::Stem(c) => weight_bytes += c.bytes(),
+                Stage::Block(b) => {
+                    weight_bytes += b.convs.iter().chain(&b.down).map(Conv::bytes).sum::<u64>()
+                }
+                Stage::Pool => {}
+            }
+        }
+        if let Some((w, b)) = &fc {
+            weight_bytes += (w.elem_count() + b.elem_count()) as u64 * 4;
+        }
+        Ok(ResNet {
+            depth,
+            stages,
+            info: layout(depth),
+            fc,
+            weight_bytes,
+            fused: dev.is_cpu(),
+        })
+    }
+
+    /// Uses candle's ops even on the CPU (to check the kernels against them).
+    #[cfg(test)]
+    pub(crate) fn with_candle_ops(mut self) -> Self {
+        self.fused = false;
+        self
+    }
+
+    /// Stage `i` with the CPU kernels, one image per task.
+    fn forward_fused(&self, i: usize, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, ch, h, w) = x.dims4()?;
+        let expect = self.shape_before(i)[0];
+        if ch != expect {
+            candle_core::bail!("stage {i} takes {expect} channels, got {ch}");
+        }
+        match &self.stages[i] {
+            Stage::Stem(c) => {
+                let (wt, b) = (Host::new(&c.w), Host::new(&c.b));
+                let (wt, b) = (wt.slice()?, b.slice()?);
+                let g = Window {
+                    h,
+                    w,
+                    k: 7,
+                    stride: 2,
+                };
+                let (ch, cw) = g.out();
+                let pool = Window {
+                    h: ch,
+                    w: cw,
+                    k: 3,
+                    stride: 2,
+                };
+                let (oh, ow) = pool.out();
+                cpu::per_image(x, &[64, oh, ow], |o, x| {
+                    let mut conv = vec![0f32; 64 * ch * cw];
+                    cpu::conv(&mut conv, x, wt, b, g, true, None);
+                    cpu::max_pool(o, &conv, pool);
+                })
+            }
+            Stage::Block(blk) => {
+                let hosts: Vec<(Host<'_>, Host<'_>)> = blk
+                    .convs
+                    .iter()
+                    .chain(&blk.down)
+                    .map(|c| (Host::new(&c.w), Host::new(&c.b)))
+                    .collect();
+                let mut ws = Vec::with_capacity(hosts.len());
+                for (w, b) in &hosts {
+                    ws.push((w.slice()?, b.slice()?));
+                }
+                let mut windows = Vec::new();
+                let (mut sh, mut sw) = (h, w);
+                for c in &blk.convs {
+                    let g = Window {
+                        h: sh,
+                        w: sw,
+                        k: c.k,
+                        stride: c.stride,
+                    };
+                    (sh, sw) = g.out();
+                    windows.push(g);
+                }
+                let down = blk.down.as_ref().map(|c| Window {
+                    h,
+                    w,
+                    k: c.k,
+                    stride: c.stride,
+                });
+                let last = blk.convs.len() - 1;
+                let cout = self.info[i].out_shape[0];
+                cpu::per_image(x, &[cout, sh, sw], |o, x| {
+                    // The shortcut: the input, or its 1×1 (strided) projection.
+                    let shortcut = down.map(|g| {
+                        let (w, b) = ws[last + 1];
+                        let mut s = vec![0f32; cout * sh * sw];
+                        cpu::conv(&mut s, x, w, b, g, false, None);
+                        s
+                    });
+                    let mut prev: Option<Vec<f32>> = None;
+                    for (j, (w, b)) in ws.iter().take(last).enumerate() {
+                        let (a, c) = windows[j].out();
+                        let mut y = vec![0f32; b.len() * a * c];
+                        cpu::conv(
+                            &mut y,
+                            prev.as_deref().unwrap_or(x),
+                            w,
+                            b,
+                            windows[j],
+                            true,
+                            None,
+                        );
+                        prev = Some(y);
+                    }
+                    let (w, b) = ws[last];
+                    let residual = shortcut.as_deref().unwrap_or(x);
+                    let input = prev.as_deref().unwrap_or(x);
+                    cpu::conv(o, input, w, b, windows[last], true, Some(residual));
+                })
+            }
+            Stage::Pool => cpu::per_image(x, &[ch], cpu::mean_planes),
+        }
+    }
+}
+
+impl StagedModel for ResNet {
+    fn arch(&self) -> Arch {
+        self.depth.arch()
+    }
+
+    fn stages(&self) -> &[StageInfo] {
+        &self.info
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    fn forward_stage(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        if self.fused {
+            return Ok(self.forward_fused(i, x)?);
+        }
+        let y = match &self.stages[i] {
+            Stage::Stem(c) => {
+                // Zero padding equals -inf padding here: the pool's input is a ReLU's.
+                c.forward(x)?
+                    .relu()?
+                    .pad_with_zeros(D::Minus2, 1, 1)?
+                    .pad_with_zeros(D::Minus1, 1, 1)?
+                    .max_pool2d_with_stride(3, 2)?
+            }
+            Stage::Block(b) => {
+                let mut h = x.clone();
+                let last = b.convs.len() - 1;
+                for c in &b.convs[..last] {
+                    h = c.forward(&h)?.relu()?;
+                }
+                let shortcut = match &b.down {
+                    Some(d) => d.forward(x)?,
+                    None => x.clone(),
+                };
+                (b.convs[last].forward(&h)? + shortcut)?.relu()?
+            }
+            Stage::Pool => x.mean(D::Minus1)?.mean(D::Minus1)?,
+        };
+        Ok(y)
+    }
+
+    fn classify(&self, features: &Tensor) -> Result<Option<Tensor>> {
+        match &self.fc {
+            Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::{DType, Device, Tensor};
+
+    use super::*;
+
+    /// Random weights with torchvision's ResNet names and shapes.
+    fn random_weights(depth: Depth) -> candle_core::Result<Weights> {
+        let dev = Device::Cpu;
+        let mut m = HashMap::new();
+        let mut conv = |conv: &str, bn: &str, (cin, cout, k, _): ConvShape| {
+            let std = (2.0 / (cin * k * k) as f64).sqrt();
+            let w = (Tensor::randn(0f32, 1., (cout, cin, k, k), &dev)? * std)?;
+            m.insert(format!("{conv}.weight"), w);
+            m.insert(
+                format!("{bn}.weight"),
+                Tensor::rand(0.5f32, 1.0, cout, &dev)?,
+            );
+            m.insert(
+                format!("{bn}.bias"),
+                (Tensor::randn(0f32, 1., cout, &dev)? * 0.1)?,
+            );
+            m.insert(
+                format!("{bn}.running_mean"),
+                (Tensor::randn(0f32, 1., cout, &dev)? * 0.1)?,
+            );
+            m.insert(
+                format!("{bn}.running_var"),
+                Tensor::rand(0.5f32, 1.5, cout, &dev)?,
+            );
+            candle_core::Result::Ok(())
+        };
+        conv("conv1", "bn1", (3, 64, 7, 2))?;
+        let mut idx = 0;
+        for (li, &n) in depth.blocks().iter().enumerate() {
+            for r in 0..n {
+                let (convs, down) = &block_shapes(depth)[idx];
+                idx += 1;
+                let p = format!("layer{}.{r}", li + 1);
+                for (j, s) in convs.iter().enumerate() {
+                    conv(
+                        &format!("{p}.conv{}", j + 1),
+                        &format!("{p}.bn{}", j + 1),
+                        *s,
+                    )?;
+                }
+                if let Some(s) = down {
+                    conv(
+                        &format!("{p}.downsample.0"),
+                        &format!("{p}.downsample.1"),
+                        *s,
+                    )?;
+                }
+            }
+        }
+        Ok(Weights::new(m, depth.arch()))
+    }
+
+    /// The CPU kernels against candle's ops, stage by stage, for both depths, on an
+    /// odd image size and a batch of two.
+    #[test]
+    fn kernels_match_candle_ops() -> crate::Result<()> {
+        for depth in [Depth::R18, Depth::R50] {
+            let w = random_weights(depth)?;
+            let fast = ResNet::from_tensors(depth, &w, &Device::Cpu)?;
+            let plain = ResNet::from_tensors(depth, &w, &Device::Cpu)?.with_candle_ops();
+            assert_eq!(fast.stages.len(), layout(depth).len());
+            let mut h = Tensor::randn(0f32, 1., (2, 3, 69, 69), &Device::Cpu)?;
+            for i in 0..plain.stages.len() {
+                let theirs = plain.forward_stage(i, &h)?;
+                let ours = fast.forward_stage(i, &h)?;
+                assert_eq!(ours.dims(), theirs.dims(), "{depth:?} stage {i}");
+                let scale = theirs
+                    .abs()?
+                    .max_all()?
+                    .to_dtype(DType::F32)?
+                    .to_scalar::<f32>()?;
+                let err = (&ours - &theirs)?
+                    .abs()?
+                    .max_all()?
+                    .to_dtype(DType::F32)?
+                    .to_scalar::<f32>()?;
+                assert!(scale > 0.0, "{depth:?} stage {i}: all zeros");
+                assert!(
+                    err <= 1e-5 * scale.max(1.0),
+                    "{depth:?} stage {i}: max error {err}, scale {scale}"
+                );
+                h = theirs;
+            }
+        }
+        Ok(())
+    }
+}
