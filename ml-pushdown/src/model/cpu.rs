@@ -115,6 +115,18 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+// The kernels take the scratch out and put it back rather than work inside
+// `SCRATCH.with(|s| ..)`: a closure is compiled as its own function, without the
+// AVX-512/AVX2 features of the `multiversion!` wrapper it is inlined into, and
+// `f32::mul_add` there becomes a libm call per element.
+fn take_scratch() -> Scratch {
+    SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()))
+}
+
+fn put_scratch(s: Scratch) {
+    SCRATCH.with(|c| *c.borrow_mut() = s)
+}
+
 /// Geometry of a `k×k` convolution with symmetric zero padding `k / 2` and stride 1 or
 /// 2 over an `h×w` plane.
 #[derive(Debug, Clone, Copy)]
@@ -278,8 +290,9 @@ fn dense_conv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], w: &[f32], b: &[
     let (oh, ow) = g.out();
     let plane = g.h * g.w;
     assert!(x.len() == cin * plane && dst.len() == cout * oh * ow);
-    SCRATCH.with(|s| {
-        let s = &mut *s.borrow_mut();
+    {
+        let mut scratch = take_scratch();
+        let s = &mut scratch;
         // Every input plane padded once, side by side.
         let padded = (g.h + 2 * g.pad()) * g.wp();
         s.tile.clear();
@@ -299,7 +312,8 @@ fn dense_conv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], w: &[f32], b: &[
             }
             relu6(out);
         }
-    })
+        put_scratch(scratch);
+    }
 }
 
 multiversion! {
@@ -331,8 +345,9 @@ fn mbconv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) {
     let ohw = oh * ow;
     let mid = m.dw.1.len();
     let kk = g.k * g.k;
-    SCRATCH.with(|s| {
-        let s = &mut *s.borrow_mut();
+    {
+        let mut scratch = take_scratch();
+        let s = &mut scratch;
         let mut dw = std::mem::take(&mut s.dw);
         dw.clear();
         dw.resize(mid * ohw, 0.0);
@@ -380,7 +395,8 @@ fn mbconv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) {
             m.skip.then_some(x),
         );
         s.dw = dw;
-    })
+        put_scratch(scratch);
+    }
 }
 
 multiversion! {
@@ -402,8 +418,9 @@ fn depthwise_body<const FMA: bool>(
     let (oh, ow) = g.out();
     let kk = g.k * g.k;
     let hw = g.h * g.w;
-    SCRATCH.with(|s| {
-        let s = &mut *s.borrow_mut();
+    {
+        let mut scratch = take_scratch();
+        let s = &mut scratch;
         for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
             pad_plane(&mut s.pad, &x[ch * hw..(ch + 1) * hw], g);
             out.fill(b[ch]);
@@ -412,7 +429,8 @@ fn depthwise_body<const FMA: bool>(
                 relu6(out);
             }
         }
-    })
+        put_scratch(scratch);
+    }
 }
 
 multiversion! {
@@ -499,12 +517,15 @@ fn conv_body<const FMA: bool>(
     if g.k == 1 && g.stride == 1 {
         pointwise_body::<FMA>(dst, x, w, b, ohw, false, residual);
         if relu {
-            dst.iter_mut().for_each(|v| *v = v.max(0.0));
+            for v in dst.iter_mut() {
+                *v = v.max(0.0);
+            }
         }
         return;
     }
-    SCRATCH.with(|s| {
-        let s = &mut *s.borrow_mut();
+    {
+        let mut scratch = take_scratch();
+        let s = &mut scratch;
         let (wp, hp) = (g.wp(), g.h + 2 * g.pad());
         let ne = wp.div_ceil(2);
         let mut padded = std::mem::take(&mut s.dw);
@@ -586,7 +607,8 @@ fn conv_body<const FMA: bool>(
             oy0 += nr;
         }
         s.dw = padded;
-    })
+        put_scratch(scratch);
+    }
 }
 
 multiversion! {
@@ -609,8 +631,9 @@ pub(crate) fn max_pool(dst: &mut [f32], x: &[f32], g: Window) {
     let hw = g.h * g.w;
     let (k, s, wp) = (g.k, g.stride, g.wp());
     let ne = wp.div_ceil(2);
-    SCRATCH.with(|sc| {
-        let sc = &mut *sc.borrow_mut();
+    {
+        let mut scratch = take_scratch();
+        let sc = &mut scratch;
         for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
             pad_plane(&mut sc.pad, &x[ch * hw..(ch + 1) * hw], g);
             out.fill(0.0);
@@ -631,5 +654,6 @@ pub(crate) fn max_pool(dst: &mut [f32], x: &[f32], g: Window) {
                 }
             }
         }
-    })
+        put_scratch(scratch);
+    }
 }
