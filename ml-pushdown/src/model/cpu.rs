@@ -9,9 +9,11 @@
 //!   holding the bias (and the residual), clamping the chunk while it is in cache;
 //! - run the expansion and the depthwise convolution of a block channel tile by channel
 //!   tile, so the expanded tensor (6× the block's input) never leaves L2;
-//! - run depthwise and stem convolutions as row `axpy`s over a zero-padded plane (for
-//!   stride 2 with its columns split into even and odd, so every tap reads contiguous
-//!   memory), compiled for AVX-512 or AVX2+FMA when the CPU has them;
+//! - run depthwise convolutions as row `axpy`s over a zero-padded plane (for stride 2
+//!   with its columns split into even and odd, so every tap reads contiguous memory),
+//!   compiled for AVX-512 or AVX2+FMA when the CPU has them;
+//! - run dense convolutions (stems, ResNet blocks) as im2col + `gemm` a chunk of
+//!   output rows at a time, reading taps from the same padded planes;
 //! - reuse per-thread scratch buffers instead of allocating per stage.
 //!
 //! Every kernel works on one image; callers parallelise over the batch.
@@ -96,19 +98,42 @@ fn axpy<const FMA: bool>(o: &mut [f32], x: &[f32], w: f32) {
     }
 }
 
-#[inline(always)]
-fn relu6(o: &mut [f32]) {
-    for v in o {
-        *v = v.clamp(0.0, 6.0);
+/// The activation a kernel applies to its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Act {
+    None,
+    /// max(0, ·).
+    Relu,
+    /// min(max(0, ·), 6).
+    Relu6,
+}
+
+impl Act {
+    #[inline(always)]
+    fn apply(self, o: &mut [f32]) {
+        match self {
+            Act::None => {}
+            Act::Relu => {
+                for v in o {
+                    *v = v.max(0.0);
+                }
+            }
+            Act::Relu6 => {
+                for v in o {
+                    *v = v.clamp(0.0, 6.0);
+                }
+            }
+        }
     }
 }
 
-/// Per-thread scratch: a padded input plane, an expanded channel tile.
+/// Per-thread scratch: one padded plane, a tile (expanded channels or im2col
+/// columns), and whole-image planes (depthwise outputs or padded inputs).
 #[derive(Default)]
 struct Scratch {
     pad: Vec<f32>,
     tile: Vec<f32>,
-    dw: Vec<f32>,
+    planes: Vec<f32>,
 }
 
 thread_local! {
@@ -153,15 +178,34 @@ impl Window {
     fn wp(&self) -> usize {
         self.w + 2 * self.pad()
     }
+    /// Elements of a padded plane.
+    fn padded(&self) -> usize {
+        (self.h + 2 * self.pad()) * self.wp()
+    }
+    /// Where, in a padded row (see [`pad_plane`]), the `ow` inputs of tap column `kx`
+    /// for output row positions `0..ow` start.
+    #[inline(always)]
+    fn tap_start(&self, kx: usize) -> usize {
+        match (self.stride, kx % 2) {
+            (1, _) => kx,
+            (_, 0) => kx / 2,
+            _ => self.wp().div_ceil(2) + kx / 2,
+        }
+    }
+    /// Padded row `ky` of the window of output row `oy`.
+    #[inline(always)]
+    fn padded_row<'p>(&self, pad: &'p [f32], oy: usize, ky: usize) -> &'p [f32] {
+        let (r, wp) = (oy * self.stride + ky, self.wp());
+        &pad[r * wp..(r + 1) * wp]
+    }
 }
 
 /// Copies plane `src` (`h×w`) into `dst` with a zero border of `k / 2`. For stride 2
 /// each padded row is stored as its even columns followed by its odd columns.
 fn pad_plane(dst: &mut Vec<f32>, src: &[f32], g: Window) {
     let (p, wp) = (g.pad(), g.wp());
-    let hp = g.h + 2 * p;
     dst.clear();
-    dst.resize(hp * wp, 0.0);
+    dst.resize(g.padded(), 0.0);
     let ne = wp.div_ceil(2);
     for y in 0..g.h {
         let row = &mut dst[(y + p) * wp..(y + p + 1) * wp];
@@ -181,27 +225,102 @@ fn pad_plane(dst: &mut Vec<f32>, src: &[f32], g: Window) {
 #[inline(always)]
 fn conv_acc<const FMA: bool>(out: &mut [f32], pad: &[f32], taps: &[f32], g: Window) {
     let (oh, ow) = g.out();
-    let (k, s, wp) = (g.k, g.stride, g.wp());
-    let ne = wp.div_ceil(2);
     for oy in 0..oh {
         let orow = &mut out[oy * ow..(oy + 1) * ow];
-        for ky in 0..k {
-            let prow = &pad[(oy * s + ky) * wp..(oy * s + ky + 1) * wp];
-            for kx in 0..k {
-                let start = match (s, kx % 2) {
-                    (1, _) => kx,
-                    (_, 0) => kx / 2,
-                    _ => ne + kx / 2,
-                };
-                axpy::<FMA>(orow, &prow[start..start + ow], taps[ky * k + kx]);
+        for ky in 0..g.k {
+            let prow = g.padded_row(pad, oy, ky);
+            for kx in 0..g.k {
+                let start = g.tap_start(kx);
+                axpy::<FMA>(orow, &prow[start..start + ow], taps[ky * g.k + kx]);
             }
         }
     }
 }
 
-/// 1×1 convolution of one image: `dst[o] = b[o] + Σ_i w[o, i] x[i] (+ residual[o])`,
-/// optionally clamped to [0, 6]. `x`: `[cin, hw]`, `w`: `[cout, cin]`, `dst`:
-/// `[cout, hw]`.
+/// One depthwise output plane: `out = act(bias + conv(src, taps))`; `pad` is scratch.
+#[inline(always)]
+fn depthwise_plane<const FMA: bool>(
+    out: &mut [f32],
+    src: &[f32],
+    taps: &[f32],
+    bias: f32,
+    g: Window,
+    act: Act,
+    pad: &mut Vec<f32>,
+) {
+    pad_plane(pad, src, g);
+    out.fill(bias);
+    conv_acc::<FMA>(out, pad, taps, g);
+    act.apply(out);
+}
+
+/// `dst[:, c0..c0 + n] = act(b + w × rhs (+ residual))` for a `cout × ld` row-major
+/// `dst`, `w` `[cout, depth]`, and `rhs` `[depth, n]` with rows `rhs_rs` apart.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemm_chunk(
+    dst: &mut [f32],
+    ld: usize,
+    (c0, n): (usize, usize),
+    w: &[f32],
+    b: &[f32],
+    rhs: &[f32],
+    rhs_rs: usize,
+    residual: Option<&[f32]>,
+    act: Act,
+) {
+    let cout = b.len();
+    let depth = w.len() / cout;
+    assert!(
+        dst.len() == cout * ld
+            && c0 + n <= ld
+            && w.len() == cout * depth
+            && rhs.len() >= (depth - 1) * rhs_rs + n
+            && residual.is_none_or(|r| r.len() == dst.len())
+    );
+    for o in 0..cout {
+        let row = &mut dst[o * ld + c0..o * ld + c0 + n];
+        match residual {
+            Some(r) => {
+                for (d, r) in row.iter_mut().zip(&r[o * ld + c0..o * ld + c0 + n]) {
+                    *d = b[o] + r;
+                }
+            }
+            None => row.fill(b[o]),
+        }
+    }
+    // SAFETY: the shapes are asserted above: every row of dst holds `[c0, c0 + n)`,
+    // w is `cout × depth` and rhs `depth` rows of `n` elements, `rhs_rs` apart.
+    unsafe {
+        gemm::gemm(
+            cout,
+            n,
+            depth,
+            dst.as_mut_ptr().add(c0),
+            1,
+            ld as isize,
+            true,
+            w.as_ptr(),
+            1,
+            depth as isize,
+            rhs.as_ptr(),
+            1,
+            rhs_rs as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    for o in 0..cout {
+        act.apply(&mut dst[o * ld + c0..o * ld + c0 + n]);
+    }
+}
+
+/// 1×1 convolution of one image: `dst[o] = act(b[o] + Σ_i w[o, i] x[i] (+ residual[o]))`.
+/// `x`: `[cin, hw]`, `w`: `[cout, cin]`, `dst`: `[cout, hw]`.
 #[inline(always)]
 fn pointwise_body<const FMA: bool>(
     dst: &mut [f32],
@@ -209,60 +328,19 @@ fn pointwise_body<const FMA: bool>(
     w: &[f32],
     b: &[f32],
     hw: usize,
-    relu: bool,
+    act: Act,
     residual: Option<&[f32]>,
 ) {
     let cout = b.len();
-    let cin = w.len() / cout;
-    assert!(dst.len() == cout * hw && x.len() == cin * hw && w.len() == cout * cin);
-    // Column chunks of about 256 KB of output, so the clamp finds them in cache.
+    assert!(x.len() * cout == w.len() * hw);
+    // Column chunks of about 256 KB of output, so the activation finds them in cache.
     let chunk = ((64 * 1024) / cout)
         .clamp(64, hw.max(64))
         .next_multiple_of(16);
     let mut c0 = 0;
     while c0 < hw {
         let n = chunk.min(hw - c0);
-        for o in 0..cout {
-            let row = &mut dst[o * hw + c0..o * hw + c0 + n];
-            match residual {
-                Some(r) => {
-                    for (d, r) in row.iter_mut().zip(&r[o * hw + c0..o * hw + c0 + n]) {
-                        *d = b[o] + r;
-                    }
-                }
-                None => row.fill(b[o]),
-            }
-        }
-        // SAFETY: dst is `cout × hw` row-major, x is `cin × hw`, w is `cout × cin`
-        // (asserted above); the chunk `[c0, c0 + n)` lies within every row.
-        unsafe {
-            gemm::gemm(
-                cout,
-                n,
-                cin,
-                dst.as_mut_ptr().add(c0),
-                1,
-                hw as isize,
-                true,
-                w.as_ptr(),
-                1,
-                cin as isize,
-                x.as_ptr().add(c0),
-                1,
-                hw as isize,
-                1.0f32,
-                1.0f32,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-        if relu {
-            for o in 0..cout {
-                relu6(&mut dst[o * hw + c0..o * hw + c0 + n]);
-            }
-        }
+        gemm_chunk(dst, hw, (c0, n), w, b, &x[c0..], hw, residual, act);
         c0 += n;
     }
 }
@@ -275,50 +353,81 @@ multiversion! {
         w: &[f32],
         b: &[f32],
         hw: usize,
-        relu: bool,
+        act: Act,
         residual: Option<&[f32]>,
     ) => pointwise_body;
 }
 
-/// Dense `k×k` convolution of one image, `cin` planes to `cout` planes, plus bias and
-/// ReLU6 (the stem). `w`: `[cout, cin, k, k]`.
+/// Dense convolution of one image through im2col + GEMM, a chunk of output rows at a
+/// time (the columns of a chunk stay in L2): `dst = act(b + conv(x, w) (+ residual))`.
+/// `w`: `[cout, cin, k, k]`. A 1×1 stride-1 convolution skips the copy.
 #[inline(always)]
-fn dense_conv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window) {
+fn conv_body<const FMA: bool>(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    g: Window,
+    act: Act,
+    residual: Option<&[f32]>,
+) {
     let cout = b.len();
     let kk = g.k * g.k;
-    let cin = w.len() / (cout * kk);
+    let depth = w.len() / cout;
+    let cin = depth / kk;
     let (oh, ow) = g.out();
+    let ohw = oh * ow;
     let plane = g.h * g.w;
-    assert!(x.len() == cin * plane && dst.len() == cout * oh * ow);
-    {
-        let mut scratch = take_scratch();
-        let s = &mut scratch;
-        // Every input plane padded once, side by side.
-        let padded = (g.h + 2 * g.pad()) * g.wp();
-        s.tile.clear();
-        for i in 0..cin {
-            pad_plane(&mut s.pad, &x[i * plane..(i + 1) * plane], g);
-            s.tile.extend_from_slice(&s.pad);
-        }
-        for (o, out) in dst.chunks_mut(oh * ow).enumerate() {
-            out.fill(b[o]);
-            for i in 0..cin {
-                conv_acc::<FMA>(
-                    out,
-                    &s.tile[i * padded..(i + 1) * padded],
-                    &w[(o * cin + i) * kk..(o * cin + i + 1) * kk],
-                    g,
-                );
-            }
-            relu6(out);
-        }
-        put_scratch(scratch);
+    assert!(x.len() == cin * plane && dst.len() == cout * ohw && depth == cin * kk);
+    if g.k == 1 && g.stride == 1 {
+        return pointwise_body::<FMA>(dst, x, w, b, ohw, act, residual);
     }
+    let mut s = take_scratch();
+    // Every input plane padded once, side by side.
+    let padded = g.padded();
+    s.planes.clear();
+    for i in 0..cin {
+        pad_plane(&mut s.pad, &x[i * plane..(i + 1) * plane], g);
+        s.planes.extend_from_slice(&s.pad);
+    }
+    let rows = ((128 * 1024) / (depth * ow).max(1)).clamp(1, oh);
+    let mut oy0 = 0;
+    while oy0 < oh {
+        let nr = rows.min(oh - oy0);
+        let n = nr * ow;
+        s.tile.clear();
+        s.tile.resize(depth * n, 0.0);
+        for i in 0..cin {
+            let src = &s.planes[i * padded..(i + 1) * padded];
+            for ky in 0..g.k {
+                for kx in 0..g.k {
+                    let r = (i * kk + ky * g.k + kx) * n;
+                    let start = g.tap_start(kx);
+                    for y in 0..nr {
+                        let prow = g.padded_row(src, oy0 + y, ky);
+                        s.tile[r + y * ow..r + (y + 1) * ow]
+                            .copy_from_slice(&prow[start..start + ow]);
+                    }
+                }
+            }
+        }
+        gemm_chunk(dst, ohw, (oy0 * ow, n), w, b, &s.tile, n, residual, act);
+        oy0 += nr;
+    }
+    put_scratch(s);
 }
 
 multiversion! {
-    /// Dense convolution + bias + ReLU6 of one image (see `dense_conv_body`).
-    fn dense_conv(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window) => dense_conv_body;
+    /// Dense convolution of one image (see `conv_body`).
+    fn conv(
+        dst: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        g: Window,
+        act: Act,
+        residual: Option<&[f32]>,
+    ) => conv_body;
 }
 
 /// The weights of one MBConv block, as slices.
@@ -345,58 +454,43 @@ fn mbconv_body<const FMA: bool>(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) {
     let ohw = oh * ow;
     let mid = m.dw.1.len();
     let kk = g.k * g.k;
-    {
-        let mut scratch = take_scratch();
-        let s = &mut scratch;
-        let mut dw = std::mem::take(&mut s.dw);
-        dw.clear();
-        dw.resize(mid * ohw, 0.0);
-        // Channels per tile: about 256 KB of expanded activations, at least 16 rows
-        // for the GEMM's microkernel.
-        let tile = ((64 * 1024) / hw).clamp(16, mid.max(16)).min(mid);
-        let mut c0 = 0;
-        while c0 < mid {
-            let tn = tile.min(mid - c0);
-            let src: &[f32] = match m.expand {
-                Some((we, be)) => {
-                    let cin = we.len() / mid;
-                    s.tile.clear();
-                    s.tile.resize(tn * hw, 0.0);
-                    pointwise_body::<FMA>(
-                        &mut s.tile,
-                        x,
-                        &we[c0 * cin..(c0 + tn) * cin],
-                        &be[c0..c0 + tn],
-                        hw,
-                        true,
-                        None,
-                    );
-                    &s.tile
-                }
-                None => &x[c0 * hw..(c0 + tn) * hw],
-            };
-            for c in 0..tn {
-                let ch = c0 + c;
-                pad_plane(&mut s.pad, &src[c * hw..(c + 1) * hw], g);
-                let out = &mut dw[ch * ohw..(ch + 1) * ohw];
-                out.fill(m.dw.1[ch]);
-                conv_acc::<FMA>(out, &s.pad, &m.dw.0[ch * kk..(ch + 1) * kk], g);
-                relu6(out);
+    let mut s = take_scratch();
+    s.planes.clear();
+    s.planes.resize(mid * ohw, 0.0);
+    // Channels per tile: about 256 KB of expanded activations, at least 16 rows for
+    // the GEMM's microkernel.
+    let tile = ((64 * 1024) / hw).clamp(16, mid.max(16)).min(mid);
+    let mut c0 = 0;
+    while c0 < mid {
+        let tn = tile.min(mid - c0);
+        let src: &[f32] = match m.expand {
+            Some((we, be)) => {
+                let cin = we.len() / mid;
+                s.tile.clear();
+                s.tile.resize(tn * hw, 0.0);
+                let (w, b) = (&we[c0 * cin..(c0 + tn) * cin], &be[c0..c0 + tn]);
+                pointwise_body::<FMA>(&mut s.tile, x, w, b, hw, Act::Relu6, None);
+                &s.tile
             }
-            c0 += tn;
+            None => &x[c0 * hw..(c0 + tn) * hw],
+        };
+        for c in 0..tn {
+            let ch = c0 + c;
+            depthwise_plane::<FMA>(
+                &mut s.planes[ch * ohw..(ch + 1) * ohw],
+                &src[c * hw..(c + 1) * hw],
+                &m.dw.0[ch * kk..(ch + 1) * kk],
+                m.dw.1[ch],
+                g,
+                Act::Relu6,
+                &mut s.pad,
+            );
         }
-        pointwise_body::<FMA>(
-            dst,
-            &dw,
-            m.project.0,
-            m.project.1,
-            ohw,
-            false,
-            m.skip.then_some(x),
-        );
-        s.dw = dw;
-        put_scratch(scratch);
+        c0 += tn;
     }
+    let (w, b) = m.project;
+    pointwise_body::<FMA>(dst, &s.planes, w, b, ohw, Act::None, m.skip.then_some(x));
+    put_scratch(s);
 }
 
 multiversion! {
@@ -404,7 +498,7 @@ multiversion! {
     fn mbconv(dst: &mut [f32], x: &[f32], m: &MbConv<'_>) => mbconv_body;
 }
 
-/// Depthwise `k×k` convolution + bias (+ ReLU6) of one image: `x` `[c, h, w]`, `w`
+/// Depthwise `k×k` convolution + bias + activation of one image: `x` `[c, h, w]`, `w`
 /// `[c, k, k]`.
 #[inline(always)]
 fn depthwise_body<const FMA: bool>(
@@ -413,29 +507,47 @@ fn depthwise_body<const FMA: bool>(
     w: &[f32],
     b: &[f32],
     g: Window,
-    relu: bool,
+    act: Act,
 ) {
     let (oh, ow) = g.out();
     let kk = g.k * g.k;
     let hw = g.h * g.w;
-    {
-        let mut scratch = take_scratch();
-        let s = &mut scratch;
-        for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
-            pad_plane(&mut s.pad, &x[ch * hw..(ch + 1) * hw], g);
-            out.fill(b[ch]);
-            conv_acc::<FMA>(out, &s.pad, &w[ch * kk..(ch + 1) * kk], g);
-            if relu {
-                relu6(out);
-            }
-        }
-        put_scratch(scratch);
+    let mut s = take_scratch();
+    for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
+        let (src, taps) = (&x[ch * hw..(ch + 1) * hw], &w[ch * kk..(ch + 1) * kk]);
+        depthwise_plane::<FMA>(out, src, taps, b[ch], g, act, &mut s.pad);
     }
+    put_scratch(s);
 }
 
 multiversion! {
     /// Depthwise convolution of one image (see `depthwise_body`).
-    fn depthwise(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window, relu: bool) => depthwise_body;
+    fn depthwise(dst: &mut [f32], x: &[f32], w: &[f32], b: &[f32], g: Window, act: Act) => depthwise_body;
+}
+
+/// Max pooling over `k×k` windows (padding `k / 2`) of non-negative planes (after a
+/// ReLU, so zero padding is the same as ignoring the border).
+pub(crate) fn max_pool(dst: &mut [f32], x: &[f32], g: Window) {
+    let (oh, ow) = g.out();
+    let hw = g.h * g.w;
+    let mut s = take_scratch();
+    for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
+        pad_plane(&mut s.pad, &x[ch * hw..(ch + 1) * hw], g);
+        out.fill(0.0);
+        for oy in 0..oh {
+            let orow = &mut out[oy * ow..(oy + 1) * ow];
+            for ky in 0..g.k {
+                let prow = g.padded_row(&s.pad, oy, ky);
+                for kx in 0..g.k {
+                    let start = g.tap_start(kx);
+                    for (o, v) in orow.iter_mut().zip(&prow[start..start + ow]) {
+                        *o = o.max(*v);
+                    }
+                }
+            }
+        }
+    }
+    put_scratch(s);
 }
 
 /// Mean of each of `dst.len()` planes of `x`.
@@ -490,170 +602,4 @@ pub(crate) fn per_image(
     let mut shape = vec![n];
     shape.extend_from_slice(out_shape);
     Tensor::from_vec(out, shape, x.device())
-}
-
-/// Dense convolution of one image through im2col + GEMM, a chunk of output rows at a
-/// time (the columns of a chunk stay in L2): `dst = b + conv(x, w) (+ residual)`,
-/// optionally ReLU (`relu`, max(0, ·)). `w`: `[cout, cin, k, k]`. A 1×1 stride-1
-/// convolution skips the copy.
-#[inline(always)]
-fn conv_body<const FMA: bool>(
-    dst: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    g: Window,
-    relu: bool,
-    residual: Option<&[f32]>,
-) {
-    let cout = b.len();
-    let kk = g.k * g.k;
-    let depth = w.len() / cout;
-    let cin = depth / kk;
-    let (oh, ow) = g.out();
-    let ohw = oh * ow;
-    let plane = g.h * g.w;
-    assert!(x.len() == cin * plane && dst.len() == cout * ohw && depth == cin * kk);
-    if g.k == 1 && g.stride == 1 {
-        pointwise_body::<FMA>(dst, x, w, b, ohw, false, residual);
-        if relu {
-            for v in dst.iter_mut() {
-                *v = v.max(0.0);
-            }
-        }
-        return;
-    }
-    {
-        let mut scratch = take_scratch();
-        let s = &mut scratch;
-        let (wp, hp) = (g.wp(), g.h + 2 * g.pad());
-        let ne = wp.div_ceil(2);
-        let mut padded = std::mem::take(&mut s.dw);
-        padded.clear();
-        for i in 0..cin {
-            pad_plane(&mut s.pad, &x[i * plane..(i + 1) * plane], g);
-            padded.extend_from_slice(&s.pad);
-        }
-        let rows = ((128 * 1024) / (depth * ow).max(1)).clamp(1, oh);
-        let mut oy0 = 0;
-        while oy0 < oh {
-            let nr = rows.min(oh - oy0);
-            let n = nr * ow;
-            s.tile.clear();
-            s.tile.resize(depth * n, 0.0);
-            for i in 0..cin {
-                let src = &padded[i * hp * wp..(i + 1) * hp * wp];
-                for ky in 0..g.k {
-                    for kx in 0..g.k {
-                        let r = (i * kk + ky * g.k + kx) * n;
-                        let start = match (g.stride, kx % 2) {
-                            (1, _) => kx,
-                            (_, 0) => kx / 2,
-                            _ => ne + kx / 2,
-                        };
-                        for y in 0..nr {
-                            let py = (oy0 + y) * g.stride + ky;
-                            let from = py * wp + start;
-                            s.tile[r + y * ow..r + (y + 1) * ow]
-                                .copy_from_slice(&src[from..from + ow]);
-                        }
-                    }
-                }
-            }
-            let c0 = oy0 * ow;
-            for o in 0..cout {
-                let row = &mut dst[o * ohw + c0..o * ohw + c0 + n];
-                match residual {
-                    Some(r) => {
-                        for (d, r) in row.iter_mut().zip(&r[o * ohw + c0..o * ohw + c0 + n]) {
-                            *d = b[o] + r;
-                        }
-                    }
-                    None => row.fill(b[o]),
-                }
-            }
-            // SAFETY: dst is `cout × ohw` row-major and the chunk `[c0, c0 + n)` lies in
-            // every row; the columns are `depth × n`, w is `cout × depth` (asserted).
-            unsafe {
-                gemm::gemm(
-                    cout,
-                    n,
-                    depth,
-                    dst.as_mut_ptr().add(c0),
-                    1,
-                    ohw as isize,
-                    true,
-                    w.as_ptr(),
-                    1,
-                    depth as isize,
-                    s.tile.as_ptr(),
-                    1,
-                    n as isize,
-                    1.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-            if relu {
-                for o in 0..cout {
-                    for v in &mut dst[o * ohw + c0..o * ohw + c0 + n] {
-                        *v = v.max(0.0);
-                    }
-                }
-            }
-            oy0 += nr;
-        }
-        s.dw = padded;
-        put_scratch(scratch);
-    }
-}
-
-multiversion! {
-    /// Dense convolution of one image (see `conv_body`).
-    fn conv(
-        dst: &mut [f32],
-        x: &[f32],
-        w: &[f32],
-        b: &[f32],
-        g: Window,
-        relu: bool,
-        residual: Option<&[f32]>,
-    ) => conv_body;
-}
-
-/// Max pooling over `k×k` windows (padding `k / 2`) of non-negative planes (after a
-/// ReLU, so zero padding is the same as ignoring the border).
-pub(crate) fn max_pool(dst: &mut [f32], x: &[f32], g: Window) {
-    let (oh, ow) = g.out();
-    let hw = g.h * g.w;
-    let (k, s, wp) = (g.k, g.stride, g.wp());
-    let ne = wp.div_ceil(2);
-    {
-        let mut scratch = take_scratch();
-        let sc = &mut scratch;
-        for (ch, out) in dst.chunks_mut(oh * ow).enumerate() {
-            pad_plane(&mut sc.pad, &x[ch * hw..(ch + 1) * hw], g);
-            out.fill(0.0);
-            for oy in 0..oh {
-                let orow = &mut out[oy * ow..(oy + 1) * ow];
-                for ky in 0..k {
-                    let prow = &sc.pad[(oy * s + ky) * wp..(oy * s + ky + 1) * wp];
-                    for kx in 0..k {
-                        let start = match (s, kx % 2) {
-                            (1, _) => kx,
-                            (_, 0) => kx / 2,
-                            _ => ne + kx / 2,
-                        };
-                        for (o, v) in orow.iter_mut().zip(&prow[start..start + ow]) {
-                            *o = o.max(*v);
-                        }
-                    }
-                }
-            }
-        }
-        put_scratch(scratch);
-    }
 }

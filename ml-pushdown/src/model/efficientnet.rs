@@ -8,8 +8,9 @@
 
 use candle_core::{D, Device, Tensor};
 
+use super::cpu::Act;
 use super::cpu::{self, Host, MbConv, Window};
-use super::{Arch, StageInfo, StagedModel, Weights, depthwise_conv2d};
+use super::{Arch, StageInfo, StagedModel, Weights, bytes_of, classify, depthwise_conv2d};
 use crate::Result;
 
 const EPS: f64 = 1e-3;
@@ -62,24 +63,14 @@ pub struct EfficientNetLite0 {
 }
 
 fn folded(w: &Weights, conv: &str, bn: &str, shape: &[usize], dev: &Device) -> Result<Conv> {
-    let out = shape[0];
-    let wt = w.get(&format!("{conv}.weight"), shape)?;
-    let g = w.get(&format!("{bn}.weight"), &[out])?;
-    let beta = w.get(&format!("{bn}.bias"), &[out])?;
-    let mean = w.get(&format!("{bn}.running_mean"), &[out])?;
-    let var = w.get(&format!("{bn}.running_var"), &[out])?;
-    let scale = (g / (var + EPS)?.sqrt()?)?;
-    let wt = wt.broadcast_mul(&scale.reshape((out, 1, 1, 1))?)?;
-    let b = (beta - (mean * &scale)?)?;
+    let (wt, b) = w.conv_bn(conv, bn, shape, EPS, dev)?;
+    // 1×1 convolutions keep `[out, in]`: they run as matrix products.
     let wt = if shape[2] == 1 && shape[3] == 1 {
-        wt.reshape((out, shape[1]))?
+        wt.reshape((shape[0], shape[1]))?
     } else {
         wt
     };
-    Ok(Conv {
-        w: wt.to_device(dev)?,
-        b: b.to_device(dev)?,
-    })
+    Ok(Conv { w: wt, b })
 }
 
 /// 1×1 convolution as a matrix product, plus bias and optional ReLU6.
@@ -212,35 +203,21 @@ impl EfficientNetLite0 {
             dev,
         )?));
         stages.push(Stage::Pool);
-        let fc = if w.has("_fc.weight") {
-            Some((
-                w.get("_fc.weight", &[1000, HEAD])?.to_device(dev)?,
-                w.get("_fc.bias", &[1000])?.to_device(dev)?,
-            ))
-        } else {
-            None
-        };
-        let mut weight_bytes = 0u64;
-        let mut add = |t: &Tensor| weight_bytes += t.elem_count() as u64 * 4;
+        let fc = w.linear("_fc", 1000, HEAD, dev)?;
+        let mut tensors = Vec::new();
         for s in &stages {
             match s {
-                Stage::Stem(c) | Stage::Head(c) => {
-                    add(&c.w);
-                    add(&c.b)
-                }
-                Stage::Block(b) => {
-                    for c in b.expand.iter().chain([&b.dw, &b.project]) {
-                        add(&c.w);
-                        add(&c.b);
-                    }
-                }
+                Stage::Stem(c) | Stage::Head(c) => tensors.push(c),
+                Stage::Block(b) => tensors.extend(b.expand.iter().chain([&b.dw, &b.project])),
                 Stage::Pool => {}
             }
         }
-        if let Some((w, b)) = &fc {
-            add(w);
-            add(b);
-        }
+        let weight_bytes = bytes_of(
+            tensors
+                .into_iter()
+                .flat_map(|c| [&c.w, &c.b])
+                .chain(fc.iter().flat_map(|(w, b)| [w, b])),
+        );
         Ok(EfficientNetLite0 {
             stages,
             info: layout(),
@@ -275,7 +252,9 @@ impl EfficientNetLite0 {
                     stride: 2,
                 };
                 let (oh, ow) = g.out();
-                cpu::per_image(x, &[STEM, oh, ow], |o, x| cpu::dense_conv(o, x, wt, b, g))
+                cpu::per_image(x, &[STEM, oh, ow], |o, x| {
+                    cpu::conv(o, x, wt, b, g, Act::Relu6, None)
+                })
             }
             Stage::Block(blk) => {
                 let e = blk
@@ -307,7 +286,7 @@ impl EfficientNetLite0 {
                 let (wt, b) = (Host::new(&c.w), Host::new(&c.b));
                 let (wt, b) = (wt.slice()?, b.slice()?);
                 cpu::per_image(x, &[HEAD, h, w], |o, x| {
-                    cpu::pointwise(o, x, wt, b, h * w, true, None)
+                    cpu::pointwise(o, x, wt, b, h * w, Act::Relu6, None)
                 })
             }
             Stage::Pool => cpu::per_image(x, &[HEAD], cpu::mean_planes),
@@ -355,10 +334,7 @@ impl StagedModel for EfficientNetLite0 {
     }
 
     fn classify(&self, features: &Tensor) -> Result<Option<Tensor>> {
-        match &self.fc {
-            Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
-            None => Ok(None),
-        }
+        classify(&self.fc, features)
     }
 }
 
@@ -366,60 +342,27 @@ impl StagedModel for EfficientNetLite0 {
 mod tests {
     use std::collections::HashMap;
 
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::model::testing::{assert_stages_match, random_conv_bn};
 
     /// Random weights with EfficientNet-Lite0's names and shapes.
     fn random_weights() -> candle_core::Result<Weights> {
-        let dev = Device::Cpu;
         let mut m = HashMap::new();
-        let mut conv = |conv: String, bn: String, shape: &[usize]| -> candle_core::Result<()> {
-            let fan_in = (shape[1] * shape[2] * shape[3]) as f64;
-            let out = shape[0];
-            let w = (Tensor::randn(0f32, 1., shape, &dev)? * (2.0 / fan_in).sqrt())?;
-            m.insert(format!("{conv}.weight"), w);
-            m.insert(
-                format!("{bn}.weight"),
-                Tensor::rand(0.5f32, 1.5, out, &dev)?,
-            );
-            m.insert(
-                format!("{bn}.bias"),
-                (Tensor::randn(0f32, 1., out, &dev)? * 0.1)?,
-            );
-            m.insert(
-                format!("{bn}.running_mean"),
-                (Tensor::randn(0f32, 1., out, &dev)? * 0.1)?,
-            );
-            m.insert(
-                format!("{bn}.running_var"),
-                Tensor::rand(0.5f32, 1.5, out, &dev)?,
-            );
-            Ok(())
-        };
-        conv("_conv_stem".into(), "_bn0".into(), &[STEM, 3, 3, 3])?;
+        random_conv_bn(&mut m, "_conv_stem", "_bn0", &[STEM, 3, 3, 3])?;
         for (i, (k, _, expand, inp, cout)) in blocks().into_iter().enumerate() {
-            let mid = inp * expand;
-            let p = format!("_blocks.{i}");
+            let (mid, p) = (inp * expand, format!("_blocks.{i}"));
             if expand != 1 {
-                conv(
-                    format!("{p}._expand_conv"),
-                    format!("{p}._bn0"),
-                    &[mid, inp, 1, 1],
-                )?;
+                let (conv, bn) = (format!("{p}._expand_conv"), format!("{p}._bn0"));
+                random_conv_bn(&mut m, &conv, &bn, &[mid, inp, 1, 1])?;
             }
-            conv(
-                format!("{p}._depthwise_conv"),
-                format!("{p}._bn1"),
-                &[mid, 1, k, k],
-            )?;
-            conv(
-                format!("{p}._project_conv"),
-                format!("{p}._bn2"),
-                &[cout, mid, 1, 1],
-            )?;
+            let (conv, bn) = (format!("{p}._depthwise_conv"), format!("{p}._bn1"));
+            random_conv_bn(&mut m, &conv, &bn, &[mid, 1, k, k])?;
+            let (conv, bn) = (format!("{p}._project_conv"), format!("{p}._bn2"));
+            random_conv_bn(&mut m, &conv, &bn, &[cout, mid, 1, 1])?;
         }
-        conv("_conv_head".into(), "_bn1".into(), &[HEAD, 320, 1, 1])?;
+        random_conv_bn(&mut m, "_conv_head", "_bn1", &[HEAD, 320, 1, 1])?;
         Ok(Weights::new(m, Arch::EfficientNetLite0))
     }
 
@@ -431,28 +374,8 @@ mod tests {
         let fused = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?;
         let plain = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?.with_candle_ops();
         for side in [77usize, 64] {
-            let mut h = Tensor::randn(0f32, 1., (3, 3, side, side), &Device::Cpu)?;
-            for i in 0..plain.stages.len() {
-                let theirs = plain.forward_stage(i, &h)?;
-                let ours = fused.forward_stage(i, &h)?;
-                assert_eq!(ours.dims(), theirs.dims(), "stage {i}, {side}px");
-                let scale = theirs
-                    .abs()?
-                    .max_all()?
-                    .to_dtype(DType::F32)?
-                    .to_scalar::<f32>()?;
-                let err = (&ours - &theirs)?
-                    .abs()?
-                    .max_all()?
-                    .to_dtype(DType::F32)?
-                    .to_scalar::<f32>()?;
-                assert!(scale > 0.0, "stage {i}: all zeros, the test says nothing");
-                assert!(
-                    err <= 1e-5 * scale.max(1.0),
-                    "stage {i} ({side}px): max error {err}, scale {scale}"
-                );
-                h = theirs;
-            }
+            let x = Tensor::randn(0f32, 1., (3, 3, side, side), &Device::Cpu)?;
+            assert_stages_match(&fused, &plain, x, &format!("{side}px"))?;
         }
         Ok(())
     }

@@ -234,8 +234,123 @@ impl Weights {
         Ok(t.to_dtype(candle_core::DType::F32)?)
     }
 
-    /// Whether tensor `name` is present.
-    pub(crate) fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+    /// Convolution `conv` (`shape`: `[out, in / groups, k, k]`) with batch norm `bn`
+    /// (epsilon `eps`) folded in: its weights and bias, on `dev`.
+    pub(crate) fn conv_bn(
+        &self,
+        conv: &str,
+        bn: &str,
+        shape: &[usize],
+        eps: f64,
+        dev: &Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let out = shape[0];
+        let w = self.get(&format!("{conv}.weight"), shape)?;
+        let g = self.get(&format!("{bn}.weight"), &[out])?;
+        let beta = self.get(&format!("{bn}.bias"), &[out])?;
+        let mean = self.get(&format!("{bn}.running_mean"), &[out])?;
+        let var = self.get(&format!("{bn}.running_var"), &[out])?;
+        let scale = (g / (var + eps)?.sqrt()?)?;
+        let w = w.broadcast_mul(&scale.reshape((out, 1, 1, 1))?)?;
+        let b = (beta - (mean * &scale)?)?;
+        Ok((w.to_device(dev)?, b.to_device(dev)?))
+    }
+
+    /// The classifier `{name}.weight` (`[out, inp]`) and `{name}.bias` on `dev`, when
+    /// the weights include it.
+    pub(crate) fn linear(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        dev: &Device,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        if !self.tensors.contains_key(&format!("{name}.weight")) {
+            return Ok(None);
+        }
+        Ok(Some((
+            self.get(&format!("{name}.weight"), &[out, inp])?
+                .to_device(dev)?,
+            self.get(&format!("{name}.bias"), &[out])?.to_device(dev)?,
+        )))
+    }
+}
+
+/// Bytes of float32 `tensors`.
+pub(crate) fn bytes_of<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    tensors.into_iter().map(|t| t.elem_count() as u64 * 4).sum()
+}
+
+/// Logits of the classifier `fc`, when there is one.
+pub(crate) fn classify(fc: &Option<(Tensor, Tensor)>, features: &Tensor) -> Result<Option<Tensor>> {
+    match fc {
+        Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
+        None => Ok(None),
+    }
+}
+
+/// Helpers for the models' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::collections::HashMap;
+
+    use candle_core::{DType, Device, Tensor};
+
+    use super::StagedModel;
+
+    /// He-initialised weights `{conv}.weight` of `shape` (`[out, in, k, k]`) and random
+    /// batch-norm parameters and statistics `{bn}.*`.
+    pub fn random_conv_bn(
+        m: &mut HashMap<String, Tensor>,
+        conv: &str,
+        bn: &str,
+        shape: &[usize],
+    ) -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let (out, fan_in) = (shape[0], shape[1..].iter().product::<usize>() as f64);
+        let w = (Tensor::randn(0f32, 1., shape, &dev)? * (2.0 / fan_in).sqrt())?;
+        m.insert(format!("{conv}.weight"), w);
+        m.insert(
+            format!("{bn}.weight"),
+            Tensor::rand(0.5f32, 1.0, out, &dev)?,
+        );
+        let small = |dev| Tensor::randn(0f32, 1., out, dev)? * 0.1;
+        m.insert(format!("{bn}.bias"), small(&dev)?);
+        m.insert(format!("{bn}.running_mean"), small(&dev)?);
+        m.insert(
+            format!("{bn}.running_var"),
+            Tensor::rand(0.5f32, 1.5, out, &dev)?,
+        );
+        Ok(())
+    }
+
+    /// Runs `x` through every stage of `fast` and `plain`, feeding `plain`'s output
+    /// on, and checks each stage's outputs agree within 1e-5 of their largest value.
+    pub fn assert_stages_match(
+        fast: &dyn StagedModel,
+        plain: &dyn StagedModel,
+        mut h: Tensor,
+        what: &str,
+    ) -> crate::Result<()> {
+        let max_abs = |t: &Tensor| -> candle_core::Result<f32> {
+            t.abs()?.max_all()?.to_dtype(DType::F32)?.to_scalar()
+        };
+        for i in 0..plain.stages().len() {
+            let theirs = plain.forward_stage(i, &h)?;
+            let ours = fast.forward_stage(i, &h)?;
+            assert_eq!(ours.dims(), theirs.dims(), "{what}: stage {i}");
+            let scale = max_abs(&theirs)?;
+            let err = max_abs(&(&ours - &theirs)?)?;
+            assert!(
+                scale > 0.0,
+                "{what}: stage {i} is all zeros, the test says nothing"
+            );
+            assert!(
+                err <= 1e-5 * scale.max(1.0),
+                "{what}: stage {i}: max error {err}, scale {scale}"
+            );
+            h = theirs;
+        }
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::cpu::{Window, depthwise};
+use super::cpu::{Act, Window, depthwise};
 
 /// Depthwise `k×k` convolution with symmetric zero padding `k / 2`, plus a per-channel
 /// bias and an optional ReLU6. `x`: `[N, C, H, W]`, `w`: `[C, 1, k, k]`, `b`: `[C]`.
@@ -73,10 +73,11 @@ impl CustomOp1 for DepthwiseConv {
             stride: self.stride,
         };
         let (oh, ow) = g.out();
+        let act = if self.relu6 { Act::Relu6 } else { Act::None };
         let mut out = vec![0f32; n * c * oh * ow];
         out.par_chunks_mut(c * oh * ow)
             .zip(x.par_chunks(c * h * w))
-            .for_each(|(o, x)| depthwise(o, x, &self.w, &self.b, g, self.relu6));
+            .for_each(|(o, x)| depthwise(o, x, &self.w, &self.b, g, act));
         Ok((CpuStorage::F32(out), Shape::from((n, c, oh, ow))))
     }
 }

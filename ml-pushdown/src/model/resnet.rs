@@ -8,8 +8,8 @@
 
 use candle_core::{D, Device, Tensor};
 
-use super::cpu::{self, Host, Window};
-use super::{Arch, StageInfo, StagedModel, Weights};
+use super::cpu::{self, Act, Host, Window};
+use super::{Arch, StageInfo, StagedModel, Weights, bytes_of, classify};
 use crate::Result;
 
 const EPS: f64 = 1e-5;
@@ -51,8 +51,17 @@ impl Depth {
 /// One convolution of a block: (in, out, kernel, stride).
 type ConvShape = (usize, usize, usize, usize);
 
-/// Per block: its convolutions and its downsample convolution, if any.
-fn block_shapes(depth: Depth) -> Vec<(Vec<ConvShape>, Option<ConvShape>)> {
+/// One residual block: its weights' prefix (`layer2.0`), its convolutions
+/// (`{prefix}.conv{j + 1}`, `{prefix}.bn{j + 1}`) and its downsample convolution
+/// (`{prefix}.downsample.0`, `.1`), if any.
+struct BlockShape {
+    prefix: String,
+    convs: Vec<ConvShape>,
+    down: Option<ConvShape>,
+}
+
+/// The residual blocks in order.
+fn block_shapes(depth: Depth) -> Vec<BlockShape> {
     let mut out = Vec::new();
     let mut cin = 64;
     for (li, (&n, &width)) in depth.blocks().iter().zip(&WIDTHS).enumerate() {
@@ -67,8 +76,11 @@ fn block_shapes(depth: Depth) -> Vec<(Vec<ConvShape>, Option<ConvShape>)> {
                     (width, cout, 1, 1),
                 ],
             };
-            let down = (s != 1 || cin != cout).then_some((cin, cout, 1, s));
-            out.push((convs, down));
+            out.push(BlockShape {
+                prefix: format!("layer{}.{r}", li + 1),
+                convs,
+                down: (s != 1 || cin != cout).then_some((cin, cout, 1, s)),
+            });
             cin = cout;
         }
     }
@@ -99,7 +111,7 @@ pub(crate) fn layout(depth: Depth) -> Vec<StageInfo> {
     });
     let mut side = side;
     let mut cout_last = 64;
-    for (i, (convs, down)) in block_shapes(depth).into_iter().enumerate() {
+    for (i, BlockShape { convs, down, .. }) in block_shapes(depth).into_iter().enumerate() {
         let mut flops = 0u64;
         // Input, the widest im2col columns, every intermediate and the output (with its
         // bias and residual sums).
@@ -149,20 +161,8 @@ struct Conv {
 impl Conv {
     fn load(w: &Weights, conv: &str, bn: &str, s: ConvShape, dev: &Device) -> Result<Self> {
         let (cin, cout, k, stride) = s;
-        let wt = w.get(&format!("{conv}.weight"), &[cout, cin, k, k])?;
-        let g = w.get(&format!("{bn}.weight"), &[cout])?;
-        let beta = w.get(&format!("{bn}.bias"), &[cout])?;
-        let mean = w.get(&format!("{bn}.running_mean"), &[cout])?;
-        let var = w.get(&format!("{bn}.running_var"), &[cout])?;
-        let scale = (g / (var + EPS)?.sqrt()?)?;
-        let wt = wt.broadcast_mul(&scale.reshape((cout, 1, 1, 1))?)?;
-        let b = (beta - (mean * &scale)?)?;
-        Ok(Conv {
-            w: wt.to_device(dev)?,
-            b: b.to_device(dev)?,
-            k,
-            stride,
-        })
+        let (w, b) = w.conv_bn(conv, bn, &[cout, cin, k, k], EPS, dev)?;
+        Ok(Conv { w, b, k, stride })
     }
 
     /// candle's ops: convolution plus bias.
@@ -170,10 +170,6 @@ impl Conv {
         let c = self.b.dim(0)?;
         x.conv2d(&self.w, self.k / 2, self.stride, 1, 1)?
             .broadcast_add(&self.b.reshape((1, c, 1, 1))?)
-    }
-
-    fn bytes(&self) -> u64 {
-        (self.w.elem_count() + self.b.elem_count()) as u64 * 4
     }
 }
 
@@ -208,61 +204,39 @@ impl ResNet {
             (3, 64, 7, 2),
             dev,
         )?)];
-        let mut idx = 0;
-        for (li, &n) in depth.blocks().iter().enumerate() {
-            for r in 0..n {
-                let (shapes, down) = &block_shapes(depth)[idx];
-                idx += 1;
-                let p = format!("layer{}.{r}", li + 1);
-                let convs = shapes
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &s)| {
-                        Conv::load(
-                            w,
-                            &format!("{p}.conv{}", j + 1),
-                            &format!("{p}.bn{}", j + 1),
-                            s,
-                            dev,
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let down = match down {
-                    Some(s) => Some(Conv::load(
-                        w,
-                        &format!("{p}.downsample.0"),
-                        &format!("{p}.downsample.1"),
-                        *s,
-                        dev,
-                    )?),
-                    None => None,
-                };
-                stages.push(Stage::Block(Block { convs, down }));
-            }
+        for blk in block_shapes(depth) {
+            let p = &blk.prefix;
+            let convs = (blk.convs.iter().enumerate())
+                .map(|(j, &s)| {
+                    let (conv, bn) = (format!("{p}.conv{}", j + 1), format!("{p}.bn{}", j + 1));
+                    Conv::load(w, &conv, &bn, s, dev)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let down = match blk.down {
+                Some(s) => {
+                    let (conv, bn) = (format!("{p}.downsample.0"), format!("{p}.downsample.1"));
+                    Some(Conv::load(w, &conv, &bn, s, dev)?)
+                }
+                None => None,
+            };
+            stages.push(Stage::Block(Block { convs, down }));
         }
         stages.push(Stage::Pool);
-        let f = depth.features();
-        let fc = if w.has("fc.weight") {
-            Some((
-                w.get("fc.weight", &[1000, f])?.to_device(dev)?,
-                w.get("fc.bias", &[1000])?.to_device(dev)?,
-            ))
-        } else {
-            None
-        };
-        let mut weight_bytes = 0u64;
+        let fc = w.linear("fc", 1000, depth.features(), dev)?;
+        let mut convs: Vec<&Conv> = Vec::new();
         for s in &stages {
             match s {
-                Stage::Stem(c) => weight_bytes += c.bytes(),
-                Stage::Block(b) => {
-                    weight_bytes += b.convs.iter().chain(&b.down).map(Conv::bytes).sum::<u64>()
-                }
+                Stage::Stem(c) => convs.push(c),
+                Stage::Block(b) => convs.extend(b.convs.iter().chain(&b.down)),
                 Stage::Pool => {}
             }
         }
-        if let Some((w, b)) = &fc {
-            weight_bytes += (w.elem_count() + b.elem_count()) as u64 * 4;
-        }
+        let weight_bytes = bytes_of(
+            convs
+                .into_iter()
+                .flat_map(|c| [&c.w, &c.b])
+                .chain(fc.iter().flat_map(|(w, b)| [w, b])),
+        );
         Ok(ResNet {
             depth,
             stages,
@@ -307,7 +281,7 @@ impl ResNet {
                 let (oh, ow) = pool.out();
                 cpu::per_image(x, &[64, oh, ow], |o, x| {
                     let mut conv = vec![0f32; 64 * ch * cw];
-                    cpu::conv(&mut conv, x, wt, b, g, true, None);
+                    cpu::conv(&mut conv, x, wt, b, g, Act::Relu, None);
                     cpu::max_pool(o, &conv, pool);
                 })
             }
@@ -347,7 +321,7 @@ impl ResNet {
                     let shortcut = down.map(|g| {
                         let (w, b) = ws[last + 1];
                         let mut s = vec![0f32; cout * sh * sw];
-                        cpu::conv(&mut s, x, w, b, g, false, None);
+                        cpu::conv(&mut s, x, w, b, g, Act::None, None);
                         s
                     });
                     let mut prev: Option<Vec<f32>> = None;
@@ -360,7 +334,7 @@ impl ResNet {
                             w,
                             b,
                             windows[j],
-                            true,
+                            Act::Relu,
                             None,
                         );
                         prev = Some(y);
@@ -368,7 +342,7 @@ impl ResNet {
                     let (w, b) = ws[last];
                     let residual = shortcut.as_deref().unwrap_or(x);
                     let input = prev.as_deref().unwrap_or(x);
-                    cpu::conv(o, input, w, b, windows[last], true, Some(residual));
+                    cpu::conv(o, input, w, b, windows[last], Act::Relu, Some(residual));
                 })
             }
             Stage::Pool => cpu::per_image(x, &[ch], cpu::mean_planes),
@@ -420,10 +394,7 @@ impl StagedModel for ResNet {
     }
 
     fn classify(&self, features: &Tensor) -> Result<Option<Tensor>> {
-        match &self.fc {
-            Some((w, b)) => Ok(Some(features.matmul(&w.t()?)?.broadcast_add(b)?)),
-            None => Ok(None),
-        }
+        classify(&self.fc, features)
     }
 }
 
@@ -431,57 +402,24 @@ impl StagedModel for ResNet {
 mod tests {
     use std::collections::HashMap;
 
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::model::testing::{assert_stages_match, random_conv_bn};
 
     /// Random weights with torchvision's ResNet names and shapes.
     fn random_weights(depth: Depth) -> candle_core::Result<Weights> {
-        let dev = Device::Cpu;
         let mut m = HashMap::new();
-        let mut conv = |conv: &str, bn: &str, (cin, cout, k, _): ConvShape| {
-            let std = (2.0 / (cin * k * k) as f64).sqrt();
-            let w = (Tensor::randn(0f32, 1., (cout, cin, k, k), &dev)? * std)?;
-            m.insert(format!("{conv}.weight"), w);
-            m.insert(
-                format!("{bn}.weight"),
-                Tensor::rand(0.5f32, 1.0, cout, &dev)?,
-            );
-            m.insert(
-                format!("{bn}.bias"),
-                (Tensor::randn(0f32, 1., cout, &dev)? * 0.1)?,
-            );
-            m.insert(
-                format!("{bn}.running_mean"),
-                (Tensor::randn(0f32, 1., cout, &dev)? * 0.1)?,
-            );
-            m.insert(
-                format!("{bn}.running_var"),
-                Tensor::rand(0.5f32, 1.5, cout, &dev)?,
-            );
-            candle_core::Result::Ok(())
-        };
-        conv("conv1", "bn1", (3, 64, 7, 2))?;
-        let mut idx = 0;
-        for (li, &n) in depth.blocks().iter().enumerate() {
-            for r in 0..n {
-                let (convs, down) = &block_shapes(depth)[idx];
-                idx += 1;
-                let p = format!("layer{}.{r}", li + 1);
-                for (j, s) in convs.iter().enumerate() {
-                    conv(
-                        &format!("{p}.conv{}", j + 1),
-                        &format!("{p}.bn{}", j + 1),
-                        *s,
-                    )?;
-                }
-                if let Some(s) = down {
-                    conv(
-                        &format!("{p}.downsample.0"),
-                        &format!("{p}.downsample.1"),
-                        *s,
-                    )?;
-                }
+        random_conv_bn(&mut m, "conv1", "bn1", &[64, 3, 7, 7])?;
+        for blk in block_shapes(depth) {
+            let p = &blk.prefix;
+            for (j, &(cin, cout, k, _)) in blk.convs.iter().enumerate() {
+                let (conv, bn) = (format!("{p}.conv{}", j + 1), format!("{p}.bn{}", j + 1));
+                random_conv_bn(&mut m, &conv, &bn, &[cout, cin, k, k])?;
+            }
+            if let Some((cin, cout, k, _)) = blk.down {
+                let (conv, bn) = (format!("{p}.downsample.0"), format!("{p}.downsample.1"));
+                random_conv_bn(&mut m, &conv, &bn, &[cout, cin, k, k])?;
             }
         }
         Ok(Weights::new(m, depth.arch()))
@@ -496,28 +434,8 @@ mod tests {
             let fast = ResNet::from_tensors(depth, &w, &Device::Cpu)?;
             let plain = ResNet::from_tensors(depth, &w, &Device::Cpu)?.with_candle_ops();
             assert_eq!(fast.stages.len(), layout(depth).len());
-            let mut h = Tensor::randn(0f32, 1., (2, 3, 69, 69), &Device::Cpu)?;
-            for i in 0..plain.stages.len() {
-                let theirs = plain.forward_stage(i, &h)?;
-                let ours = fast.forward_stage(i, &h)?;
-                assert_eq!(ours.dims(), theirs.dims(), "{depth:?} stage {i}");
-                let scale = theirs
-                    .abs()?
-                    .max_all()?
-                    .to_dtype(DType::F32)?
-                    .to_scalar::<f32>()?;
-                let err = (&ours - &theirs)?
-                    .abs()?
-                    .max_all()?
-                    .to_dtype(DType::F32)?
-                    .to_scalar::<f32>()?;
-                assert!(scale > 0.0, "{depth:?} stage {i}: all zeros");
-                assert!(
-                    err <= 1e-5 * scale.max(1.0),
-                    "{depth:?} stage {i}: max error {err}, scale {scale}"
-                );
-                h = theirs;
-            }
+            let x = Tensor::randn(0f32, 1., (2, 3, 69, 69), &Device::Cpu)?;
+            assert_stages_match(&fast, &plain, x, &format!("{depth:?}"))?;
         }
         Ok(())
     }

@@ -15,23 +15,15 @@ import sys
 
 import numpy as np
 
-from effnet_lite0 import read_st, write_st
+from effnet_lite0 import conv as effnet_conv, read_st, write_st
 
 EPS = 1e-5
 CONFIG = {18: ("basic", [2, 2, 2, 2], 1), 50: ("bottleneck", [3, 4, 6, 3], 4)}
 
 
 def conv(x, w, s=1):
-    o, c, k, _ = w.shape
-    p = k // 2
-    x = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
-    n, _, h, wd = x.shape
-    oh, ow = (h - k) // s + 1, (wd - k) // s + 1
-    cols = np.empty((n, c, k, k, oh, ow), dtype=x.dtype)
-    for dy in range(k):
-        for dx in range(k):
-            cols[:, :, dy, dx] = x[:, :, dy:dy + s * oh:s, dx:dx + s * ow:s]
-    return np.einsum("nckluv,ockl->nouv", cols, w, optimize=True)
+    """Convolution with symmetric zero padding k // 2 (torchvision's)."""
+    return effnet_conv(x, w, s, mode="sym")
 
 
 def bn(x, W, p):
