@@ -142,6 +142,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Largest message the client accepts.
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// HTTP/2 flow-control window per stream: how far a node may run ahead of a reader that
+/// is busy (h2's default, 64 KiB, stalls a node streaming features after one message
+/// while the compute tier runs its layers, so the two never overlap).
+pub const STREAM_WINDOW: u32 = 8 << 20;
+/// HTTP/2 flow-control window per connection (all of a node's streams together).
+pub const CONNECTION_WINDOW: u32 = 32 << 20;
 
 /// A table as a node describes it.
 #[derive(Debug, Clone)]
@@ -198,6 +204,8 @@ impl NodeClient {
             .map_err(|e| Error::InvalidInput(format!("node URL {url:?}: {e}")))?
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .connect()
             .await
             .map_err(|e| Error::Connect {

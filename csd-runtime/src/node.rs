@@ -250,6 +250,9 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
     );
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
+            // The same windows as the client's, for uploads.
+            .initial_stream_window_size(crate::client::STREAM_WINDOW)
+            .initial_connection_window_size(crate::client::CONNECTION_WINDOW)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, async {
                 let _ = stopped.await;
