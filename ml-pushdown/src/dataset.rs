@@ -254,3 +254,101 @@ pub fn batch(ids: &[u64], labels: &[i64], data: &[&[u8]]) -> Result<RecordBatch>
         ],
     )?)
 }
+
+/// Labelled text read from a file.
+#[derive(Debug, Clone)]
+pub struct TextFile {
+    /// The samples, in file order.
+    pub texts: Vec<String>,
+    /// Their labels.
+    pub labels: Vec<i64>,
+    /// Class names when the labels were names (label `i` is `classes[i]`); empty when
+    /// the file's labels were integers, kept as they are.
+    pub classes: Vec<String>,
+}
+
+/// Reads labelled text from a Parquet or CSV file (with a header): the string column
+/// `text_col` and the column `label_col`. Integer labels are kept; any other labels are
+/// class names, numbered in sorted order. Null texts or labels are refused.
+pub fn text_file(path: &Path, text_col: &str, label_col: &str) -> Result<TextFile> {
+    use arrow::compute::cast;
+    let err = |m: String| Error::InvalidArgument(format!("{}: {m}", path.display()));
+    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let parquet = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    let batches: Vec<RecordBatch> = if parquet {
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+            .build()?
+            .collect::<std::result::Result<_, _>>()?
+    } else {
+        let format = arrow::csv::reader::Format::default().with_header(true);
+        let (schema, _) = format
+            .infer_schema(std::io::BufReader::new(&file), Some(1000))
+            .map_err(|e| err(format!("not a CSV with a header: {e}")))?;
+        let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+        arrow::csv::ReaderBuilder::new(Arc::new(schema))
+            .with_format(format)
+            .build(file)?
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| err(e.to_string()))?
+    };
+    let (mut texts, mut raw_labels, mut int_labels) = (Vec::new(), Vec::new(), true);
+    for b in &batches {
+        let column = |name: &str| {
+            b.column_by_name(name).cloned().ok_or_else(|| {
+                let have: Vec<&str> = b
+                    .schema_ref()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect();
+                err(format!("no column {name:?} (columns: {})", have.join(", ")))
+            })
+        };
+        let t = cast(&column(text_col)?, &DataType::Utf8)?;
+        let l = column(label_col)?;
+        int_labels &= l.data_type().is_integer();
+        let l = cast(&l, &DataType::Utf8)?;
+        if t.null_count() + l.null_count() > 0 {
+            return Err(err(format!("null values in {text_col:?} or {label_col:?}")));
+        }
+        texts.extend(
+            t.as_string::<i32>()
+                .iter()
+                .map(|v| v.unwrap_or_default().to_string()),
+        );
+        raw_labels.extend(
+            l.as_string::<i32>()
+                .iter()
+                .map(|v| v.unwrap_or_default().to_string()),
+        );
+    }
+    if texts.is_empty() {
+        return Err(err("no rows".into()));
+    }
+    let (labels, classes) = if int_labels {
+        let labels = raw_labels
+            .iter()
+            .map(|l| {
+                l.parse::<i64>()
+                    .map_err(|e| err(format!("label {l:?}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        (labels, Vec::new())
+    } else {
+        let mut classes = raw_labels.clone();
+        classes.sort();
+        classes.dedup();
+        let labels = raw_labels
+            .iter()
+            .map(|l| classes.binary_search(l).unwrap_or_default() as i64)
+            .collect();
+        (labels, classes)
+    };
+    Ok(TextFile {
+        texts,
+        labels,
+        classes,
+    })
+}

@@ -1,5 +1,5 @@
 //! The compute side of a feature job, as the `csd` CLI and the testbed run it: load
-//! image datasets, measure what the planner needs, pick the split, open the stream.
+//! image and text datasets, measure what the planner needs, pick the split, open the stream.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,38 +37,81 @@ pub async fn put_images(
     labels: Option<&Path>,
     partitions: usize,
     repeat: usize,
-    mut progress: impl FnMut(u64),
+    progress: impl FnMut(u64),
 ) -> Result<(usize, Vec<String>)> {
-    if clients.is_empty() {
-        return Err(Error::InvalidArgument("no storage nodes given".into()));
-    }
     let mut folder = image_folder(dir, labels)?;
     let one = folder.samples.clone();
     for _ in 1..repeat.max(1) {
         folder.samples.extend(one.iter().cloned());
     }
+    let samples = &folder.samples;
+    put_samples(
+        clients,
+        table,
+        samples.len(),
+        partitions,
+        |i| samples[i].1,
+        |i| {
+            let path = &samples[i].0;
+            std::fs::read(path)
+                .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+        },
+        progress,
+    )
+    .await?;
+    Ok((folder.samples.len(), folder.classes))
+}
+
+/// Stores labelled text (a Parquet or CSV file, see [`dataset::text_file`]) as dataset
+/// `table` of UTF-8 samples, spread like [`put_images`]. Returns (samples stored, class
+/// names; empty for integer labels).
+pub async fn put_text(
+    clients: &[NodeClient],
+    table: &str,
+    file: &Path,
+    text_col: &str,
+    label_col: &str,
+    partitions: usize,
+    progress: impl FnMut(u64),
+) -> Result<(usize, Vec<String>)> {
+    let t = dataset::text_file(file, text_col, label_col)?;
+    put_samples(
+        clients,
+        table,
+        t.texts.len(),
+        partitions,
+        |i| t.labels[i],
+        |i| Ok(t.texts[i].as_bytes().to_vec()),
+        progress,
+    )
+    .await?;
+    Ok((t.texts.len(), t.classes))
+}
+
+/// Stores samples `0..n` (id `i`, `label(i)`, `bytes(i)`) as dataset `table`, sample
+/// `i` in partition `i % partitions` and partition `p` on node `p % nodes`.
+async fn put_samples(
+    clients: &[NodeClient],
+    table: &str,
+    n: usize,
+    partitions: usize,
+    label: impl Fn(usize) -> i64,
+    bytes: impl Fn(usize) -> Result<Vec<u8>>,
+    mut progress: impl FnMut(u64),
+) -> Result<()> {
+    if clients.is_empty() {
+        return Err(Error::InvalidArgument("no storage nodes given".into()));
+    }
     let parts = partitions.max(1);
     for p in 0..parts {
         let client = &clients[p % clients.len()];
-        let mine: Vec<(u64, &(std::path::PathBuf, i64))> = folder
-            .samples
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| i % parts == p)
-            .map(|(i, s)| (i as u64, s))
-            .collect();
+        let mine: Vec<usize> = (p..n).step_by(parts).collect();
         let mut batches = Vec::new();
         for chunk in mine.chunks(PUT_BATCH) {
-            let bytes: Vec<Vec<u8>> = chunk
-                .iter()
-                .map(|(_, (path, _))| {
-                    std::fs::read(path)
-                        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
-                })
-                .collect::<Result<_>>()?;
-            let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
-            let ids: Vec<u64> = chunk.iter().map(|(i, _)| *i).collect();
-            let labels: Vec<i64> = chunk.iter().map(|(_, (_, l))| *l).collect();
+            let data: Vec<Vec<u8>> = chunk.iter().map(|&i| bytes(i)).collect::<Result<_>>()?;
+            let refs: Vec<&[u8]> = data.iter().map(|b| b.as_slice()).collect();
+            let ids: Vec<u64> = chunk.iter().map(|&i| i as u64).collect();
+            let labels: Vec<i64> = chunk.iter().map(|&i| label(i)).collect();
             batches.push(Ok(dataset::batch(&ids, &labels, &refs)?));
             progress(chunk.len() as u64);
         }
@@ -83,7 +126,7 @@ pub async fn put_images(
                 .await?;
         }
     }
-    Ok((folder.samples.len(), folder.classes))
+    Ok(())
 }
 
 /// Every (node, partition) holding `dataset`, and its sample count.
@@ -155,31 +198,8 @@ pub async fn plan_inputs(
     pool: Option<Arc<rayon::ThreadPool>>,
 ) -> Result<PlanInputs> {
     let arch = model.arch();
-    // The node's profile (a zero-row request whose report carries the timings).
-    let req = FeatureRequest {
-        dataset: dataset.into(),
-        partition: src.partition.clone(),
-        model: arch,
-        weights: weights_table.into(),
-        split: model.stages().len(),
-        dtype,
-        max_batch: None,
-        limit: None,
-        mode: Mode::Profile,
-    };
-    let reply = src
-        .client
-        .operator("ml", req.encode(), Compression::None)
-        .await?;
-    let stats = reply.stats.clone();
-    let _: Vec<_> = reply.batches.try_collect().await?;
-    let node: Profile = stats
-        .report()
-        .and_then(|r| r.details.get("profile").cloned())
-        .and_then(|p| serde_json::from_str(&p).ok())
-        .ok_or_else(|| protocol("the node's profile report is missing"))?;
-    // The same samples here; reading the first batch (not the partition) also
-    // measures the link.
+    // The link first: reading the first batch (not the partition) measures it, and
+    // gives this side the samples to profile on.
     let t = Instant::now();
     let first = src
         .client
@@ -196,9 +216,38 @@ pub async fn plan_inputs(
         })?;
     let secs = t.elapsed().as_secs_f64();
     let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
+    // Then both sides' per-stage times at once (different CPUs): the node's (a
+    // zero-row request whose report carries the timings) and this side's, on the same
+    // samples.
+    let req = FeatureRequest {
+        dataset: dataset.into(),
+        partition: src.partition.clone(),
+        model: arch,
+        weights: weights_table.into(),
+        split: model.stages().len(),
+        dtype,
+        max_batch: None,
+        limit: None,
+        mode: Mode::Profile,
+    };
+    let node = async {
+        let reply = src
+            .client
+            .operator("ml", req.encode(), Compression::None)
+            .await?;
+        let stats = reply.stats.clone();
+        let _: Vec<_> = reply.batches.try_collect().await?;
+        let node: Profile = stats
+            .report()
+            .and_then(|r| r.details.get("profile").cloned())
+            .and_then(|p| serde_json::from_str(&p).ok())
+            .ok_or_else(|| protocol("the node's profile report is missing"))?;
+        Ok::<_, Error>(node)
+    };
     let take = vec![first.slice(0, first.num_rows().min(ml_op::PROFILE_SAMPLES))];
     let m = model.clone();
-    let compute = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take)).await?;
+    let compute = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take));
+    let (node, compute) = futures::future::try_join(node, compute).await?;
     let a = &src.client.stats().await?["admission"];
     let (slots, running, waiting) = (
         a["slots"].as_u64().unwrap_or(1).max(1) as f64,

@@ -36,10 +36,10 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{self, Samples};
-use crate::model::{Arch, InputKind, StagedModel};
+use crate::model::{Arch, StagedModel};
 use crate::planner::Profile;
 use crate::request::{FeatureRequest, FeatureType, MAX_NODE_BATCH, Mode};
-use crate::{Error, Result, preprocess};
+use crate::{Error, Result};
 
 /// Memory held back per worker for decoding one image (see
 /// [`preprocess::MAX_IMAGE_ALLOC`]).
@@ -72,9 +72,7 @@ pub fn batch_plan(
     cap: usize,
 ) -> BatchPlan {
     let stages = arch.stages();
-    let input = match arch.input() {
-        InputKind::Image(s) => s.shape().iter().product::<usize>() as u64 * 4,
-    };
+    let input = arch.input().shape().iter().product::<usize>() as u64 * 4;
     let split = split.min(stages.len());
     let peak = stages[..split]
         .iter()
@@ -284,11 +282,9 @@ pub fn to_batch(
     )?)
 }
 
-/// Decodes and preprocesses `samples` into the model's input tensor.
-pub fn inputs(arch: Arch, samples: &Samples) -> Result<Tensor> {
-    match arch.input() {
-        InputKind::Image(spec) => preprocess::images(&samples.bytes()?, &spec, &Device::Cpu),
-    }
+/// Decodes and preprocesses `samples` into `model`'s input tensor.
+pub fn inputs(model: &dyn StagedModel, samples: &Samples) -> Result<Tensor> {
+    model.prepare(&samples.bytes()?)
 }
 
 impl MlOperator {
@@ -386,7 +382,7 @@ impl Operator for MlOperator {
                         .rows_scanned
                         .fetch_add(samples.len() as u64, Ordering::Relaxed);
                     let features = pool.install(|| -> Result<Tensor> {
-                        let x = inputs(model.arch(), &samples)?;
+                        let x = inputs(model.as_ref(), &samples)?;
                         model.forward_range(&x, 0, split)
                     })?;
                     to_batch(&schema, &samples.ids, &samples.labels, &features, r.dtype)
@@ -416,7 +412,7 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profi
         n += s.len();
         bytes += s.bytes()?.iter().map(|b| b.len() as u64).sum::<u64>();
         let t = Instant::now();
-        let mut x = inputs(model.arch(), &s)?;
+        let mut x = inputs(model, &s)?;
         decode += t.elapsed().as_secs_f64();
         for (i, acc) in stage.iter_mut().enumerate() {
             let t = Instant::now();

@@ -136,7 +136,7 @@ async fn local_prefix(
                     let s = Samples::from_batch(&b)?;
                     let raw: u64 = s.bytes()?.iter().map(|d| d.len() as u64).sum();
                     stats.bytes_received.fetch_add(raw, Ordering::Relaxed);
-                    let x = model.forward_range(&inputs(model.arch(), &s)?, 0, split)?;
+                    let x = model.forward_range(&inputs(model.as_ref(), &s)?, 0, split)?;
                     Ok(Boundary {
                         ids: s.ids,
                         labels: s.labels,

@@ -100,3 +100,61 @@ pub async fn ensure(client: &NodeClient, bytes: &[u8]) -> Result<String> {
     client.put(&name, "0", schema(), stream).await?;
     Ok(name)
 }
+
+/// The safetensors metadata key that carries a text model's `tokenizer.json`.
+pub const TOKENIZER_KEY: &str = "csd.tokenizer";
+
+/// Splits a safetensors file into its header (JSON) and the tensor data after it.
+fn header(bytes: &[u8]) -> Result<(serde_json::Map<String, serde_json::Value>, &[u8])> {
+    let bad = |why: &str| Error::InvalidArgument(format!("weights are not safetensors: {why}"));
+    let n = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+        .ok_or_else(|| bad("shorter than its 8-byte header length"))?;
+    let end = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad("the header is longer than the file"))?;
+    let head: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..end]).map_err(|e| bad(&e.to_string()))?;
+    Ok((head, &bytes[end..]))
+}
+
+/// The tokenizer (`tokenizer.json` text) a weights file carries, if any.
+pub fn tokenizer(bytes: &[u8]) -> Result<Option<String>> {
+    let (head, _) = header(bytes)?;
+    Ok(head
+        .get("__metadata__")
+        .and_then(|m| m.get(TOKENIZER_KEY))
+        .and_then(|t| t.as_str())
+        .map(str::to_string))
+}
+
+/// `weights` (safetensors) with `tokenizer_json` put into its metadata, so the file
+/// alone describes a text model; the tensors are untouched.
+pub fn with_tokenizer(weights: &[u8], tokenizer_json: &[u8]) -> Result<Vec<u8>> {
+    let json = std::str::from_utf8(tokenizer_json)
+        .map_err(|e| Error::InvalidArgument(format!("tokenizer.json is not UTF-8: {e}")))?;
+    tokenizers::Tokenizer::from_bytes(json)
+        .map_err(|e| Error::InvalidArgument(format!("tokenizer.json is not a tokenizer: {e}")))?;
+    let (mut head, data) = header(weights)?;
+    let meta = head
+        .entry("__metadata__")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    let Some(meta) = meta.as_object_mut() else {
+        return Err(Error::InvalidArgument(
+            "weights are not safetensors: __metadata__ is not an object".into(),
+        ));
+    };
+    meta.insert(TOKENIZER_KEY.into(), json.into());
+    let mut h = serde_json::to_vec(&head)
+        .map_err(|e| Error::InvalidArgument(format!("cannot write the header: {e}")))?;
+    // Tensor data stays 8-byte aligned, as the format's writers keep it.
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + h.len() + data.len());
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(data);
+    Ok(out)
+}

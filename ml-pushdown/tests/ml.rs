@@ -71,14 +71,13 @@ fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
 fn stages_match_numpy_reference() {
     let Some((w, tex, py)) = assets() else { return };
     let m = model(&w);
-    let csd_ml_pushdown::model::InputKind::Image(spec) = Arch::EfficientNetLite0.input();
     let files = [tex.join("train/brick/0.png"), tex.join("test/gravel/0.png")];
     let bytes: Vec<Vec<u8>> = files
         .iter()
         .map(|f| std::fs::read(f).expect("patch"))
         .collect();
     let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
-    let x = csd_ml_pushdown::preprocess::images(&refs, &spec, &Device::Cpu).expect("preprocess");
+    let x = m.prepare(&refs).expect("preprocess");
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input.safetensors");
     let output = dir.path().join("ref.safetensors");
@@ -131,7 +130,7 @@ fn stages_match_numpy_reference() {
 #[test]
 fn resnet_stages_match_numpy_reference() {
     let Some((_, tex, py)) = assets() else { return };
-    let csd_ml_pushdown::model::InputKind::Image(spec) = Arch::ResNet18.input();
+    let spec = csd_ml_pushdown::model::ImageSpec::IMAGENET_224;
     let bytes = std::fs::read(tex.join("test/brick/0.png")).expect("patch");
     let x = csd_ml_pushdown::preprocess::images(&[bytes.as_slice()], &spec, &Device::Cpu)
         .expect("preprocess");
@@ -226,9 +225,21 @@ async fn features(
     split: usize,
     dtype: FeatureType,
 ) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
+    features_of("textures", client, m, weights, part, split, dtype).await
+}
+
+async fn features_of(
+    dataset: &str,
+    client: &NodeClient,
+    m: &Arc<dyn StagedModel>,
+    weights: &str,
+    part: &str,
+    split: usize,
+    dtype: FeatureType,
+) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
     let job = FeatureJob {
-        dataset: "textures".into(),
-        arch: Arch::EfficientNetLite0,
+        dataset: dataset.into(),
+        arch: m.arch(),
         weights: weights.into(),
         split,
         train_batch: 7,
@@ -251,6 +262,23 @@ fn stacked(b: &[TrainBatch]) -> (Vec<u64>, Vec<i64>, Tensor) {
     let labels = b.iter().flat_map(|b| b.labels.clone()).collect();
     let t = Tensor::cat(&b.iter().map(|b| b.features.clone()).collect::<Vec<_>>(), 0).unwrap();
     (ids, labels, t)
+}
+
+/// [`stacked`], rows in id order (node batches may interleave differently).
+fn by_id(b: &[TrainBatch]) -> (Vec<u64>, Vec<i64>, Tensor) {
+    let (ids, labels, f) = stacked(b);
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&i| ids[i]);
+    let idx = Tensor::new(
+        order.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    (
+        order.iter().map(|&i| ids[i]).collect(),
+        order.iter().map(|&i| labels[i]).collect(),
+        f.index_select(&idx, 0).unwrap(),
+    )
 }
 
 /// Features with the prefix at the node equal the features computed here from the raw
@@ -286,18 +314,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
         (n, FeatureType::F16, 2e-3),
     ] {
         let (b, stats) = features(&client, &m, &wt, "test", split, dtype).await;
-        let (ids, labels, f) = stacked(&b);
-        // Node batches may interleave differently: compare by id.
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_by_key(|&i| ids[i]);
-        let idx = Tensor::new(
-            order.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-            &Device::Cpu,
-        )
-        .unwrap();
-        let f = f.index_select(&idx, 0).unwrap();
-        let ids: Vec<u64> = order.iter().map(|&i| ids[i]).collect();
-        let labels: Vec<i64> = order.iter().map(|&i| labels[i]).collect();
+        let (ids, labels, f) = by_id(&b);
         assert_eq!((&ids, &labels), (&ids0, &labels0), "split {split}");
         let e = max_rel_err(&f, &f0);
         assert!(e < tol, "split {split} {dtype:?}: relative error {e}");
@@ -361,4 +378,162 @@ async fn tight_memory_shrinks_batches_or_pushes_back() {
         }
         node.shutdown().await.unwrap();
     }
+}
+
+/// all-MiniLM-L6-v2's weights (with its tokenizer in the metadata) and Python, when
+/// `scripts/setup-ml.sh` has installed them.
+fn minilm_assets() -> Option<(Vec<u8>, PathBuf, PathBuf)> {
+    let home = csd_ml_pushdown::assets_dir();
+    let (w, t) = (
+        home.join("minilm-l6/model.safetensors"),
+        home.join("minilm-l6/tokenizer.json"),
+    );
+    let py = home.join("venv/bin/python");
+    if !(w.is_file() && t.is_file() && py.is_file()) {
+        eprintln!(
+            "SKIPPED: MiniLM assets not found in {} (run scripts/setup-ml.sh)",
+            home.display()
+        );
+        return None;
+    }
+    let bytes = weights::with_tokenizer(&std::fs::read(&w).unwrap(), &std::fs::read(&t).unwrap())
+        .expect("embed the tokenizer");
+    Some((bytes, t, py))
+}
+
+fn sentences() -> dataset::TextFile {
+    let csv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/sentences.csv");
+    dataset::text_file(&csv, "text", "topic").expect("read sentences.csv")
+}
+
+/// Token ids against the tokenizers wheel, and every stage against a numpy float64
+/// BERT that pads the Hugging Face way (the whole window, an additive mask); then the
+/// pretrained sentence embeddings put each sentence nearest one of its own topic.
+#[test]
+fn minilm_matches_numpy_reference_and_groups_topics() {
+    let Some((bytes, tok, py)) = minilm_assets() else {
+        return;
+    };
+    let m = Arch::MiniLmL6.load(&bytes, &Device::Cpu).expect("load");
+    let s = sentences();
+    let mut texts = s.texts.clone();
+    texts.extend([
+        String::new(),
+        "Literal [SEP] and [PAD] tokens, ÀÉÎ accents and emoji 🚀.".into(),
+    ]);
+    let refs: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+    let x = m.prepare(&refs).expect("tokenise");
+    let dir = tempfile::tempdir().unwrap();
+    let (wfile, tfile, out) = (
+        dir.path().join("w.safetensors"),
+        dir.path().join("texts.json"),
+        dir.path().join("ref.safetensors"),
+    );
+    std::fs::write(&wfile, &bytes).unwrap();
+    std::fs::write(&tfile, serde_json::to_vec(&texts).unwrap()).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/minilm.py");
+    let st = std::process::Command::new(py)
+        .arg(script)
+        .args([&wfile, &tok, &tfile, &out])
+        .status()
+        .expect("run python");
+    assert!(st.success(), "reference script failed");
+    let want = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    let ids = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(
+        ids(&x),
+        ids(&want["ids"]),
+        "token ids differ from the tokenizers wheel"
+    );
+    let full = ids(&x).chunks(128).filter(|r| r[127] >= 0.0).count();
+    assert_eq!(full, 1, "the long sentence fills the window");
+    let mut h = x;
+    let mut worst = 0f32;
+    for i in 0..m.stages().len() {
+        h = m.forward_stage(i, &h).unwrap();
+        let e = max_rel_err(&h, &want[&format!("stage.{i}")]);
+        assert!(
+            e < 1e-4,
+            "stage {i} ({}): relative error {e}",
+            m.stages()[i].name
+        );
+        worst = worst.max(e);
+    }
+    eprintln!("minilm-l6: worst stage error {worst:.2e}");
+    // Leave-one-out nearest neighbour by cosine (the embeddings are normalised).
+    let n = s.texts.len();
+    let e = h.narrow(0, 0, n).unwrap();
+    let sim = e.matmul(&e.t().unwrap()).unwrap().to_vec2::<f32>().unwrap();
+    let right = (0..n)
+        .filter(|&i| {
+            let j = (0..n)
+                .filter(|&j| j != i)
+                .max_by(|&a, &b| sim[i][a].total_cmp(&sim[i][b]))
+                .unwrap();
+            s.labels[j] == s.labels[i]
+        })
+        .count();
+    eprintln!("nearest neighbour of the same topic: {right}/{n} (chance about 1/3)");
+    assert!(right * 10 >= n * 8, "{right}/{n}");
+}
+
+/// Text through the node: `put_text` spreads the sentences over partitions, and
+/// features with the embeddings, three layers or the whole encoder at the node equal
+/// those computed here from the raw text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_pushdown_matches_compute_only() {
+    let Some((bytes, _, _)) = minilm_assets() else {
+        return;
+    };
+    let node = ml_node("1GiB").await;
+    let client = NodeClient::connect(&node.url).await.unwrap();
+    let csv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/sentences.csv");
+    let (n, classes) = csd_ml_pushdown::job::put_text(
+        std::slice::from_ref(&client),
+        "sentences",
+        &csv,
+        "text",
+        "topic",
+        2,
+        |_| {},
+    )
+    .await
+    .expect("put text");
+    assert_eq!(n, 25);
+    assert_eq!(classes, ["computing", "cooking", "sport"]);
+    let m: Arc<dyn StagedModel> = Arc::from(Arch::MiniLmL6.load(&bytes, &Device::Cpu).unwrap());
+    let wt = weights::ensure(&client, &bytes).await.unwrap();
+    let all = |split| {
+        let (client, m, wt) = (client.clone(), m.clone(), wt.clone());
+        async move {
+            let mut b = Vec::new();
+            for part in ["0", "1"] {
+                b.extend(
+                    features_of("sentences", &client, &m, &wt, part, split, FeatureType::F32)
+                        .await
+                        .0,
+                );
+            }
+            by_id(&b)
+        }
+    };
+    let (ids0, labels0, f0) = all(0).await;
+    assert_eq!(ids0, (0..25).collect::<Vec<u64>>());
+    assert_eq!(labels0, sentences().labels);
+    for split in [1, 3, m.stages().len()] {
+        let (ids, labels, f) = all(split).await;
+        assert_eq!((&ids, &labels), (&ids0, &labels0), "split {split}");
+        let e = max_rel_err(&f, &f0);
+        assert!(e < 1e-5, "split {split}: relative error {e}");
+    }
+    // A weights file without its tokenizer is refused with a clear message.
+    let plain =
+        std::fs::read(csd_ml_pushdown::assets_dir().join("minilm-l6/model.safetensors")).unwrap();
+    let e = Arch::MiniLmL6
+        .load(&plain, &Device::Cpu)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("tokenizer"), "{e}");
+    node.shutdown().await.unwrap();
 }

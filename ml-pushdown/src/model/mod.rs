@@ -6,6 +6,7 @@
 //! FLOPs and the activation memory it needs per sample, so the planner can price every
 //! split and the node can size its batches from its memory budget before running.
 
+mod bert;
 mod cpu;
 mod efficientnet;
 mod ops;
@@ -18,6 +19,7 @@ use std::str::FromStr;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+pub use bert::MiniLm;
 pub use efficientnet::EfficientNetLite0;
 pub use ops::depthwise_conv2d;
 pub use resnet::ResNet;
@@ -36,11 +38,19 @@ pub enum Arch {
     /// ResNet-50 (ImageNet, 224×224): stem, 16 bottleneck blocks, pool.
     #[serde(rename = "resnet50")]
     ResNet50,
+    /// all-MiniLM-L6-v2 (text, 128 tokens): embed, 6 BERT layers, mean pool.
+    #[serde(rename = "minilm-l6")]
+    MiniLmL6,
 }
 
 impl Arch {
     /// Every architecture, for messages.
-    pub const ALL: [Arch; 3] = [Arch::EfficientNetLite0, Arch::ResNet18, Arch::ResNet50];
+    pub const ALL: [Arch; 4] = [
+        Arch::EfficientNetLite0,
+        Arch::ResNet18,
+        Arch::ResNet50,
+        Arch::MiniLmL6,
+    ];
 
     /// The name used on the command line and in requests.
     pub fn name(self) -> &'static str {
@@ -48,6 +58,7 @@ impl Arch {
             Arch::EfficientNetLite0 => "efficientnet-lite0",
             Arch::ResNet18 => "resnet18",
             Arch::ResNet50 => "resnet50",
+            Arch::MiniLmL6 => "minilm-l6",
         }
     }
 
@@ -57,6 +68,7 @@ impl Arch {
             Arch::EfficientNetLite0 | Arch::ResNet18 | Arch::ResNet50 => {
                 InputKind::Image(ImageSpec::IMAGENET_224)
             }
+            Arch::MiniLmL6 => InputKind::Text { tokens: bert::SEQ },
         }
     }
 
@@ -66,10 +78,12 @@ impl Arch {
             Arch::EfficientNetLite0 => efficientnet::layout(),
             Arch::ResNet18 => resnet::layout(resnet::Depth::R18),
             Arch::ResNet50 => resnet::layout(resnet::Depth::R50),
+            Arch::MiniLmL6 => bert::layout(),
         }
     }
 
-    /// Builds the model from safetensors weights.
+    /// Builds the model from safetensors weights (for a text model, with its tokenizer
+    /// in the metadata: [`weights::with_tokenizer`](crate::weights::with_tokenizer)).
     pub fn load(self, weights: &[u8], device: &Device) -> Result<Box<dyn StagedModel>> {
         let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
             .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
@@ -86,6 +100,19 @@ impl Arch {
                 &w,
                 device,
             )?)),
+            Arch::MiniLmL6 => {
+                let tokenizer = crate::weights::tokenizer(weights)?.ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "weights for {self} carry no tokenizer: give the model's tokenizer.json \
+                         too (csd features --tokenizer FILE)"
+                    ))
+                })?;
+                Ok(Box::new(MiniLm::from_tensors(
+                    &w,
+                    tokenizer.as_bytes(),
+                    device,
+                )?))
+            }
         }
     }
 }
@@ -114,6 +141,21 @@ impl FromStr for Arch {
 pub enum InputKind {
     /// Decoded, resized, center-cropped and normalised RGB images.
     Image(ImageSpec),
+    /// UTF-8 text, tokenised into this many token ids per sample.
+    Text {
+        /// Tokens per sample.
+        tokens: usize,
+    },
+}
+
+impl InputKind {
+    /// Per-sample shape of the model input.
+    pub fn shape(&self) -> Vec<usize> {
+        match self {
+            InputKind::Image(s) => s.shape().to_vec(),
+            InputKind::Text { tokens } => vec![*tokens],
+        }
+    }
 }
 
 /// Image preprocessing: resize the shorter side to `resize`, center-crop `crop`²,
@@ -184,6 +226,18 @@ pub trait StagedModel: Send + Sync {
     /// include the classifier.
     fn classify(&self, features: &Tensor) -> Result<Option<Tensor>>;
 
+    /// Decodes and preprocesses encoded samples (images, or text) into the model's
+    /// input `[N, ...]`.
+    fn prepare(&self, samples: &[&[u8]]) -> Result<Tensor> {
+        match self.arch().input() {
+            InputKind::Image(spec) => crate::preprocess::images(samples, &spec, &Device::Cpu),
+            InputKind::Text { .. } => Err(Error::InvalidArgument(format!(
+                "{} takes text and must tokenise it itself",
+                self.arch()
+            ))),
+        }
+    }
+
     /// Runs stages `[from, to)`.
     fn forward_range(&self, x: &Tensor, from: usize, to: usize) -> Result<Tensor> {
         let mut x = x.clone();
@@ -196,9 +250,7 @@ pub trait StagedModel: Send + Sync {
     /// Per-sample shape entering stage `i` (`i = 0`: the model input).
     fn shape_before(&self, i: usize) -> Vec<usize> {
         if i == 0 {
-            match self.arch().input() {
-                InputKind::Image(s) => s.shape().to_vec(),
-            }
+            self.arch().input().shape()
         } else {
             self.stages()[i - 1].out_shape.clone()
         }
