@@ -333,10 +333,22 @@ impl NodeClient {
         partition: Option<&str>,
         columns: &[&str],
     ) -> Result<FlightRecordBatchStream> {
+        self.scan_limit(table, partition, columns, None).await
+    }
+
+    /// [`scan`](Self::scan), only the first `limit` rows (in storage order) when given.
+    pub async fn scan_limit(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[&str],
+        limit: Option<u64>,
+    ) -> Result<FlightRecordBatchStream> {
         let ticket = Ticket::Scan {
             table: table.into(),
             partition: partition.map(Into::into),
             columns: columns.iter().map(|c| c.to_string()).collect(),
+            limit,
         };
         let inner = self.do_get(&ticket).await?;
         Ok(FlightRecordBatchStream::new_from_flight_data(

@@ -304,6 +304,7 @@ impl FlightNode {
                 table: t.name.clone(),
                 partition: Some(p.clone()),
                 columns: vec![],
+                limit: None,
             };
             info = info.with_endpoint(
                 FlightEndpoint::new()
@@ -324,7 +325,13 @@ impl FlightNode {
         }
     }
 
-    fn scan(&self, table: &str, partition: Option<&str>, columns: &[String]) -> Result<TaskStream> {
+    fn scan(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[String],
+        limit: Option<u64>,
+    ) -> Result<TaskStream> {
         let t = self.state.tables.table(table)?;
         let files: Vec<ParquetObject> = match partition {
             Some(p) => t
@@ -373,14 +380,27 @@ impl FlightNode {
                     indices.iter().copied(),
                 )
             };
-            let s = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
-                .with_projection(mask)
-                .with_batch_size(SCAN_BATCH_ROWS)
-                .build()?;
-            streams.push(s);
+            let mut b =
+                ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
+                    .with_projection(mask)
+                    .with_batch_size(SCAN_BATCH_ROWS);
+            if let Some(n) = limit {
+                // Each file decodes no more than the whole scan may return.
+                b = b
+                    .with_limit(n as usize)
+                    .with_batch_size(SCAN_BATCH_ROWS.min(n.max(1) as usize));
+            }
+            streams.push(b.build()?);
         }
+        let mut left = limit.unwrap_or(u64::MAX);
         let batches = futures::stream::iter(streams)
             .flatten()
+            .try_take_while(move |_| futures::future::ready(Ok(left > 0)))
+            .map_ok(move |b| {
+                let take = (b.num_rows() as u64).min(left);
+                left -= take;
+                b.slice(0, take as usize)
+            })
             .map_ok(crate::operator::compact_views)
             .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))));
         let encoder = FlightDataEncoderBuilder::new()
@@ -813,9 +833,13 @@ impl FlightService for FlightNode {
                 table,
                 partition,
                 columns,
+                limit,
             } => {
                 let permit = self.read_permit().await?;
-                holding(self.scan(&table, partition.as_deref(), &columns)?, permit)
+                holding(
+                    self.scan(&table, partition.as_deref(), &columns, limit)?,
+                    permit,
+                )
             }
             Ticket::Range {
                 object,

@@ -39,6 +39,8 @@ pub enum Ticket {
         partition: Option<String>,
         /// Columns to return (in table order, whatever order is asked); empty for all.
         columns: Vec<String>,
+        /// Only the first rows (in storage order); `None` for all.
+        limit: Option<u64>,
     },
     /// Stream raw bytes `[offset, offset+length)` of one object.
     Range {
@@ -120,6 +122,8 @@ struct ScanProto {
     partition: Option<String>,
     #[prost(string, repeated, tag = "3")]
     columns: Vec<String>,
+    #[prost(uint64, optional, tag = "4")]
+    limit: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -140,10 +144,12 @@ impl Ticket {
                 table,
                 partition,
                 columns,
+                limit,
             } => Kind::Scan(ScanProto {
                 table,
                 partition,
                 columns,
+                limit,
             }),
             Ticket::Range {
                 object,
@@ -194,6 +200,7 @@ impl Ticket {
                 table: s.table,
                 partition: s.partition,
                 columns: s.columns,
+                limit: s.limit,
             }),
             Some(Kind::Range(r)) => Ok(Ticket::Range {
                 object: r.object,
@@ -225,6 +232,14 @@ mod tests {
             table: "t".into(),
             partition: Some("p".into()),
             columns: vec!["a".into()],
+            limit: None,
+        };
+        assert_eq!(Ticket::decode(&t.encode()).unwrap(), t);
+        let t = Ticket::Scan {
+            table: "t".into(),
+            partition: None,
+            columns: vec![],
+            limit: Some(8),
         };
         assert_eq!(Ticket::decode(&t.encode()).unwrap(), t);
         let r = Ticket::Range {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use arrow::record_batch::RecordBatch;
 use candle_core::Device;
 use csd_runtime::client::{Error as ClientError, NodeClient};
 use csd_runtime::ticket::Compression;
@@ -198,22 +199,35 @@ pub async fn plan_inputs(
     pool: Option<Arc<rayon::ThreadPool>>,
 ) -> Result<PlanInputs> {
     let arch = model.arch();
-    // The link first: reading the first batch (not the partition) measures it, and
-    // gives this side the samples to profile on.
+    // The link first: reading the first samples (only those: on a slow link a whole
+    // batch of the partition cost up to a second) measures it, and gives this side the
+    // samples to profile on.
     let t = Instant::now();
-    let first = src
+    let first: Vec<RecordBatch> = src
         .client
-        .scan(dataset, Some(&src.partition), &[])
+        .scan_limit(
+            dataset,
+            Some(&src.partition),
+            &[],
+            Some(ml_op::PROFILE_SAMPLES as u64),
+        )
         .await?
-        .try_next()
+        .try_collect()
         .await
-        .map_err(ClientError::from)?
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "dataset {dataset} partition {} is empty",
-                src.partition
-            ))
-        })?;
+        .map_err(ClientError::from)?;
+    let first = arrow::compute::concat_batches(
+        &first
+            .first()
+            .map(|b| b.schema())
+            .unwrap_or_else(dataset::image_schema),
+        &first,
+    )?;
+    if first.num_rows() == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "dataset {dataset} partition {} is empty",
+            src.partition
+        )));
+    }
     let secs = t.elapsed().as_secs_f64();
     let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
     // Then both sides' per-stage times at once (different CPUs): the node's (a
@@ -244,7 +258,7 @@ pub async fn plan_inputs(
             .ok_or_else(|| protocol("the node's profile report is missing"))?;
         Ok::<_, Error>(node)
     };
-    let take = vec![first.slice(0, first.num_rows().min(ml_op::PROFILE_SAMPLES))];
+    let take = vec![first];
     let m = model.clone();
     let compute = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take));
     let (node, compute) = futures::future::try_join(node, compute).await?;

@@ -79,6 +79,20 @@ async fn put_list_scan_range_delete_round_trip() {
             "partition p{i}"
         );
     }
+    // A limit returns the first rows, across partitions' objects too.
+    let whole = concat_batches(&schema, parts.iter().flatten()).unwrap();
+    for limit in [0u64, 1, 1000, total as u64 - 1, total as u64 + 5] {
+        let got: Vec<RecordBatch> = c
+            .scan_limit("lineitem", None, &[], Some(limit))
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let got = concat_batches(&schema, &got).unwrap();
+        let n = (limit as usize).min(total);
+        assert_eq!(got, whole.slice(0, n), "limit {limit}");
+    }
     // Projection, asked out of table order, comes back in table order.
     let got = scan_all(&c, "lineitem", None, &["l_shipdate", "l_orderkey"]).await;
     let got = concat_batches(&got[0].schema(), &got).unwrap();
