@@ -398,12 +398,20 @@ impl Operator for MlOperator {
     }
 }
 
-/// Times decoding and every stage (per sample) on `batches` (the first samples).
+/// Times decoding and every stage (per sample) on `batches` (the first samples), after
+/// one untimed warm-up sample.
 pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profile> {
     let mut n = 0usize;
     let mut bytes = 0u64;
     let mut decode = 0f64;
     let mut stage = vec![0f64; model.stages().len()];
+    // One sample through everything first, untimed: a first pass pays for thread
+    // start-up and page faults on fresh scratch buffers, which an epoch does not (two
+    // plans in a row disagreed by up to 30% per side without it).
+    if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
+        let s = Samples::from_batch(&b.slice(0, 1))?;
+        model.forward_range(&inputs(model, &s)?, 0, model.stages().len())?;
+    }
     for b in batches {
         let s = Samples::from_batch(b)?;
         if s.is_empty() {
