@@ -545,66 +545,58 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Sql(args) => sql(args).await,
         Command::Features(args) => features(args).await,
         Command::Put {
-            images: Some(dir),
+            images,
             labels,
-            partitions,
-            table,
-            nodes,
-            ..
-        } => {
-            let mut clients = Vec::new();
-            for n in &nodes {
-                clients.push(NodeClient::connect(n).await?);
-            }
-            let bar = ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{spinner} storing {pos} images {per_sec}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            let (n, classes) = csd_client::features::put_images(
-                &clients,
-                &table,
-                &dir,
-                labels.as_deref(),
-                partitions,
-                1,
-                |k| bar.inc(k),
-            )
-            .await
-            .map_err(csd_client::features::ml)?;
-            bar.finish_and_clear();
-            print_stored(n, "images", &classes, &table, partitions, clients.len());
-            Ok(())
-        }
-        Command::Put {
-            text: Some(file),
+            text,
             text_column,
             label_column,
             partitions,
             table,
             nodes,
             ..
-        } => {
+        } if images.is_some() || text.is_some() => {
             let mut clients = Vec::new();
             for n in &nodes {
                 clients.push(NodeClient::connect(n).await?);
             }
+            let what = if images.is_some() { "images" } else { "texts" };
             let bar = ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{spinner} storing {pos} texts {per_sec}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                ProgressStyle::with_template(&format!(
+                    "{{spinner}} storing {{pos}} {what} {{per_sec}}"
+                ))
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
-            let (n, classes) = csd_client::features::put_text(
-                &clients,
-                &table,
-                &file,
-                &text_column,
-                &label_column,
-                partitions,
-                |k| bar.inc(k),
-            )
-            .await
-            .map_err(csd_client::features::ml)?;
+            let progress = |k| bar.inc(k);
+            let stored = match (images, text) {
+                (Some(dir), _) => {
+                    csd_client::features::put_images(
+                        &clients,
+                        &table,
+                        &dir,
+                        labels.as_deref(),
+                        partitions,
+                        1,
+                        progress,
+                    )
+                    .await
+                }
+                (None, Some(file)) => {
+                    csd_client::features::put_text(
+                        &clients,
+                        &table,
+                        &file,
+                        &text_column,
+                        &label_column,
+                        partitions,
+                        progress,
+                    )
+                    .await
+                }
+                (None, None) => return Err(Error::InvalidInput("give --images or --text".into())),
+            };
+            let (n, classes) = stored.map_err(csd_client::features::ml)?;
             bar.finish_and_clear();
-            print_stored(n, "texts", &classes, &table, partitions, clients.len());
+            print_stored(n, what, &classes, &table, partitions, clients.len());
             Ok(())
         }
         Command::Put {

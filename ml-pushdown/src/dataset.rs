@@ -286,7 +286,7 @@ pub fn text_file(path: &Path, text_col: &str, label_col: &str) -> Result<TextFil
         let (schema, _) = format
             .infer_schema(std::io::BufReader::new(&file), Some(1000))
             .map_err(|e| err(format!("not a CSV with a header: {e}")))?;
-        let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+        std::io::Seek::rewind(&mut &file).map_err(|e| err(e.to_string()))?;
         arrow::csv::ReaderBuilder::new(Arc::new(schema))
             .with_format(format)
             .build(file)?

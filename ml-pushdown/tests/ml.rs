@@ -218,17 +218,6 @@ async fn load_textures(client: &NodeClient, tex: &std::path::Path) {
 }
 
 async fn features(
-    client: &NodeClient,
-    m: &Arc<dyn StagedModel>,
-    weights: &str,
-    part: &str,
-    split: usize,
-    dtype: FeatureType,
-) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
-    features_of("textures", client, m, weights, part, split, dtype).await
-}
-
-async fn features_of(
     dataset: &str,
     client: &NodeClient,
     m: &Arc<dyn StagedModel>,
@@ -301,7 +290,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
         wt
     );
     let n = m.stages().len();
-    let (base, _) = features(&client, &m, &wt, "test", 0, FeatureType::F32).await;
+    let (base, _) = features("textures", &client, &m, &wt, "test", 0, FeatureType::F32).await;
     assert!(
         base.iter().rev().skip(1).all(|b| b.ids.len() == 7),
         "training batch size kept"
@@ -313,7 +302,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
         (5, FeatureType::F32, 1e-5),
         (n, FeatureType::F16, 2e-3),
     ] {
-        let (b, stats) = features(&client, &m, &wt, "test", split, dtype).await;
+        let (b, stats) = features("textures", &client, &m, &wt, "test", split, dtype).await;
         let (ids, labels, f) = by_id(&b);
         assert_eq!((&ids, &labels), (&ids0, &labels0), "split {split}");
         let e = max_rel_err(&f, &f0);
@@ -330,7 +319,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
 
     // Transfer learning: a linear head on pooled features of train patches, judged on
     // held-out patches from another region of each texture.
-    let (train, _) = features(&client, &m, &wt, "train", n, FeatureType::F16).await;
+    let (train, _) = features("textures", &client, &m, &wt, "train", n, FeatureType::F16).await;
     let (_, ytr, xtr) = stacked(&train);
     let head = csd_ml_pushdown::train::LinearHead::fit(&xtr, &ytr, 3, 200).unwrap();
     let acc = head.accuracy(&f0, &labels0).unwrap();
@@ -357,7 +346,7 @@ async fn tight_memory_shrinks_batches_or_pushes_back() {
         let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
             .await
             .unwrap();
-        let (b, stats) = features(&client, &m, &wt, "test", 3, FeatureType::F32).await;
+        let (b, stats) = features("textures", &client, &m, &wt, "test", 3, FeatureType::F32).await;
         let (_, _, f) = stacked(&b);
         let pushed = stats.pushed_back.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(pushed > 0, expect_pushback, "memory {memory}");
@@ -509,7 +498,7 @@ async fn text_pushdown_matches_compute_only() {
             let mut b = Vec::new();
             for part in ["0", "1"] {
                 b.extend(
-                    features_of("sentences", &client, &m, &wt, part, split, FeatureType::F32)
+                    features("sentences", &client, &m, &wt, part, split, FeatureType::F32)
                         .await
                         .0,
                 );

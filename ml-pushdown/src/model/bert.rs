@@ -297,12 +297,17 @@ impl MiniLm {
                 }
             })
             .collect::<Result<_>>()?;
+        self.stack(&outs, empty)
+    }
+
+    /// Per-sample outputs of `shape` as one batch (an empty one when there are none).
+    fn stack(&self, outs: &[Tensor], shape: &[usize]) -> Result<Tensor> {
         if outs.is_empty() {
-            let mut shape = vec![0];
-            shape.extend_from_slice(empty);
-            return Ok(Tensor::zeros(shape, DType::F32, &self.device)?);
+            let mut dims = vec![0];
+            dims.extend_from_slice(shape);
+            return Ok(Tensor::zeros(dims, DType::F32, &self.device)?);
         }
-        Ok(Tensor::stack(&outs, 0)?)
+        Ok(Tensor::stack(outs, 0)?)
     }
 }
 
@@ -356,14 +361,7 @@ impl StagedModel for MiniLm {
                     .into_par_iter()
                     .map(|j| self.embed(&x.get(j)?))
                     .collect::<Result<_>>()?;
-                if outs.is_empty() {
-                    return Ok(Tensor::zeros(
-                        (0, SEQ, HIDDEN + 1),
-                        DType::F32,
-                        &self.device,
-                    )?);
-                }
-                Ok(Tensor::stack(&outs, 0)?)
+                self.stack(&outs, &state)
             }
             i if i <= LAYERS => {
                 let l = &self.layers[i - 1];
