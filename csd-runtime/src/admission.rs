@@ -178,6 +178,8 @@ pub struct Ask {
     pub bytes: u64,
     /// Memory it needs while running.
     pub memory: u64,
+    /// The asker is saturated itself: queue it rather than push it back for delay.
+    pub patient: bool,
 }
 
 /// Why a request was pushed back, sent to the client.
@@ -260,6 +262,8 @@ pub struct Counters {
     pub queued: u64,
     /// Operator requests pushed back to the compute tier.
     pub pushed_back: u64,
+    /// Patient requests queued past the delay bound (their asker was saturated).
+    pub patient: u64,
     /// Requests refused with RESOURCE_EXHAUSTED.
     pub rejected: u64,
     /// Queued requests whose client went away before they ran.
@@ -483,8 +487,13 @@ impl Controller {
         }
         // Waiting up to one run time of its own still beats handing it back (the
         // compute tier would read and decode the same bytes, usually slower).
+        // A patient request's asker has no cores to spare: handing it back would only
+        // move the queue there, behind that tier's own work.
         let bound = self.cfg.queue_target.max(estimate);
-        if self.cfg.policy == Policy::Adaptive && delay > bound {
+        let over = self.cfg.policy == Policy::Adaptive && delay > bound;
+        if over && ask.patient {
+            self.counters.patient += 1;
+        } else if over {
             return push_back(
                 self,
                 format!(
@@ -981,6 +990,7 @@ mod tests {
             tenant: tenant.into(),
             bytes,
             memory: 1 << 20,
+            patient: false,
         }
     }
 
@@ -1022,8 +1032,15 @@ mod tests {
             c.offer(ask("x", 20_000_000), 15 * MS),
             Offer::Queued(_)
         ));
+        // 5 + 60 = 65 ms > 50, but the asker is saturated itself: it queues.
+        let patient = Ask {
+            patient: true,
+            ..ask("x", 20_000_000)
+        };
+        assert!(matches!(c.offer(patient, 15 * MS), Offer::Queued(_)));
         let s = c.stats();
-        assert_eq!((s.running, s.waiting, s.counters.pushed_back), (1, 3, 1));
+        assert_eq!((s.running, s.waiting, s.counters.pushed_back), (1, 4, 1));
+        assert_eq!(s.counters.patient, 1);
         // Finishing dispatches the oldest waiting request, which waited 20 ms.
         let started = c.finish(id(&a), 20 * MS, 20 * MS, true);
         assert_eq!(started.len(), 1);

@@ -386,10 +386,24 @@ impl NodeClient {
         args: Vec<u8>,
         compression: Compression,
     ) -> Result<OperatorReply> {
+        self.operator_with(name, args, compression, false).await
+    }
+
+    /// [`operator`](Self::operator); a `patient` request asks the node to queue it
+    /// rather than push it back for queueing delay (send it when this tier's own
+    /// cores are saturated).
+    pub async fn operator_with(
+        &self,
+        name: &str,
+        args: Vec<u8>,
+        compression: Compression,
+        patient: bool,
+    ) -> Result<OperatorReply> {
         let ticket = Ticket::Operator {
             name: name.into(),
             args,
             compression,
+            patient,
         };
         let inner = self.do_get(&ticket).await?;
         let stats = Arc::new(ReplyStats::default());

@@ -467,6 +467,7 @@ impl FlightNode {
         args: Bytes,
         compression: Compression,
         tenant: String,
+        patient: bool,
     ) -> Result<TaskStream> {
         let started = Instant::now();
         let op = self.state.operators.get(name).cloned().ok_or_else(|| {
@@ -487,6 +488,7 @@ impl FlightNode {
             tenant,
             bytes: estimate.bytes,
             memory: estimate.memory,
+            patient,
         };
         let mut permit = self.state.admission.admit(ask).await.map_err(|r| match r {
             Refusal::PushBack(p) => Error::PushedBack(p),
@@ -536,6 +538,7 @@ impl FlightNode {
                     ("queue_ms", waited.as_secs_f64() * 1e3),
                     ("estimate_ms", estimated.as_secs_f64() * 1e3),
                     ("estimate_bytes", estimate.bytes as f64),
+                    ("patient", f64::from(u8::from(patient))),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), format!("{v:.3}"))),
@@ -825,8 +828,9 @@ impl FlightService for FlightNode {
                 name,
                 args,
                 compression,
+                patient,
             } => self
-                .operator(&name, args.into(), compression, tenant)
+                .operator(&name, args.into(), compression, tenant, patient)
                 .await?
                 .boxed(),
             Ticket::Scan {

@@ -5,7 +5,7 @@
 //! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; } }
 //! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
 //! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
-//! message Operator { string name = 1; bytes args = 2; Compression compression = 3; }
+//! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
 //! ```
 //!
@@ -14,7 +14,10 @@
 //! `Operator` runs pushed-down work (see [`crate::operator`]; `args` is the operator's
 //! own format, e.g. a Substrait plan for `"sql"`) and answers Arrow IPC batches,
 //! compressed as asked, followed by one `FlightData` with only `app_metadata` (JSON
-//! [`OperatorReport`](crate::operator::OperatorReport)).
+//! [`OperatorReport`](crate::operator::OperatorReport)). A `patient` operator request
+//! asks an adaptive node to queue it rather than push it back for queueing delay:
+//! the compute tier sends it when its own cores are saturated (memory and a full
+//! queue still push it back).
 //!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.
@@ -59,6 +62,8 @@ pub enum Ticket {
         args: Vec<u8>,
         /// Compression of the answer's Arrow IPC bodies.
         compression: Compression,
+        /// Queue rather than push back for queueing delay (the asker is saturated).
+        patient: bool,
     },
 }
 
@@ -112,6 +117,8 @@ struct OperatorProto {
     args: Vec<u8>,
     #[prost(enumeration = "Compression", tag = "3")]
     compression: i32,
+    #[prost(bool, tag = "4")]
+    patient: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -164,10 +171,12 @@ impl Ticket {
                 name,
                 args,
                 compression,
+                patient,
             } => Kind::Operator(OperatorProto {
                 name,
                 args,
                 compression: compression as i32,
+                patient,
             }),
         };
         let mut out = vec![TICKET_VERSION];
@@ -216,6 +225,7 @@ impl Ticket {
                 })?,
                 name: o.name,
                 args: o.args,
+                patient: o.patient,
             }),
             None => Err(Error::InvalidArgument("ticket names no operation".into())),
         }
@@ -252,6 +262,14 @@ mod tests {
             name: "sql".into(),
             args: vec![1, 2, 3],
             compression: Compression::Zstd,
+            patient: false,
+        };
+        assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
+        let o = Ticket::Operator {
+            name: "ml".into(),
+            args: vec![],
+            compression: Compression::None,
+            patient: true,
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
     }

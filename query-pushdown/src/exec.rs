@@ -239,11 +239,23 @@ impl ExecutionPlan for CsdScanExec {
         let endpoint = format!("{}/{}", ep.client.url(), ep.partition);
         let table = self.table.clone();
         let open = async move {
-            let refused = match ep
-                .client
-                .operator(OPERATOR_NAME, args.clone(), compression)
-                .await
-            {
+            // Saturated here too: ask the node to queue it instead of handing it
+            // back (once more if it was handed back and this tier filled up since).
+            let gate = table.local_gate().clone();
+            let mut patient = gate.saturated();
+            let reply = loop {
+                let r = ep
+                    .client
+                    .operator_with(OPERATOR_NAME, args.clone(), compression, patient)
+                    .await;
+                match r {
+                    Err(ClientError::PushedBack(_)) if !patient && gate.saturated() => {
+                        patient = true;
+                    }
+                    r => break r,
+                }
+            };
+            let refused = match reply {
                 Ok(reply) => {
                     // A node that runs out of memory fails before its first batch:
                     // that too is evaluated here rather than failing the query.
@@ -355,7 +367,9 @@ async fn evaluate_here(
     let physical = plan_fragment(&session, &frag.table, &plan, mode)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    physical.execute(0, session.task_ctx())
+    Ok(table
+        .local_gate()
+        .run(physical.execute(0, session.task_ctx())?))
 }
 
 /// The node's batch under our schema: same columns by position. Names may differ

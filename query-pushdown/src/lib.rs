@@ -16,13 +16,15 @@
 //! [`fragment`] for the message, the supported subset and the limits.
 //!
 //! **Storage side.** [`SqlOperator`] validates, plans with DataFusion over the node's
-//! own Parquet objects and streams the answer (see [`storage`]). A node serves it when
+//! own Parquet objects and streams the answer (see [`storage`]). A fragment the node
+//! hands back is evaluated here, oldest first, a core at a time ([`gate`]). A node serves it when
 //! started with `csd_runtime::node::start_with(config, registry())`.
 
 pub mod baseline;
 pub mod error;
 pub mod exec;
 pub mod fragment;
+pub mod gate;
 pub mod pushable;
 pub mod rule;
 pub mod scan;
@@ -32,6 +34,7 @@ pub mod table;
 pub mod tpch;
 
 pub use fragment::{Mode, SqlFragment};
+pub use gate::LocalGate;
 pub use pushable::pushable;
 pub use session::{Cluster, CsdSession, QueryRun, SessionOptions};
 pub use storage::SqlOperator;

@@ -17,6 +17,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::baseline::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::error::to_datafusion;
 use crate::exec::{CsdScanExec, EndpointRun};
+use crate::gate::LocalGate;
 use crate::rule::{CsdQueryPlanner, PushdownRule};
 use crate::scan;
 use crate::table::{CsdTable, Endpoint};
@@ -33,6 +34,9 @@ pub struct SessionOptions {
     /// With pushdown: read scans that reduce nothing (no filter, no limit) as Parquet
     /// byte ranges instead of asking the node (see [`CsdTable::new`]).
     pub direct_unfiltered: bool,
+    /// Fragments a node hands back that this session evaluates at once (default:
+    /// this process's cores); the oldest goes first.
+    pub local_slots: Option<usize>,
 }
 
 impl Default for SessionOptions {
@@ -42,6 +46,7 @@ impl Default for SessionOptions {
             compression: Compression::Lz4Frame,
             target_partitions: None,
             direct_unfiltered: true,
+            local_slots: None,
         }
     }
 }
@@ -147,6 +152,9 @@ impl Cluster {
                 .with_optimizer_rule(Arc::new(PushdownRule));
         }
         let ctx = SessionContext::new_with_state(builder.build());
+        let local = opts
+            .local_slots
+            .map_or_else(LocalGate::per_core, LocalGate::new);
         for (name, t) in tables {
             if opts.pushdown {
                 let table = CsdTable::new(
@@ -156,6 +164,7 @@ impl Cluster {
                     opts.compression,
                     ranges.clone(),
                     opts.direct_unfiltered,
+                    local.clone(),
                 );
                 ctx.register_table(name.as_str(), Arc::new(table))?;
             } else {

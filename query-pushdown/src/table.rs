@@ -27,6 +27,7 @@ use prost::Message;
 use crate::baseline::{NodeRangeStore, RangeReadTable};
 use crate::exec::CsdScanExec;
 use crate::fragment::Mode;
+use crate::gate::LocalGate;
 use crate::pushable::pushable;
 
 /// One partition of a table on one node.
@@ -66,6 +67,7 @@ struct Inner {
     compression: Compression,
     ranges: Arc<NodeRangeStore>,
     direct: bool,
+    local: Arc<LocalGate>,
 }
 
 impl CsdTable {
@@ -74,7 +76,7 @@ impl CsdTable {
     /// a node pushes back). With `direct`, scans that would not reduce anything (no
     /// filter, no limit) read the Parquet objects by range too: compressed column
     /// chunks are smaller than the same columns as Arrow IPC, and the node's CPU is
-    /// spared.
+    /// spared. Fragments handed back run here under `local` (see [`LocalGate`]).
     pub fn new(
         name: String,
         schema: SchemaRef,
@@ -82,6 +84,7 @@ impl CsdTable {
         compression: Compression,
         ranges: Arc<NodeRangeStore>,
         direct: bool,
+        local: Arc<LocalGate>,
     ) -> Self {
         CsdTable {
             inner: Arc::new(Inner {
@@ -91,6 +94,7 @@ impl CsdTable {
                 compression,
                 ranges,
                 direct,
+                local,
             }),
         }
     }
@@ -125,6 +129,11 @@ impl CsdTable {
     /// Answer compression.
     pub fn compression(&self) -> Compression {
         self.inner.compression
+    }
+
+    /// Where fragments the nodes hand back wait for a core here.
+    pub fn local_gate(&self) -> &Arc<LocalGate> {
+        &self.inner.local
     }
 
     /// Encodes `fragment` (a plan over this table) as Substrait, with the table named

@@ -55,6 +55,11 @@ struct Args {
     /// Splits to sweep besides compute-only (0), full and auto (default: all).
     #[arg(long)]
     splits: Option<String>,
+    /// Rounds of the splits part. Each round runs every policy once, in a rotated
+    /// order; a policy's time is its median over the rounds, so that a slow phase of
+    /// a shared machine does not fall on one policy only.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// How many times the training patches are stored (the epoch's size).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -91,10 +96,12 @@ struct Rate {
 #[derive(Serialize)]
 struct SplitRow {
     bandwidth_mbit: f64,
-    times: Vec<(String, f64, u64)>,
+    /// Per policy: median seconds, bytes from the node, and each round's seconds.
+    times: Vec<(String, f64, u64, Vec<f64>)>,
     best: String,
     best_s: f64,
-    auto_split: f64,
+    /// The split auto chose in each round.
+    auto_splits: Vec<f64>,
     auto_s: f64,
     auto_over_best: f64,
     raw_over_full_bytes: f64,
@@ -379,27 +386,54 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
         .collect();
     s.sweep[0].values = bw.clone();
     s.validate().unwrap_or_else(|e| die(e));
+    let rounds = args.rounds.max(1);
     println!(
-        "splits: {} policies × {} bandwidths through the testbed (report in {}) ...",
+        "splits: {} policies × {} bandwidths × {rounds} round(s) through the testbed (report in {}) ...",
         s.policies.len(),
         bw.len(),
         args.out.display()
     );
-    let report = csd_testbed::run(
-        s,
-        &csd_testbed::RunOptions {
-            out: args.out.clone(),
-            quick: false,
-            progress: true,
-        },
-    )
-    .await
-    .unwrap_or_else(|e| die(e));
+    // Round r starts the policy list r/rounds of the way along (compute-only, the
+    // testbed's reference, always runs first at each point).
+    let mut reports = Vec::new();
+    for r in 0..rounds {
+        let mut round = s.clone();
+        let mut others: Vec<PolicyName> = round.policies[1..].to_vec();
+        let by = r * others.len() / rounds;
+        others.rotate_left(by);
+        round.policies.truncate(1);
+        round.policies.extend(others);
+        let out = if rounds > 1 {
+            args.out.join(format!("round{}", r + 1))
+        } else {
+            args.out.clone()
+        };
+        let report = csd_testbed::run(
+            round,
+            &csd_testbed::RunOptions {
+                out,
+                quick: false,
+                progress: true,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| die(e));
+        reports.push(report);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
     let mut rows = Vec::new();
     for b in bw {
-        let at: Vec<_> = report
-            .runs
+        let at: Vec<_> = reports
             .iter()
+            .flat_map(|rep| rep.runs.iter())
             .filter(|r| r.point.first().map(|p| p.1) == Some(b))
             .collect();
         for r in &at {
@@ -413,30 +447,48 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
                 ));
             }
         }
-        let time = |p: PolicyName| at.iter().find(|r| r.policy == p);
-        let fixed = at.iter().filter(|r| r.policy != PolicyName::Auto);
-        let Some(best) = fixed.min_by(|a, b| a.wall_s.total_cmp(&b.wall_s)) else {
+        // Per policy, in the scenario's order: median time, bytes, each round's time.
+        let times: Vec<(PolicyName, f64, u64, Vec<f64>)> = s
+            .policies
+            .iter()
+            .filter_map(|&p| {
+                let of: Vec<_> = at.iter().filter(|r| r.policy == p).collect();
+                let first = of.first()?;
+                let each: Vec<f64> = of.iter().map(|r| r.wall_s).collect();
+                Some((p, median(each.clone()), first.bytes_from_nodes, each))
+            })
+            .collect();
+        let get = |p: PolicyName| times.iter().find(|t| t.0 == p);
+        let Some(best) = times
+            .iter()
+            .filter(|t| t.0 != PolicyName::Auto)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+        else {
             die("no runs")
         };
         let (Some(auto), Some(raw), Some(full)) = (
-            time(PolicyName::Auto),
-            time(PolicyName::ComputeOnly),
-            time(PolicyName::Full),
+            get(PolicyName::Auto),
+            get(PolicyName::ComputeOnly),
+            get(PolicyName::Full),
         ) else {
             die("auto, compute-only or full is missing")
         };
         rows.push(SplitRow {
             bandwidth_mbit: b,
-            times: at
+            times: times
                 .iter()
-                .map(|r| (r.policy.to_string(), r.wall_s, r.bytes_from_nodes))
+                .map(|t| (t.0.to_string(), t.1, t.2, t.3.clone()))
                 .collect(),
-            best: best.policy.to_string(),
-            best_s: best.wall_s,
-            auto_split: auto.extra.get("split").copied().unwrap_or(f64::NAN),
-            auto_s: auto.wall_s,
-            auto_over_best: auto.wall_s / best.wall_s,
-            raw_over_full_bytes: raw.bytes_from_nodes as f64 / full.bytes_from_nodes.max(1) as f64,
+            best: best.0.to_string(),
+            best_s: best.1,
+            auto_splits: at
+                .iter()
+                .filter(|r| r.policy == PolicyName::Auto)
+                .map(|r| r.extra.get("split").copied().unwrap_or(f64::NAN))
+                .collect(),
+            auto_s: auto.1,
+            auto_over_best: auto.1 / best.1,
+            raw_over_full_bytes: raw.2 as f64 / full.2.max(1) as f64,
         });
     }
     rows
@@ -500,19 +552,29 @@ async fn main() {
     if args.only.as_deref() != Some("rate") {
         let rows = splits(&args).await;
         println!(
-            "\n| link | best fixed | best s | auto split | auto s | auto/best | raw/full bytes |\n|---|---|---|---|---|---|---|"
+            "\n| link | best fixed | best s | auto split(s) | auto s | auto/best | raw/full bytes |\n|---|---|---|---|---|---|---|"
         );
         for r in &rows {
             println!(
-                "| {} Mbit/s | {} | {:.2} | {} | {:.2} | {:.3} | {:.1}x |",
+                "| {} Mbit/s | {} | {:.2} | {:?} | {:.2} | {:.3} | {:.1}x |",
                 r.bandwidth_mbit,
                 r.best,
                 r.best_s,
-                r.auto_split,
+                r.auto_splits,
                 r.auto_s,
                 r.auto_over_best,
                 r.raw_over_full_bytes
             );
+        }
+        println!("\nmedian seconds per policy (each round's in brackets):");
+        for r in &rows {
+            for (p, med, bytes, each) in &r.times {
+                println!(
+                    "  {:>6} Mbit/s {p:<13} {med:>6.2} s {:>9.2} MB  {each:.2?}",
+                    r.bandwidth_mbit,
+                    *bytes as f64 / 1e6
+                );
+            }
         }
         out.splits = rows;
     }
