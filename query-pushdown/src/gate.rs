@@ -53,11 +53,6 @@ impl LocalGate {
         Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    /// Slots.
-    pub fn slots(&self) -> usize {
-        self.slots
-    }
-
     /// Whether a fragment handed back now would wait a whole round: every slot is
     /// busy and as many fragments wait already.
     pub fn saturated(&self) -> bool {
