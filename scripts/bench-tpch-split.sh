@@ -13,7 +13,7 @@ node_cores=${1:-$last}
 compute_cores=${2:-0-$(( last > 0 ? last - 1 : 0 ))}
 shift $(( $# >= 2 ? 2 : $# ))
 [[ "${1:-}" == "--" ]] && shift
-cargo build --release -p csd-client --bin csd -p csd-benches --bin tpch
+cargo build --release --workspace --bin csd --bin tpch  # --workspace: -p would unify features differently and rebuild everything
 target=${CARGO_TARGET_DIR:-target}/release
 dir=$(mktemp -d)
 trap 'kill "${node_pid:-}" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$dir"' EXIT

@@ -25,7 +25,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::to_datafusion;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
-use crate::storage::{fragment_session, plan_fragment};
+use crate::semijoin::KeyCollector;
+use crate::storage::{filter_stream, fragment_session, key_filters, plan_fragment};
 use crate::table::{CsdTable, Endpoint};
 use csd_runtime::client::Error as ClientError;
 
@@ -41,7 +42,15 @@ pub struct EndpointRun {
     /// Set when the node handed the fragment back (why): the compute tier read the
     /// byte ranges and evaluated it here.
     pub pushed_back: Option<String>,
+    /// A scan that reduces nothing, read here by byte range (see
+    /// [`CsdScanExec::direct`]).
+    pub direct: bool,
 }
+
+/// A direct scan with a join-key filter is worth running at the node only when the
+/// filter keeps at most this fraction of the rows (Arrow IPC of the survivors
+/// against compressed Parquet of them all); the node checks its first rows.
+pub const DIRECT_ABOVE: f32 = 0.3;
 
 /// Runs a pushed fragment on all endpoints of a table.
 #[derive(Debug)]
@@ -56,6 +65,8 @@ pub struct CsdScanExec {
     runs: Arc<Vec<Mutex<Option<EndpointRun>>>>,
     row_fraction: Option<f64>,
     limit: Option<usize>,
+    key_filter: Option<(Arc<KeyCollector>, Vec<usize>)>,
+    direct: bool,
 }
 
 impl CsdScanExec {
@@ -86,7 +97,45 @@ impl CsdScanExec {
             runs: Arc::new((0..n).map(|_| Mutex::new(None)).collect()),
             row_fraction: None,
             limit: None,
+            key_filter: None,
+            direct: false,
         }
+    }
+
+    /// A scan that reduces nothing by itself (no filter, no limit): without a
+    /// join-key filter it reads the Parquet objects by byte range here (compressed
+    /// column chunks are smaller than the same columns as Arrow IPC, and the nodes'
+    /// CPUs are spared); with one, it asks the nodes, which hand it back when the
+    /// filter keeps more than [`DIRECT_ABOVE`] of the rows.
+    pub fn direct(mut self) -> Self {
+        self.direct = true;
+        self
+    }
+
+    /// The same scan, filtered by the keys `collector` gathers on output `columns`
+    /// (see [`crate::semijoin`]).
+    pub fn with_key_filter(&self, collector: Arc<KeyCollector>, columns: Vec<usize>) -> Self {
+        let mut s = CsdScanExec::new(
+            self.table.clone(),
+            self.schema.clone(),
+            self.plan.as_ref().clone(),
+            self.mode,
+            self.describe.clone(),
+        )
+        .with_estimate(self.row_fraction, self.limit);
+        s.direct = self.direct;
+        s.key_filter = Some((collector, columns));
+        s
+    }
+
+    /// Whether a join-key filter is attached.
+    pub fn has_key_filter(&self) -> bool {
+        self.key_filter.is_some()
+    }
+
+    /// What the nodes return.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// Estimates rows as `fraction` of the endpoints' rows, at most `limit` per
@@ -137,6 +186,23 @@ impl DisplayAs for CsdScanExec {
                     self.describe,
                     eps.join(", ")
                 )?;
+                if self.direct {
+                    write!(f, ", direct=byte ranges unless a key filter applies")?;
+                }
+                if let Some((c, cols)) = &self.key_filter {
+                    let names: Vec<&str> = cols
+                        .iter()
+                        .map(|&i| self.schema.field(i).name().as_str())
+                        .collect();
+                    write!(
+                        f,
+                        ", key_filter=[{}] from a hash join's build side",
+                        names.join(", ")
+                    )?;
+                    if c.keys() > 0 {
+                        write!(f, " ({} keys)", c.keys())?;
+                    }
+                }
                 let runs = self.runs();
                 if !runs.is_empty() {
                     let per: Vec<String> = runs
@@ -144,6 +210,9 @@ impl DisplayAs for CsdScanExec {
                         .map(|r| {
                             if let Some(why) = &r.pushed_back {
                                 return format!("{}: pushed_back ({why})", r.endpoint);
+                            }
+                            if r.direct {
+                                return format!("{}: read here by byte range", r.endpoint);
                             }
                             format!(
                                 "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
@@ -215,13 +284,14 @@ impl ExecutionPlan for CsdScanExec {
                 futures::stream::empty(),
             )));
         };
-        let args = SqlFragment {
+        let base = SqlFragment {
             table: self.table.name().to_string(),
             partition: Some(ep.partition.clone()),
             plan: self.plan.as_ref().clone(),
             mode: self.mode as i32,
-        }
-        .to_bytes();
+            key_filters: vec![],
+            direct_above: self.direct.then_some(DIRECT_ABOVE),
+        };
         let compression = self.table.compression();
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let received = MetricBuilder::new(&self.metrics).counter("bytes_received", partition);
@@ -238,18 +308,54 @@ impl ExecutionPlan for CsdScanExec {
         let out_schema = schema.clone();
         let endpoint = format!("{}/{}", ep.client.url(), ep.partition);
         let table = self.table.clone();
+        let key_filter = self.key_filter.clone();
+        let direct = self.direct;
         let open = async move {
+            // With a join-key filter, first the build side's keys.
+            let mut frag = base;
+            if let Some((collector, cols)) = &key_filter
+                && let Some(bloom) = collector.wait().await
+            {
+                frag.key_filters.push(bloom.to_msg(cols));
+            }
+            let args = frag.to_bytes();
+            let record = move |run: EndpointRun| {
+                if let Some(m) = slot.get(partition)
+                    && let Ok(mut g) = m.lock()
+                {
+                    *g = Some(run);
+                }
+            };
+            let local = |here: SendableRecordBatchStream| {
+                let out = out_schema.clone();
+                let output_rows = output_rows.clone();
+                here.map(move |b| {
+                    let b = b?;
+                    output_rows.add(b.num_rows());
+                    relabel(b, &out)
+                })
+                .boxed()
+            };
+            if direct && frag.key_filters.is_empty() {
+                let here = evaluate_here(&table, &ep, &args, &context, false).await?;
+                record(EndpointRun {
+                    endpoint,
+                    direct: true,
+                    ..Default::default()
+                });
+                return Ok(local(here));
+            }
             // Saturated here too: ask the node to queue it instead of handing it
             // back (once more if it was handed back and this tier filled up since).
             let gate = table.local_gate().clone();
-            let mut patient = gate.saturated();
+            let mut patient = gate.saturated() && !direct;
             let reply = loop {
                 let r = ep
                     .client
                     .operator_with(OPERATOR_NAME, args.clone(), compression, patient)
                     .await;
                 match r {
-                    Err(ClientError::PushedBack(_)) if !patient && gate.saturated() => {
+                    Err(ClientError::PushedBack(_)) if !patient && !direct && gate.saturated() => {
                         patient = true;
                     }
                     r => break r,
@@ -273,25 +379,17 @@ impl ExecutionPlan for CsdScanExec {
             let (first, rest, stats) = match refused {
                 Ok(x) => x,
                 Err(why) => {
-                    let here = evaluate_here(&table, &ep, &args, &context).await?;
-                    if let Some(m) = slot.get(partition)
-                        && let Ok(mut g) = m.lock()
-                    {
-                        *g = Some(EndpointRun {
-                            endpoint,
-                            pushed_back: Some(why),
-                            ..Default::default()
-                        });
-                    }
+                    // A direct scan handed back reads as it would have without a
+                    // filter: not one of the fragments the gate orders.
+                    let here = evaluate_here(&table, &ep, &args, &context, !direct).await?;
+                    record(EndpointRun {
+                        endpoint,
+                        pushed_back: Some(why),
+                        direct,
+                        ..Default::default()
+                    });
                     pushed_back.add(1);
-                    let out = out_schema.clone();
-                    return Ok(here
-                        .map(move |b| {
-                            let b = b?;
-                            output_rows.add(b.num_rows());
-                            relabel(b, &out)
-                        })
-                        .boxed());
+                    return Ok(local(here));
                 }
             };
             let batches = futures::stream::iter(first).chain(rest).map(move |b| {
@@ -307,16 +405,12 @@ impl ExecutionPlan for CsdScanExec {
                 let report = stats.report().unwrap_or_default();
                 node_read.add(report.bytes_read as usize);
                 node_scanned.add(report.rows_scanned as usize);
-                if let Some(m) = slot.get(partition)
-                    && let Ok(mut g) = m.lock()
-                {
-                    *g = Some(EndpointRun {
-                        endpoint,
-                        bytes_received: bytes,
-                        report,
-                        pushed_back: None,
-                    });
-                }
+                record(EndpointRun {
+                    endpoint,
+                    bytes_received: bytes,
+                    report,
+                    ..Default::default()
+                });
                 None
             })
             .filter_map(futures::future::ready);
@@ -358,6 +452,7 @@ async fn evaluate_here(
     ep: &Endpoint,
     args: &[u8],
     context: &TaskContext,
+    gated: bool,
 ) -> Result<SendableRecordBatchStream> {
     let (frag, mode, plan) =
         SqlFragment::decode_checked(args).map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -367,9 +462,14 @@ async fn evaluate_here(
     let physical = plan_fragment(&session, &frag.table, &plan, mode)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    Ok(table
-        .local_gate()
-        .run(physical.execute(0, session.task_ctx())?))
+    let filters = key_filters(&frag, &physical.schema())
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
+    Ok(if gated {
+        table.local_gate().run(stream)
+    } else {
+        stream
+    })
 }
 
 /// The node's batch under our schema: same columns by position. Names may differ

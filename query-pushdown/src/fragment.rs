@@ -8,6 +8,8 @@
 //!   optional string partition = 2;  // one partition of it; absent = all on this node
 //!   bytes plan = 3;                 // a Substrait `Plan` (substrait 0.63 protobuf)
 //!   Mode mode = 4;                  // COMPLETE = 0, PARTIAL_AGGREGATE = 1
+//!   repeated KeyFilter key_filters = 5;  // join keys the output rows may have
+//!   optional float direct_above = 6;     // hand back if the filters keep more
 //! }
 //! ```
 //!
@@ -16,6 +18,12 @@
 //! DataFusion's partial-aggregation state instead of final values (`avg` → sum and
 //! count, …), one row per group and input partition, for the caller to merge with a
 //! final aggregate.
+//!
+//! `key_filters` (see [`crate::keyfilter`]) drop output rows whose key (some output
+//! columns) is not in a bloom filter of a join's build-side keys; rows with a NULL
+//! in their key are kept. With `direct_above` set, a node whose filters keep more
+//! than that fraction of the fragment's first 8,192 rows hands it back (gRPC
+//! `UNAVAILABLE` with `csd-pushback`, as admission does).
 //!
 //! ## Supported Substrait subset
 //! * Relations: `ReadRel` on a `NamedTable` (with `filter`, `best_effort_filter`,
@@ -31,7 +39,8 @@
 //!   `min`, `max`, `avg`. Volatile functions (`random`, `uuid`, …) are refused.
 //! * Limits: [`MAX_PLAN_BYTES`] bytes, [`MAX_EXPR_DEPTH`] nested expressions,
 //!   [`MAX_REL_DEPTH`] nested relations, [`MAX_IN_LIST`] IN-list items,
-//!   [`MAX_FUNCTIONS`] declared functions.
+//!   [`MAX_FUNCTIONS`] declared functions, [`MAX_FILTERS`] key filter of at most
+//!   [`MAX_FILTER_BYTES`] bytes.
 //!
 //! Anything outside this gets `INVALID_ARGUMENT` with the reason. Protobuf decoding
 //! itself stops at 100 levels of message nesting (about 30 levels of expressions:
@@ -50,6 +59,8 @@ use datafusion_substrait::substrait::proto::{
 };
 use prost::Message;
 
+use crate::keyfilter::{KeyFilterMsg, MAX_FILTER_BYTES};
+
 /// Name of the operator in tickets.
 pub const OPERATOR_NAME: &str = "sql";
 /// Largest Substrait plan accepted.
@@ -62,6 +73,8 @@ pub const MAX_REL_DEPTH: usize = 16;
 pub const MAX_IN_LIST: usize = 10_000;
 /// Most function declarations accepted.
 pub const MAX_FUNCTIONS: usize = 512;
+/// Most join-key filters on one fragment.
+pub const MAX_FILTERS: usize = 1;
 
 /// What the node returns for a fragment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, prost::Enumeration)]
@@ -88,6 +101,13 @@ pub struct SqlFragment {
     /// What to return.
     #[prost(enumeration = "Mode", tag = "4")]
     pub mode: i32,
+    /// Join-key filters on the output (see [`crate::keyfilter`]).
+    #[prost(message, repeated, tag = "5")]
+    pub key_filters: Vec<KeyFilterMsg>,
+    /// Hand the fragment back when the key filters keep more than this fraction of
+    /// its first rows (a scan the compute tier would otherwise read directly).
+    #[prost(float, optional, tag = "6")]
+    pub direct_above: Option<f32>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).
@@ -110,9 +130,9 @@ impl SqlFragment {
 
     /// Decodes untrusted bytes and the plan inside (sizes checked first).
     pub fn decode_checked(bytes: &[u8]) -> Result<(SqlFragment, Mode, Plan), Error> {
-        if bytes.len() > MAX_PLAN_BYTES + 4096 {
+        if bytes.len() > MAX_PLAN_BYTES + MAX_FILTERS * MAX_FILTER_BYTES + 4096 {
             return Err(invalid(format!(
-                "SQL fragment of {} bytes exceeds the {MAX_PLAN_BYTES}-byte plan limit",
+                "SQL fragment of {} bytes exceeds the {MAX_PLAN_BYTES}-byte plan and {MAX_FILTERS} x {MAX_FILTER_BYTES}-byte key filter limits",
                 bytes.len()
             )));
         }
@@ -123,6 +143,19 @@ impl SqlFragment {
         }
         if f.plan.is_empty() {
             return Err(invalid("SQL fragment carries no Substrait plan"));
+        }
+        if f.key_filters.len() > MAX_FILTERS {
+            return Err(invalid(format!(
+                "SQL fragment carries {} key filters, at most {MAX_FILTERS} allowed",
+                f.key_filters.len()
+            )));
+        }
+        if let Some(d) = f.direct_above
+            && !(0.0..=1.0).contains(&d)
+        {
+            return Err(invalid(format!(
+                "direct_above must be a fraction between 0 and 1, not {d}"
+            )));
         }
         let mode = Mode::try_from(f.mode)
             .map_err(|_| invalid(format!("unknown fragment mode {}", f.mode)))?;

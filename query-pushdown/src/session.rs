@@ -20,6 +20,7 @@ use crate::exec::{CsdScanExec, EndpointRun};
 use crate::gate::LocalGate;
 use crate::rule::{CsdQueryPlanner, PushdownRule};
 use crate::scan;
+use crate::semijoin::SemiJoinRule;
 use crate::table::{CsdTable, Endpoint};
 
 /// How a session reads the cluster.
@@ -149,7 +150,8 @@ impl Cluster {
         if opts.pushdown {
             builder = builder
                 .with_query_planner(Arc::new(CsdQueryPlanner))
-                .with_optimizer_rule(Arc::new(PushdownRule));
+                .with_optimizer_rule(Arc::new(PushdownRule))
+                .with_physical_optimizer_rule(Arc::new(SemiJoinRule));
         }
         let ctx = SessionContext::new_with_state(builder.build());
         let local = opts

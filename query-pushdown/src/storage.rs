@@ -7,14 +7,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
 use bytes::Bytes;
+use csd_runtime::admission::PushBack;
 use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
 use csd_runtime::store::ObjectStore as NodeObjects;
 use csd_runtime::table::{ObjectReader, ParquetObject};
 use csd_runtime::{Error, Result};
 use datafusion::catalog::Session;
+use datafusion::common::DataFusionError;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
 use datafusion::datasource::{TableProvider, TableType};
@@ -29,7 +31,10 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream,
+};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_substrait::logical_plan::consumer::from_substrait_plan;
 use datafusion_substrait::substrait::proto::Plan;
@@ -37,6 +42,7 @@ use futures::{FutureExt, StreamExt};
 
 use crate::error::to_runtime;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment, validate};
+use crate::keyfilter::{self, KeyFilter};
 use crate::scan;
 
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
@@ -284,9 +290,14 @@ impl Operator for SqlOperator {
         let session = fragment_session(runtime, &frag.table, Arc::new(provider))?;
         let physical = plan_fragment(&session, &frag.table, &plan, mode).await?;
         let schema: SchemaRef = physical.schema();
-        let stream = physical
+        let filters = key_filters(&frag, &schema)?;
+        let unfiltered = physical
             .execute(0, session.task_ctx())
             .map_err(to_runtime)?;
+        let stream = match frag.direct_above.filter(|_| !filters.is_empty()) {
+            Some(most) => judged(unfiltered, filters, most).await?,
+            None => filter_stream(unfiltered, filters),
+        };
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
             metrics
@@ -302,6 +313,76 @@ impl Operator for SqlOperator {
     fn memory_used(&self) -> u64 {
         self.memory.get().map(|p| p.reserved() as u64).unwrap_or(0)
     }
+}
+
+/// The fragment's join-key filters, checked against its output `schema`.
+pub(crate) fn key_filters(frag: &SqlFragment, schema: &SchemaRef) -> Result<Vec<KeyFilter>> {
+    let types: Vec<DataType> = schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    frag.key_filters
+        .iter()
+        .map(|m| KeyFilter::from_msg(m, &types).map_err(Error::InvalidArgument))
+        .collect()
+}
+
+/// `stream` without the rows `filters` rule out (counted as `key_filtered` rows).
+pub(crate) fn filter_stream(
+    stream: SendableRecordBatchStream,
+    filters: Vec<KeyFilter>,
+) -> SendableRecordBatchStream {
+    if filters.is_empty() {
+        return stream;
+    }
+    let schema = stream.schema();
+    let filtered = stream.map(move |b| {
+        let b = b?;
+        keyfilter::apply_all(&filters, b)
+            .map_err(|e| DataFusionError::Execution(format!("join-key filter: {e}")))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, filtered))
+}
+
+/// Rows of the fragment a direct scan's filter is judged on.
+const JUDGE_ROWS: usize = 8192;
+
+/// `stream` filtered, or handed back when the filters keep more than `most` of the
+/// fragment's first [`JUDGE_ROWS`] rows: for a scan that reduces nothing else,
+/// reading the Parquet directly then moves fewer bytes than the survivors as Arrow
+/// IPC.
+async fn judged(
+    mut stream: SendableRecordBatchStream,
+    filters: Vec<KeyFilter>,
+    most: f32,
+) -> Result<SendableRecordBatchStream> {
+    let schema = stream.schema();
+    let (mut seen, mut kept, mut head) = (0usize, 0usize, Vec::new());
+    while seen < JUDGE_ROWS {
+        let Some(b) = stream.next().await else { break };
+        let b = b.map_err(to_runtime)?;
+        seen += b.num_rows();
+        let b = keyfilter::apply_all(&filters, b).map_err(Error::Internal)?;
+        kept += b.num_rows();
+        head.push(Ok(b));
+    }
+    if seen > 0 && kept as f64 > f64::from(most) * seen as f64 {
+        return Err(Error::PushedBack(PushBack {
+            reason: format!(
+                "the join-key filter keeps {:.0}% of the first {seen} rows (more than {:.0}%): reading the Parquet directly moves fewer bytes",
+                100.0 * kept as f64 / seen as f64,
+                100.0 * most
+            ),
+            predicted_delay_ms: 0.0,
+            estimate_ms: 0.0,
+        }));
+    }
+    let rest = filter_stream(stream, filters);
+    Ok(Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        futures::stream::iter(head).chain(rest),
+    )))
 }
 
 /// The table columns a fragment's read relation names (its projection, which

@@ -219,12 +219,6 @@ impl TableProvider for CsdTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if filters.is_empty() && limit.is_none() && self.inner.direct {
-            return self
-                .range_table(self.endpoints())
-                .scan(session, projection, filters, limit)
-                .await;
-        }
         let state = session_state(session)?;
         let mut b = LogicalPlanBuilder::scan_with_filters(
             TableReference::bare(self.name()),
@@ -240,16 +234,20 @@ impl TableProvider for CsdTable {
         let plan = self.substrait(&fragment, state)?;
         // DataFusion's FilterExec assumes 20% selectivity without column statistics.
         let fraction = if filters.is_empty() { 1.0 } else { 0.2 };
-        Ok(Arc::new(
-            CsdScanExec::new(
-                self.clone(),
-                schema,
-                plan,
-                Mode::Complete,
-                describe(&fragment),
-            )
-            .with_estimate(Some(fraction), limit),
-        ))
+        let scan = CsdScanExec::new(
+            self.clone(),
+            schema,
+            plan,
+            Mode::Complete,
+            describe(&fragment),
+        )
+        .with_estimate(Some(fraction), limit);
+        let reduces_nothing = filters.is_empty() && limit.is_none();
+        Ok(Arc::new(if reduces_nothing && self.inner.direct {
+            scan.direct()
+        } else {
+            scan
+        }))
     }
 }
 

@@ -1,7 +1,11 @@
 //! What EXPLAIN says was pushed, and what EXPLAIN ANALYZE reports per node.
 
 use arrow::util::pretty::pretty_format_batches;
+use std::sync::Arc;
+
+use csd_query_pushdown::exec::{CsdScanExec, EndpointRun};
 use csd_query_pushdown::{CsdSession, tpch};
+use datafusion::physical_plan::ExecutionPlan;
 
 use crate::{nodes, sessions};
 
@@ -96,19 +100,25 @@ async fn explain_shows_what_is_pushed() {
         "no aggregate push above a local filter: {vol}"
     );
 
-    // Joins stay here; the filtered side pushes its filters and projection, the side
-    // that would reduce nothing (orders, no filter) is read as Parquet byte ranges.
+    // Joins stay here; the filtered side pushes its filters and projection. The side
+    // that would reduce nothing by itself (orders, no filter) is the probe side of
+    // the join: it waits for the build side's keys and asks the nodes for the
+    // matching rows only (without a filter it reads Parquet byte ranges).
     let q12 = explain(&on, tpch::query(12).unwrap()).await;
     let s = scans(&q12);
-    assert_eq!(s.len(), 1, "{q12}");
+    assert_eq!(s.len(), 2, "{q12}");
     assert!(
         s[0].contains("table=lineitem") && s[0].contains("l_shipmode"),
         "{q12}"
     );
+    assert!(!s[0].contains("key_filter"), "{q12}");
     assert!(
-        q12.contains("DataSourceExec") && q12.contains("o_orderpriority"),
+        s[1].contains("table=orders")
+            && s[1].contains("direct=byte ranges")
+            && s[1].contains("key_filter=[o_orderkey]"),
         "{q12}"
     );
+    assert!(q12.contains("KeyCollectExec"), "{q12}");
     assert!(q12.contains("HashJoinExec"), "{q12}");
 
     // Without pushdown nothing is pushed: DataFusion reads Parquet by range.
@@ -170,6 +180,99 @@ async fn explain_analyze_reports_each_node() {
         run.bytes_moved
     );
     assert_eq!(run.rows(), 1);
+}
+
+/// Join-key filters: the probe side of a join gets only rows whose key the build
+/// side has, when the filter is selective; a filter that keeps most rows is handed
+/// back and the scan reads Parquet instead; joins that keep unmatched probe rows get
+/// no filter. Answers always equal the same query without pushdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn join_key_filters_shrink_the_probe_side() {
+    let (nodes, clients) = nodes(2).await;
+    tpch::load(&clients, 0.01, 1, |_, _| {}).await.unwrap();
+    let (on, off) = sessions(&nodes).await;
+    let orders_rows: u64 = 15_000;
+    let check = async |sql: &str| {
+        let a = on.run(sql).await.unwrap();
+        let b = off.run(sql).await.unwrap();
+        assert_eq!(
+            crate::canonical(&a.batches),
+            crate::canonical(&b.batches),
+            "{sql}"
+        );
+        a
+    };
+
+    // Selective: a few hundred orders' keys out of 15,000.
+    let sel = "select o_orderpriority, count(*) from lineitem join orders on l_orderkey = o_orderkey \
+               where l_shipmode = 'MAIL' and l_quantity > 49 group by o_orderpriority";
+    let run = check(sel).await;
+    let text = run.plan_with_metrics();
+    let line = text.lines().find(|l| l.contains("table=orders")).unwrap();
+    assert!(line.contains("key_filter=[o_orderkey]"), "{text}");
+    let orders = runs_of(&run.plan, "orders");
+    assert_eq!(orders.len(), 2, "{text}");
+    let returned: u64 = orders.iter().map(|r| r.report.rows_returned).sum();
+    assert!(
+        orders.iter().all(|r| !r.direct && r.pushed_back.is_none()),
+        "orders was not filtered at the nodes: {text}"
+    );
+    assert!(
+        returned > 0 && returned < orders_rows / 10,
+        "the key filter kept {returned} of {orders_rows} orders: {text}"
+    );
+
+    // Not selective: every order of a year's worth of lineitems; handed back, read here.
+    let wide = "select count(*) from lineitem join orders on l_orderkey = o_orderkey \
+                where l_quantity > 0";
+    let run = check(wide).await;
+    let orders = runs_of(&run.plan, "orders");
+    assert!(
+        !orders.is_empty()
+            && orders.iter().all(|r| r.direct
+                && r.pushed_back
+                    .as_deref()
+                    .is_some_and(|w| w.contains("join-key filter keeps"))),
+        "{}",
+        run.plan_with_metrics()
+    );
+
+    // A right join keeps unmatched probe rows: no filter; nor for a full join.
+    for sql in [
+        "select count(*), count(l_orderkey) from (select * from lineitem where l_quantity > 49) l \
+         right join orders on l_orderkey = o_orderkey",
+        "select count(*), count(o_orderkey) from (select * from lineitem where l_quantity > 49) l \
+         full join orders on l_orderkey = o_orderkey",
+    ] {
+        let run = check(sql).await;
+        let text = run.plan_with_metrics();
+        assert!(!text.contains("key_filter="), "{text}");
+    }
+    // Anti and semi joins (NOT EXISTS / IN) are filtered and stay exact.
+    check(
+        "select count(*) from orders where not exists \
+         (select 1 from lineitem where l_orderkey = o_orderkey and l_quantity > 49)",
+    )
+    .await;
+    check(
+        "select count(*) from orders where o_orderkey in \
+         (select l_orderkey from lineitem where l_quantity > 49)",
+    )
+    .await;
+}
+
+/// What the endpoints of `table`'s scans in `plan` did.
+fn runs_of(plan: &Arc<dyn ExecutionPlan>, table: &str) -> Vec<EndpointRun> {
+    let mut out = Vec::new();
+    if let Some(s) = plan.downcast_ref::<CsdScanExec>()
+        && s.table().name() == table
+    {
+        out.extend(s.runs());
+    }
+    for c in plan.children() {
+        out.extend(runs_of(c, table));
+    }
+    out
 }
 
 /// Prints EXPLAIN for TPC-H query `CSD_EXPLAIN_Q` (a debugging aid):

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use csd_query_pushdown::fragment::{Mode, OPERATOR_NAME, SqlFragment};
+use csd_query_pushdown::keyfilter::{Bloom, KeyFilterMsg, hash_rows};
 use csd_runtime::client::NodeClient;
 use csd_runtime::ticket::Compression;
 use datafusion::prelude::SessionContext;
@@ -53,6 +54,7 @@ fn fragment(plan: &Plan, mode: Mode) -> Vec<u8> {
         partition: None,
         plan: plan.encode_to_vec(),
         mode: mode as i32,
+        ..Default::default()
     }
     .to_bytes()
 }
@@ -172,6 +174,7 @@ async fn hostile_fragments_are_refused() {
             partition: None,
             plan: bytes,
             mode: 0,
+            ..Default::default()
         }
         .to_bytes(),
         "Substrait",
@@ -333,6 +336,36 @@ async fn hostile_fragments_are_refused() {
         "aggregate",
     ));
 
+    // Join-key filters that do not fit the fragment's output.
+    let with_filter = |f: KeyFilterMsg, direct_above: Option<f32>| {
+        SqlFragment {
+            table: "t".into(),
+            partition: None,
+            plan: good.encode_to_vec(),
+            mode: 0,
+            key_filters: vec![f],
+            direct_above,
+        }
+        .to_bytes()
+    };
+    let keys = Bloom::with_keys(&[1, 2, 3]).unwrap();
+    cases.push((
+        "key filter column",
+        with_filter(keys.to_msg(&[7]), None),
+        "column 7",
+    ));
+    let mut short = keys.to_msg(&[0]);
+    short.bits.truncate(12);
+    cases.push(("key filter bits", with_filter(short, None), "power of two"));
+    let mut probes = keys.to_msg(&[0]);
+    probes.hashes = 99;
+    cases.push(("key filter probes", with_filter(probes, None), "probes"));
+    cases.push((
+        "direct_above",
+        with_filter(keys.to_msg(&[0]), Some(7.0)),
+        "fraction",
+    ));
+
     for (what, args, why) in cases {
         let (code, msg) = refused(c, args).await;
         assert_eq!(code, Code::InvalidArgument, "{what}: {msg}");
@@ -348,6 +381,14 @@ async fn hostile_fragments_are_refused() {
 
     // The node is fine afterwards.
     assert_eq!(rows(c, fragment(&good, Mode::Complete)).await, 99);
+    // A well-formed key filter keeps exactly the keys it holds (and bloom false
+    // positives, which among 99 rows and 3 keys there are none of at this size).
+    let hashes = |v: &[i64]| {
+        let col: arrow::array::ArrayRef = Arc::new(Int64Array::from(v.to_vec()));
+        hash_rows(&[col], v.len()).unwrap().0
+    };
+    let keep = Bloom::with_keys(&hashes(&[901, 950, 5])).unwrap();
+    assert_eq!(rows(c, with_filter(keep.to_msg(&[0]), None)).await, 2);
     let agg = plan_of("select s, count(*), avg(a) from t where a < 10 group by s").await;
     assert_eq!(rows(c, fragment(&agg, Mode::Complete)).await, 10);
     assert!(rows(c, fragment(&agg, Mode::PartialAggregate)).await >= 10);

@@ -1,0 +1,417 @@
+//! Join-key filters ("bloom joins"): the keys of a hash join's build side, sent to
+//! the storage nodes with the probe side's fragment so that rows which cannot match
+//! never cross the network.
+//!
+//! A [`Bloom`] holds a set of 64-bit row hashes ([`hash_rows`]: the same function on
+//! both tiers, stable across processes and builds). It has false positives (about 1%
+//! at the sizes chosen here) and no false negatives, so filtering the probe side with
+//! it keeps every row that can match: the join above still decides exactly. Rows whose
+//! key has a NULL are always kept (the filter never has to reason about NULL
+//! semantics). The compute side collects keys and decides where the filter applies
+//! ([`crate::semijoin`]); this module is what both tiers share.
+//!
+//! On the wire, in [`SqlFragment`](crate::fragment::SqlFragment) field 5:
+//!
+//! ```text
+//! message KeyFilter {
+//!   repeated uint32 columns = 1;  // output columns of the fragment, hashed together
+//!   bytes bits = 2;               // the bloom's bit array, little-endian u64 words
+//!   uint32 hashes = 3;            // probes per key
+//! }
+//! ```
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, BooleanBufferBuilder, RecordBatch, downcast_integer,
+};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::DataType;
+
+/// Largest bit array accepted on the wire and built here (2 MiB: 16 Mbit).
+pub const MAX_FILTER_BYTES: usize = 2 << 20;
+/// Most key columns in one filter.
+pub const MAX_KEY_COLUMNS: usize = 8;
+/// Probes per key.
+const HASHES: u32 = 7;
+/// Bits per key aimed for (rounded up to a power of two): about 1% false positives.
+const BITS_PER_KEY: usize = 10;
+
+/// Whether keys of this type can be hashed (integers, dates, times, timestamps,
+/// decimals, strings and binaries).
+pub fn supported(dt: &DataType) -> bool {
+    use DataType::*;
+    dt.is_integer()
+        || matches!(
+            dt,
+            Date32
+                | Date64
+                | Time32(_)
+                | Time64(_)
+                | Timestamp(_, _)
+                | Decimal128(_, _)
+                | Utf8
+                | LargeUtf8
+                | Utf8View
+                | Binary
+                | LargeBinary
+                | BinaryView
+        )
+}
+
+/// splitmix64's finalizer: a stable, well-mixed 64-bit hash of a 64-bit value.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a over bytes, then mixed.
+fn hash_bytes(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &x in b {
+        h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+fn fold(acc: &mut u64, v: u64) {
+    *acc = mix(acc.rotate_left(27) ^ v);
+}
+
+/// One stable 64-bit hash per row of `columns` (hashed together, in order), and
+/// whether each row's key is free of NULLs. An unsupported type is an error.
+pub fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<(Vec<u64>, Vec<bool>), String> {
+    let mut hashes = vec![0x5EED_u64; rows];
+    let mut valid = vec![true; rows];
+    for col in columns {
+        if col.len() != rows {
+            return Err(format!(
+                "key column has {} rows, expected {rows}",
+                col.len()
+            ));
+        }
+        if let Some(n) = col.logical_nulls() {
+            for (v, ok) in valid.iter_mut().zip(n.iter()) {
+                *v &= ok;
+            }
+        }
+        hash_column(col, &mut hashes)?;
+    }
+    Ok((hashes, valid))
+}
+
+fn hash_column(col: &ArrayRef, out: &mut [u64]) -> Result<(), String> {
+    macro_rules! ints {
+        ($t:ty) => {{
+            let a = col.as_primitive::<$t>();
+            for (h, v) in out.iter_mut().zip(a.values().iter()) {
+                fold(h, mix(*v as i64 as u64));
+            }
+        }};
+    }
+    macro_rules! strings {
+        ($a:expr) => {{
+            for (h, v) in out.iter_mut().zip($a.iter()) {
+                fold(h, v.map_or(0, |s| hash_bytes(s.as_ref())));
+            }
+        }};
+    }
+    use arrow::datatypes::*;
+    match col.data_type() {
+        dt if dt.is_integer() => downcast_integer! {
+            dt => (ints),
+            _ => unreachable!("is_integer covers exactly the integer types"),
+        },
+        DataType::Date32 => ints!(Date32Type),
+        DataType::Date64 => ints!(Date64Type),
+        DataType::Time32(TimeUnit::Second) => ints!(Time32SecondType),
+        DataType::Time32(TimeUnit::Millisecond) => ints!(Time32MillisecondType),
+        DataType::Time64(TimeUnit::Microsecond) => ints!(Time64MicrosecondType),
+        DataType::Time64(TimeUnit::Nanosecond) => ints!(Time64NanosecondType),
+        DataType::Timestamp(TimeUnit::Second, _) => ints!(TimestampSecondType),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => ints!(TimestampMillisecondType),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => ints!(TimestampMicrosecondType),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => ints!(TimestampNanosecondType),
+        DataType::Decimal128(_, _) => {
+            let a = col.as_primitive::<Decimal128Type>();
+            for (h, v) in out.iter_mut().zip(a.values().iter()) {
+                let v = *v as u128;
+                fold(h, mix(v as u64) ^ mix((v >> 64) as u64).rotate_left(1));
+            }
+        }
+        DataType::Utf8 => strings!(col.as_string::<i32>()),
+        DataType::LargeUtf8 => strings!(col.as_string::<i64>()),
+        DataType::Utf8View => strings!(col.as_string_view()),
+        DataType::Binary => strings!(col.as_binary::<i32>()),
+        DataType::LargeBinary => strings!(col.as_binary::<i64>()),
+        DataType::BinaryView => strings!(col.as_binary_view()),
+        other => return Err(format!("join keys of type {other} cannot be filtered")),
+    }
+    Ok(())
+}
+
+/// A bloom filter over row hashes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bloom {
+    words: Vec<u64>,
+    hashes: u32,
+}
+
+impl Bloom {
+    /// A filter holding `keys` (row hashes; duplicates are fine), sized for about 1%
+    /// false positives; `None` when that would exceed [`MAX_FILTER_BYTES`].
+    pub fn with_keys(keys: &[u64]) -> Option<Bloom> {
+        let bits = (keys.len().max(1) * BITS_PER_KEY)
+            .next_power_of_two()
+            .max(512);
+        if bits / 8 > MAX_FILTER_BYTES {
+            return None;
+        }
+        let mut b = Bloom {
+            words: vec![0; bits / 64],
+            hashes: HASHES,
+        };
+        for &k in keys {
+            b.insert(k);
+        }
+        Some(b)
+    }
+
+    fn mask(&self) -> u64 {
+        (self.words.len() * 64 - 1) as u64
+    }
+
+    fn insert(&mut self, h: u64) {
+        let (m, step) = (self.mask(), mix(h) | 1);
+        let mut i = h;
+        for _ in 0..self.hashes {
+            let bit = i & m;
+            self.words[(bit >> 6) as usize] |= 1 << (bit & 63);
+            i = i.wrapping_add(step);
+        }
+    }
+
+    /// Whether `h` may be in the set (never false for an inserted hash).
+    pub fn contains(&self, h: u64) -> bool {
+        let (m, step) = (self.mask(), mix(h) | 1);
+        let mut i = h;
+        for _ in 0..self.hashes {
+            let bit = i & m;
+            if self.words[(bit >> 6) as usize] & (1 << (bit & 63)) == 0 {
+                return false;
+            }
+            i = i.wrapping_add(step);
+        }
+        true
+    }
+
+    /// Size of the bit array in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// The wire form, filtering `columns`.
+    pub fn to_msg(&self, columns: &[usize]) -> KeyFilterMsg {
+        KeyFilterMsg {
+            columns: columns.iter().map(|&c| c as u32).collect(),
+            bits: self.words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            hashes: self.hashes,
+        }
+    }
+}
+
+/// A key filter as it travels (see the module docs).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct KeyFilterMsg {
+    /// Output columns of the fragment whose values form the key.
+    #[prost(uint32, repeated, tag = "1")]
+    pub columns: Vec<u32>,
+    /// The bit array: little-endian u64 words, a power of two of them.
+    #[prost(bytes = "vec", tag = "2")]
+    pub bits: Vec<u8>,
+    /// Probes per key.
+    #[prost(uint32, tag = "3")]
+    pub hashes: u32,
+}
+
+/// A checked key filter, ready to apply.
+#[derive(Debug, Clone)]
+pub struct KeyFilter {
+    columns: Vec<usize>,
+    bloom: Bloom,
+}
+
+impl KeyFilter {
+    /// `bloom` over `columns`.
+    pub fn new(columns: Vec<usize>, bloom: Bloom) -> Self {
+        KeyFilter { columns, bloom }
+    }
+
+    /// Checks an untrusted filter against the fragment's output types.
+    pub fn from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, String> {
+        if m.columns.is_empty() || m.columns.len() > MAX_KEY_COLUMNS {
+            return Err(format!(
+                "a key filter needs 1 to {MAX_KEY_COLUMNS} key columns, it names {}",
+                m.columns.len()
+            ));
+        }
+        let mut columns = Vec::with_capacity(m.columns.len());
+        for &c in &m.columns {
+            let dt = output.get(c as usize).ok_or_else(|| {
+                format!(
+                    "key filter names output column {c}, the fragment returns {} columns",
+                    output.len()
+                )
+            })?;
+            if !supported(dt) {
+                return Err(format!(
+                    "key filter on column {c} of type {dt}, which cannot be hashed"
+                ));
+            }
+            columns.push(c as usize);
+        }
+        let n = m.bits.len();
+        if !(8..=MAX_FILTER_BYTES).contains(&n)
+            || !n.is_multiple_of(8)
+            || !(n / 8).is_power_of_two()
+        {
+            return Err(format!(
+                "key filter of {n} bytes: its bit array must be a power of two of 8-byte words, at most {MAX_FILTER_BYTES} bytes"
+            ));
+        }
+        if !(1..=16).contains(&m.hashes) {
+            return Err(format!(
+                "key filter with {} probes per key (1 to 16 allowed)",
+                m.hashes
+            ));
+        }
+        let words = m
+            .bits
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect();
+        Ok(KeyFilter {
+            columns,
+            bloom: Bloom {
+                words,
+                hashes: m.hashes,
+            },
+        })
+    }
+
+    /// Which rows of `batch` may match (every row with a NULL in its key does).
+    pub fn mask(&self, batch: &RecordBatch) -> Result<BooleanArray, String> {
+        let cols: Vec<ArrayRef> = self
+            .columns
+            .iter()
+            .map(|&c| {
+                batch
+                    .columns()
+                    .get(c)
+                    .cloned()
+                    .ok_or_else(|| format!("key column {c} is not in the batch"))
+            })
+            .collect::<Result<_, _>>()?;
+        let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
+        let mut keep = BooleanBufferBuilder::new(hashes.len());
+        for (h, v) in hashes.iter().zip(valid) {
+            keep.append(!v || self.bloom.contains(*h));
+        }
+        Ok(BooleanArray::new(keep.finish(), None))
+    }
+
+    /// `batch` without the rows that cannot match.
+    pub fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, String> {
+        let mask = self.mask(batch)?;
+        if mask.true_count() == batch.num_rows() {
+            return Ok(batch.clone());
+        }
+        filter_record_batch(batch, &mask).map_err(|e| e.to_string())
+    }
+}
+
+/// Applies every filter of `filters` to `batch`.
+pub fn apply_all(filters: &[KeyFilter], batch: RecordBatch) -> Result<RecordBatch, String> {
+    let mut b = batch;
+    for f in filters {
+        b = f.apply(&b)?;
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int32Array, Int64Array, StringArray};
+    use std::sync::Arc;
+
+    fn h(cols: &[ArrayRef]) -> Vec<u64> {
+        hash_rows(cols, cols[0].len()).unwrap().0
+    }
+
+    #[test]
+    fn every_inserted_key_passes_and_few_others_do() {
+        let keys: Vec<i64> = (0..20_000).map(|i| i * 7 + 3).collect();
+        let col: ArrayRef = Arc::new(Int64Array::from(keys.clone()));
+        let bloom = Bloom::with_keys(&h(std::slice::from_ref(&col))).unwrap();
+        let f = KeyFilter::new(vec![0], bloom);
+        let batch = RecordBatch::try_from_iter([("k", col)]).unwrap();
+        assert_eq!(f.mask(&batch).unwrap().true_count(), keys.len());
+        // Keys never inserted: at most ~1% false positives (2% allowed for slack).
+        let others: ArrayRef = Arc::new(Int64Array::from(
+            (0..100_000).map(|i| i * 7 + 4).collect::<Vec<i64>>(),
+        ));
+        let batch = RecordBatch::try_from_iter([("k", others)]).unwrap();
+        let passed = f.mask(&batch).unwrap().true_count();
+        assert!(passed < 2_000, "{passed} of 100000 false positives");
+    }
+
+    #[test]
+    fn hashes_are_stable_and_width_independent() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+        let b: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        assert_eq!(h(std::slice::from_ref(&a)), h(&[b]));
+        // Pinned: the node and the compute tier may be different builds.
+        assert_eq!(h(&[a])[0], 0x42d4_ce30_d229_5610);
+        let s: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+        let (hs, _) = hash_rows(&[s], 2).unwrap();
+        assert_ne!(hs[0], hs[1]);
+    }
+
+    #[test]
+    fn nulls_always_pass_and_bad_filters_are_refused() {
+        let keys: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None, Some(5)]));
+        let f = KeyFilter::new(vec![0], Bloom::with_keys(&[]).unwrap());
+        let batch = RecordBatch::try_from_iter([("k", keys)]).unwrap();
+        let kept = f.apply(&batch).unwrap();
+        assert_eq!(kept.num_rows(), 1);
+        assert!(kept.column(0).is_null(0));
+
+        let good = Bloom::with_keys(&[1, 2]).unwrap().to_msg(&[0]);
+        let types = [DataType::Int64];
+        assert!(KeyFilter::from_msg(&good, &types).is_ok());
+        let mut bad = good.clone();
+        bad.columns = vec![3];
+        assert!(
+            KeyFilter::from_msg(&bad, &types)
+                .unwrap_err()
+                .contains("column 3")
+        );
+        let mut bad = good.clone();
+        bad.bits.truncate(24);
+        assert!(KeyFilter::from_msg(&bad, &types).is_err());
+        let mut bad = good.clone();
+        bad.hashes = 0;
+        assert!(KeyFilter::from_msg(&bad, &types).is_err());
+        let mut bad = good;
+        bad.columns = vec![];
+        assert!(KeyFilter::from_msg(&bad, &types).is_err());
+        assert!(
+            KeyFilter::from_msg(
+                &Bloom::with_keys(&[1]).unwrap().to_msg(&[0]),
+                &[DataType::Float64]
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,475 @@
+//! Join-key filters on the compute side: the build side of a hash join tells the
+//! storage nodes which keys its probe side can match.
+//!
+//! [`SemiJoinRule`] (a physical optimizer rule, run after DataFusion's) finds hash
+//! joins whose probe side is a [`CsdScanExec`] reached through projections, filters,
+//! repartitions and coalesces only, and whose join type drops probe rows that match
+//! nothing (inner, left outer/semi/anti/mark, right semi). It wraps the build side in
+//! a [`KeyCollectExec`], which passes the build rows through unchanged while hashing
+//! their keys, and hands the scan a [`KeyCollector`] to wait on. A hash join reads
+//! its whole build side before it first polls the probe side, so the scan waits for
+//! nothing a plain join would not; once every build partition has ended, the scan
+//! sends a [`Bloom`] of the keys with its fragment (see [`crate::keyfilter`]).
+//!
+//! The filter only ever drops probe rows that cannot match; the join above still
+//! decides exactly. When there is no filter to send (the build side failed, had more
+//! keys than a filter holds, or took longer than [`WAIT`]) the scan runs unfiltered.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{JoinType, Result};
+use datafusion::config::ConfigOptions;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PhysicalExpr,
+    PlanProperties, RecordBatchStream, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::Stream;
+use tokio::sync::watch;
+
+use crate::exec::CsdScanExec;
+use crate::fragment::Mode;
+use crate::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows, supported};
+
+/// Longest a probe-side scan waits for the build side's keys before it runs
+/// unfiltered (a safeguard: a hash join has read its build side before it polls the
+/// probe side, so the wait is normally for sibling partitions only).
+pub const WAIT: Duration = Duration::from_secs(30);
+/// Most distinct keys a filter is built for (about 10 bits each, within
+/// [`MAX_FILTER_BYTES`]).
+const MAX_KEYS: usize = MAX_FILTER_BYTES * 8 / 10;
+
+/// The keys of one hash join's build side, collected as its partitions run.
+#[derive(Debug)]
+pub struct KeyCollector {
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    parts: usize,
+    state: Mutex<Collect>,
+    done: watch::Sender<bool>,
+    built: OnceLock<Option<Arc<Bloom>>>,
+}
+
+#[derive(Debug, Default)]
+struct Collect {
+    hashes: Vec<u64>,
+    finished: usize,
+    abandoned: Option<String>,
+    keys: usize,
+}
+
+impl KeyCollector {
+    /// Collects `exprs` (the join's build-side keys) from `parts` partitions.
+    pub fn new(exprs: Vec<Arc<dyn PhysicalExpr>>, parts: usize) -> Self {
+        KeyCollector {
+            exprs,
+            parts,
+            state: Mutex::new(Collect::default()),
+            done: watch::channel(false).0,
+            built: OnceLock::new(),
+        }
+    }
+
+    fn add(&self, batch: &RecordBatch) -> std::result::Result<(), String> {
+        let cols: Vec<ArrayRef> = self
+            .exprs
+            .iter()
+            .map(|e| {
+                e.evaluate(batch)
+                    .and_then(|v| v.into_array(batch.num_rows()))
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
+        let mut s = self.state.lock().map_err(|_| "key collector poisoned")?;
+        if s.abandoned.is_some() {
+            return Ok(());
+        }
+        s.hashes.extend(
+            hashes
+                .into_iter()
+                .zip(valid)
+                .filter_map(|(h, v)| v.then_some(h)),
+        );
+        if s.hashes.len() > 2 * MAX_KEYS {
+            // Duplicates may still bring it under; check before giving up.
+            s.hashes.sort_unstable();
+            s.hashes.dedup();
+            if s.hashes.len() > MAX_KEYS {
+                drop(s);
+                self.abandon(format!("more than {MAX_KEYS} distinct build keys"));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_part(&self) {
+        let all = match self.state.lock() {
+            Ok(mut s) => {
+                s.finished += 1;
+                s.finished >= self.parts
+            }
+            Err(_) => true,
+        };
+        if all {
+            self.done.send_replace(true);
+        }
+    }
+
+    fn abandon(&self, why: String) {
+        if let Ok(mut s) = self.state.lock()
+            && s.abandoned.is_none()
+        {
+            tracing::debug!("join-key filter abandoned: {why}");
+            s.abandoned = Some(why);
+            s.hashes = Vec::new();
+        }
+        self.done.send_replace(true);
+    }
+
+    /// The filter, once every build partition has ended (`None`: no filter, see the
+    /// module docs). Built once, shared by every endpoint of the scan.
+    pub async fn wait(&self) -> Option<Arc<Bloom>> {
+        let mut rx = self.done.subscribe();
+        if tokio::time::timeout(WAIT, rx.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            self.abandon(format!("build side not finished after {WAIT:?}"));
+        }
+        self.built
+            .get_or_init(|| {
+                let mut s = self.state.lock().ok()?;
+                if s.abandoned.is_some() {
+                    return None;
+                }
+                let mut h = std::mem::take(&mut s.hashes);
+                h.sort_unstable();
+                h.dedup();
+                s.keys = h.len();
+                Bloom::with_keys(&h).map(Arc::new)
+            })
+            .clone()
+    }
+
+    /// Distinct keys in the built filter (0 before it is built).
+    pub fn keys(&self) -> usize {
+        self.state.lock().map(|s| s.keys).unwrap_or(0)
+    }
+
+    /// Why there is no filter, if there is none.
+    pub fn abandoned(&self) -> Option<String> {
+        self.state.lock().ok().and_then(|s| s.abandoned.clone())
+    }
+}
+
+/// Passes a hash join's build side through unchanged, collecting its keys.
+#[derive(Debug)]
+pub struct KeyCollectExec {
+    input: Arc<dyn ExecutionPlan>,
+    collector: Arc<KeyCollector>,
+}
+
+impl KeyCollectExec {
+    /// Wraps `input`, feeding `collector`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, collector: Arc<KeyCollector>) -> Self {
+        KeyCollectExec { input, collector }
+    }
+}
+
+impl DisplayAs for KeyCollectExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "KeyCollectExec: join keys for the storage nodes")?;
+        let keys = self.collector.keys();
+        if keys > 0 {
+            write!(f, ", keys={keys}")?;
+        }
+        if let Some(why) = self.collector.abandoned() {
+            write!(f, ", no filter ({why})")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for KeyCollectExec {
+    fn name(&self) -> &str {
+        "KeyCollectExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in &self.collector.exprs {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(KeyCollectExec {
+                input,
+                collector: self.collector.clone(),
+            })),
+            _ => Err(datafusion::common::DataFusionError::Internal(
+                "KeyCollectExec takes one child".into(),
+            )),
+        }
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let inner = self.input.execute(partition, context)?;
+        Ok(Box::pin(CollectStream {
+            inner,
+            collector: self.collector.clone(),
+            ended: false,
+        }))
+    }
+}
+
+struct CollectStream {
+    inner: SendableRecordBatchStream,
+    collector: Arc<KeyCollector>,
+    ended: bool,
+}
+
+impl Stream for CollectStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.inner.as_mut().poll_next(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(b))) => {
+                if let Err(e) = self.collector.add(b) {
+                    self.collector.abandon(e);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.collector.abandon(format!("build side failed: {e}"));
+            }
+            Poll::Ready(None) if !self.ended => {
+                self.ended = true;
+                self.collector.finish_part();
+            }
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl RecordBatchStream for CollectStream {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+}
+
+impl Drop for CollectStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.collector
+                .abandon("build side stopped before its end".into());
+        }
+    }
+}
+
+/// The physical rule (see the module docs).
+#[derive(Debug, Default)]
+pub struct SemiJoinRule;
+
+impl PhysicalOptimizerRule for SemiJoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|p| {
+            let Some(join) = p.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(p));
+            };
+            match attach(join)? {
+                Some(children) => Ok(Transformed::yes(recompute(p.clone(), children)?)),
+                None => Ok(Transformed::no(p)),
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "CsdSemiJoin"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The join's new children when a key filter applies to its probe side.
+fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
+    // Join types whose output never includes a probe (right) row that matched
+    // nothing, and whose build rows' matches cannot change when such rows go.
+    let drops_unmatched_probe = matches!(
+        join.join_type(),
+        JoinType::Inner
+            | JoinType::Left
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+            | JoinType::RightSemi
+    );
+    if !drops_unmatched_probe || join.on().is_empty() {
+        return Ok(None);
+    }
+    let mut cols = Vec::new();
+    for (_, r) in join.on() {
+        match r.downcast_ref::<Column>() {
+            Some(c) => cols.push(c.index()),
+            None => return Ok(None),
+        }
+    }
+    let Some((scan, scan_cols)) = find_scan(join.right(), cols) else {
+        return Ok(None);
+    };
+    let types = scan.schema();
+    if scan.mode() != Mode::Complete
+        || scan.has_key_filter()
+        || !scan_cols
+            .iter()
+            .all(|&c| supported(types.field(c).data_type()))
+    {
+        return Ok(None);
+    }
+    let collector = Arc::new(KeyCollector::new(
+        join.on().iter().map(|(l, _)| l.clone()).collect(),
+        join.left().output_partitioning().partition_count(),
+    ));
+    let left: Arc<dyn ExecutionPlan> =
+        Arc::new(KeyCollectExec::new(join.left().clone(), collector.clone()));
+    let right = replace_scan(join.right(), &|s| {
+        Arc::new(s.with_key_filter(collector.clone(), scan_cols.clone()))
+    })?;
+    Ok(Some(vec![left, right]))
+}
+
+/// Nodes a probe-side filter may look through: they keep every row and its columns.
+fn passes_rows(p: &Arc<dyn ExecutionPlan>) -> bool {
+    p.downcast_ref::<RepartitionExec>().is_some()
+        || p.name() == "CoalesceBatchesExec"
+        || p.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || p.name() == "CooperativeExec"
+}
+
+/// The scan under `plan` that produces columns `cols`, and their indexes there.
+fn find_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+    cols: Vec<usize>,
+) -> Option<(&CsdScanExec, Vec<usize>)> {
+    if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
+        return Some((s, cols));
+    }
+    if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
+        let exprs: Vec<_> = p.projection_expr().iter().collect();
+        let mapped = cols
+            .iter()
+            .map(|&c| {
+                exprs
+                    .get(c)?
+                    .expr
+                    .downcast_ref::<Column>()
+                    .map(Column::index)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        return find_scan(p.input(), mapped);
+    }
+    if let Some(f) = plan.downcast_ref::<FilterExec>() {
+        let mapped = match f.projection() {
+            Some(proj) => cols
+                .iter()
+                .map(|&c| proj.get(c).copied())
+                .collect::<Option<Vec<_>>>()?,
+            None => cols,
+        };
+        return find_scan(f.input(), mapped);
+    }
+    if passes_rows(plan) {
+        let [child] = plan.children()[..] else {
+            return None;
+        };
+        return find_scan(child, cols);
+    }
+    None
+}
+
+/// `plan` with the scan [`find_scan`] found replaced by `f(scan)`.
+fn replace_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+    f: &dyn Fn(&CsdScanExec) -> Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
+        return Ok(f(s));
+    }
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| replace_scan(c, f))
+        .collect::<Result<Vec<_>>>()?;
+    recompute(plan.clone(), children)
+}
+
+fn recompute(
+    plan: Arc<dyn ExecutionPlan>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.replace_children(
+        children,
+        ReplaceChildrenOptions::new(datafusion::physical_plan::ChildrenPropertiesMode::Recompute),
+    )
+}
