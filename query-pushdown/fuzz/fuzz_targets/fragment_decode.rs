@@ -1,17 +1,26 @@
 //! Any bytes a client sends as the arguments of a `sql` operator ticket: decoding and
-//! validation must accept or refuse with `InvalidArgument`, never panic, never
-//! overflow the stack, whatever the nesting.
+//! validation (join-key filters included) must accept or refuse with
+//! `InvalidArgument`, never panic, never overflow the stack, whatever the nesting.
 #![no_main]
 
+use arrow::datatypes::DataType;
 use csd_query_pushdown::fragment::{NodeError, SqlFragment, validate};
+use csd_query_pushdown::keyfilter::KeyFilter;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let allowed = |f: &str| {
         matches!(f, "equal" | "lt" | "gt" | "and" | "or" | "not" | "add" | "multiply" | "like" | "upper")
     };
-    let checked = SqlFragment::decode_checked(data)
-        .and_then(|(frag, _mode, plan)| validate(&plan, &frag.table, &allowed));
+    let checked = SqlFragment::decode_checked(data).and_then(|(frag, _mode, plan)| {
+        validate(&plan, &frag.table, &allowed)?;
+        // As the node checks filters against the plan's output: two columns here.
+        let output = [DataType::Int64, DataType::Utf8];
+        for f in &frag.key_filters {
+            KeyFilter::from_msg(f, &output).map_err(NodeError::InvalidArgument)?;
+        }
+        Ok(())
+    });
     if let Err(e) = checked {
         assert!(matches!(e, NodeError::InvalidArgument(_)), "{e}");
     }

@@ -430,6 +430,16 @@ async fn write_fuzz_seeds() {
         )
         .unwrap();
     }
+    // A direct scan with a join-key filter on its first column.
+    let keyed = SqlFragment {
+        table: "t".into(),
+        partition: None,
+        plan: plan_of("select a, s from t").await.encode_to_vec(),
+        mode: 0,
+        key_filters: vec![Bloom::with_keys(&[1, 2, 3]).unwrap().to_msg(&[0])],
+        direct_above: Some(0.3),
+    };
+    std::fs::write(format!("{SEEDS}/keyfilter"), keyed.to_bytes()).unwrap();
 }
 
 /// The checked-in seeds are valid fragments (so the fuzzer starts from real plans).
@@ -442,5 +452,5 @@ fn fuzz_seeds_are_valid_fragments() {
         csd_query_pushdown::fragment::validate(&plan, &f.table, &|_| true).unwrap();
         n += 1;
     }
-    assert!(n >= 4);
+    assert!(n >= 5);
 }
