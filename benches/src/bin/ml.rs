@@ -46,6 +46,10 @@ struct Args {
     /// Seconds per measurement in the rate part.
     #[arg(long, default_value_t = 8.0)]
     seconds: f64,
+    /// Rounds of the rate part: onnxruntime and our model take turns (order
+    /// alternating), and the ratio reported is the median of the rounds'.
+    #[arg(long, default_value_t = 3)]
+    rate_rounds: usize,
     /// Run one part only: `rate` or `splits`.
     #[arg(long)]
     only: Option<String>,
@@ -85,8 +89,11 @@ struct Rate {
     ort_images_per_s: f64,
     candle_images_per_s: f64,
     operator_images_per_s: f64,
+    /// The median of the rounds' ratios.
     candle_vs_ort: f64,
     operator_vs_ort: f64,
+    /// Each round's images/s: onnxruntime, ours.
+    rounds: Vec<(f64, f64)>,
     max_rel_err_vs_ort: f64,
     /// Seconds per image: decode+preprocess, then each stage.
     profile_decode_s: f64,
@@ -144,6 +151,17 @@ fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
     std::fs::write(path, out)
 }
 
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let cores = match &args.cores {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
@@ -190,40 +208,68 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let npy = dir.path().join("input.npy");
     write_npy(&npy, &x).unwrap_or_else(|e| die(e));
 
-    println!("rate: onnxruntime on cores {list} ...");
-    let out = std::process::Command::new("taskset")
-        .args(["-c", &list])
-        .arg(&py)
-        .arg(repo().join("benches/ml_ort.py"))
-        .arg(&onnx)
-        .arg(&npy)
-        .args(["--threads", &cores.len().to_string()])
-        .args(["--batch", &args.batch.to_string()])
-        .args(["--seconds", &args.seconds.to_string()])
-        .output()
-        .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
-    if !out.status.success() {
-        die(format!(
-            "onnxruntime failed (run scripts/setup-ml.sh --bench): {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let ort: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| die(format!("ml_ort.py output: {e}")));
-    let ort_rate = ort["images_per_s"].as_f64().unwrap_or(0.0);
-
-    println!("rate: candle model on cores {list} ...");
-    let (ours, y) = pool.install(|| {
-        let y = model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
-        model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
-        let t = Instant::now();
-        let mut done = 0usize;
-        while t.elapsed().as_secs_f64() < args.seconds {
-            model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
-            done += args.batch;
+    // onnxruntime and our model take turns, `rate_rounds` times each, so that a slow
+    // phase of a shared machine falls on both; the ratio is the median of the rounds'.
+    let run_ort = || {
+        let out = std::process::Command::new("taskset")
+            .args(["-c", &list])
+            .arg(&py)
+            .arg(repo().join("benches/ml_ort.py"))
+            .arg(&onnx)
+            .arg(&npy)
+            .args(["--threads", &cores.len().to_string()])
+            .args(["--batch", &args.batch.to_string()])
+            .args(["--seconds", &args.seconds.to_string()])
+            .output()
+            .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
+        if !out.status.success() {
+            die(format!(
+                "onnxruntime failed (run scripts/setup-ml.sh --bench): {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
-        (done as f64 / t.elapsed().as_secs_f64(), y)
-    });
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap_or_else(|e| die(format!("ml_ort.py output: {e}")))
+    };
+    let y = pool.install(|| model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e)));
+    let run_ours = || {
+        pool.install(|| {
+            model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
+            let t = Instant::now();
+            let mut done = 0usize;
+            while t.elapsed().as_secs_f64() < args.seconds {
+                model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
+                done += args.batch;
+            }
+            done as f64 / t.elapsed().as_secs_f64()
+        })
+    };
+    let mut ort = serde_json::Value::Null;
+    let mut rounds = Vec::new();
+    for r in 0..args.rate_rounds.max(1) {
+        println!(
+            "rate: round {}/{}: onnxruntime and the candle model on cores {list} ...",
+            r + 1,
+            args.rate_rounds.max(1)
+        );
+        let (o, c) = if r % 2 == 0 {
+            let o = run_ort();
+            (o, run_ours())
+        } else {
+            let c = run_ours();
+            (run_ort(), c)
+        };
+        let o_rate = o["images_per_s"].as_f64().unwrap_or(0.0);
+        println!(
+            "  onnxruntime {o_rate:.1}/s, ours {c:.1}/s: {:.2}",
+            c / o_rate
+        );
+        rounds.push((o_rate, c));
+        ort = o;
+    }
+    let ort_rate = median(rounds.iter().map(|r| r.0).collect());
+    let ours = median(rounds.iter().map(|r| r.1).collect());
+    let ratio = median(rounds.iter().map(|r| r.1 / r.0).collect());
     let y: Vec<Vec<f32>> = y
         .flatten_from(1)
         .and_then(|t| t.to_vec2())
@@ -264,8 +310,9 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
         ort_images_per_s: ort_rate,
         candle_images_per_s: ours,
         operator_images_per_s: op,
-        candle_vs_ort: ours / ort_rate,
+        candle_vs_ort: ratio,
         operator_vs_ort: op / ort_rate,
+        rounds,
         max_rel_err_vs_ort: err,
         profile_decode_s: profile.decode_s,
         profile_stage_s: profile.stage_s,
@@ -420,15 +467,6 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
         .unwrap_or_else(|e| die(e));
         reports.push(report);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    };
     let mut rows = Vec::new();
     for b in bw {
         let at: Vec<_> = reports
