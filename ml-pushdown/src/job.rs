@@ -306,6 +306,8 @@ pub struct FeaturesRun {
     pub split: usize,
     /// The plan, when the split was chosen automatically or explained.
     pub plan: Option<Plan>,
+    /// Seconds spent planning (the probe read and both profiles; 0 without a plan).
+    pub plan_s: f64,
     /// Figures of the stream.
     pub stats: Arc<FeatureStats>,
 }
@@ -327,6 +329,7 @@ pub async fn features(
         table = weights::ensure(c, weights_bytes).await?;
     }
     let n = model.stages().len();
+    let planning = Instant::now();
     let plan = if opts.split == SplitChoice::Auto || explain {
         let inputs = plan_inputs(
             &srcs[0],
@@ -341,6 +344,11 @@ pub async fn features(
         Some(planner::plan(&inputs))
     } else {
         None
+    };
+    let plan_s = if plan.is_some() {
+        planning.elapsed().as_secs_f64()
+    } else {
+        0.0
     };
     let split = match opts.split {
         SplitChoice::Auto => plan.as_ref().map(|p| p.split()).unwrap_or(n),
@@ -367,7 +375,15 @@ pub async fn features(
         pool: opts.pool.clone(),
     };
     let (s, stats) = stream::open(srcs, job, model)?;
-    Ok((s, FeaturesRun { split, plan, stats }))
+    Ok((
+        s,
+        FeaturesRun {
+            split,
+            plan,
+            plan_s,
+            stats,
+        },
+    ))
 }
 
 /// Bytes received so far.

@@ -97,6 +97,9 @@ pub async fn run(
     let mut mismatches = Vec::new();
     let mut max_err = 0.0f64;
     let mut splits = Vec::new();
+    // The first epoch's plan, when the split was chosen: what it predicted, and what
+    // planning cost (to tell a wrong prediction from planning overhead).
+    let mut planned: Option<(f64, csd_ml_pushdown::planner::Candidate)> = None;
     let mut pushed_back = 0;
     let timeout = Duration::from_secs_f64(s.timeout_s);
     let mut timed_out = false;
@@ -134,6 +137,12 @@ pub async fn run(
         };
         let latency = t0.elapsed() - started;
         splits.push(run.split);
+        if planned.is_none() {
+            planned = run
+                .plan
+                .as_ref()
+                .map(|p| (run.plan_s, p.candidates[p.best].clone()));
+        }
         pushed_back += run.stats.pushed_back.load(Ordering::Relaxed);
         done.push(Done {
             query: format!("epoch {} ({n} samples)", epoch + 1),
@@ -178,6 +187,13 @@ pub async fn run(
     }
     r.extra
         .insert("pushed_back_partitions".into(), pushed_back as f64);
+    if let Some((plan_s, c)) = planned {
+        r.extra.insert("plan_s".into(), plan_s);
+        r.extra.insert("predicted_epoch_s".into(), c.epoch_s);
+        r.extra.insert("predicted_node_s".into(), c.node_s);
+        r.extra.insert("predicted_link_s".into(), c.link_s);
+        r.extra.insert("predicted_compute_s".into(), c.compute_s);
+    }
     if !baseline {
         r.extra.insert("max_rel_err_vs_baseline".into(), max_err);
     }

@@ -279,6 +279,8 @@ batch = 16
     assert_eq!(raw.extra["split"], 0.0);
     assert_eq!(full.extra["split"], 19.0);
     assert_eq!(five.extra["split"], 5.0);
+    // Only a planned (auto) split records its plan.
+    assert!(!five.extra.contains_key("plan_s") && !full.extra.contains_key("predicted_epoch_s"));
     // The same features (bit-identical in f32) whatever runs where.
     assert_eq!(full.extra["max_rel_err_vs_baseline"], 0.0);
     assert_eq!(five.extra["max_rel_err_vs_baseline"], 0.0);

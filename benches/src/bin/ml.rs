@@ -109,6 +109,10 @@ struct SplitRow {
     best_s: f64,
     /// The split auto chose in each round.
     auto_splits: Vec<f64>,
+    /// Seconds auto spent planning in each round (inside its epoch time).
+    auto_plan_s: Vec<f64>,
+    /// The epoch time auto's plan predicted for its choice, each round.
+    auto_predicted_s: Vec<f64>,
     auto_s: f64,
     auto_over_best: f64,
     raw_over_full_bytes: f64,
@@ -474,6 +478,13 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
             .flat_map(|rep| rep.runs.iter())
             .filter(|r| r.point.first().map(|p| p.1) == Some(b))
             .collect();
+        // One of auto's figures, per round.
+        let auto_extra = |key: &str| -> Vec<f64> {
+            at.iter()
+                .filter(|r| r.policy == PolicyName::Auto)
+                .map(|r| r.extra.get(key).copied().unwrap_or(f64::NAN))
+                .collect()
+        };
         for r in &at {
             if !r.mismatches.is_empty() || r.failed > 0 || r.timed_out {
                 die(format!(
@@ -519,11 +530,9 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
                 .collect(),
             best: best.0.to_string(),
             best_s: best.1,
-            auto_splits: at
-                .iter()
-                .filter(|r| r.policy == PolicyName::Auto)
-                .map(|r| r.extra.get("split").copied().unwrap_or(f64::NAN))
-                .collect(),
+            auto_splits: auto_extra("split"),
+            auto_plan_s: auto_extra("plan_s"),
+            auto_predicted_s: auto_extra("predicted_epoch_s"),
             auto_s: auto.1,
             auto_over_best: auto.1 / best.1,
             raw_over_full_bytes: raw.2 as f64 / full.2.max(1) as f64,
@@ -602,6 +611,13 @@ async fn main() {
                 r.auto_s,
                 r.auto_over_best,
                 r.raw_over_full_bytes
+            );
+        }
+        println!("\nauto per round: planning seconds (inside its epoch), predicted epoch seconds");
+        for r in &rows {
+            println!(
+                "  {:>6} Mbit/s plan {:.2?} predicted {:.2?}",
+                r.bandwidth_mbit, r.auto_plan_s, r.auto_predicted_s
             );
         }
         println!("\nmedian seconds per policy (each round's in brackets):");
