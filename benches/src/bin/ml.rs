@@ -250,11 +250,11 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     };
     let mut ort = serde_json::Value::Null;
     let mut rounds = Vec::new();
-    for r in 0..args.rate_rounds.max(1) {
+    let n_rounds = args.rate_rounds.max(1);
+    for r in 0..n_rounds {
         println!(
-            "rate: round {}/{}: onnxruntime and the candle model on cores {list} ...",
-            r + 1,
-            args.rate_rounds.max(1)
+            "rate: round {}/{n_rounds}: onnxruntime and the candle model on cores {list} ...",
+            r + 1
         );
         let (o, c) = if r % 2 == 0 {
             let o = run_ort();
