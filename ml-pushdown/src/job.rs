@@ -1,9 +1,10 @@
 //! The compute side of a feature job, as the `csd` CLI and the testbed run it: load
 //! image and text datasets, measure what the planner needs, pick the split, open the stream.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
@@ -199,40 +200,19 @@ pub async fn plan_inputs(
     pool: Option<Arc<rayon::ThreadPool>>,
 ) -> Result<PlanInputs> {
     let arch = model.arch();
-    // The link first: reading the first samples (only those: on a slow link a whole
-    // batch of the partition cost up to a second) measures it, and gives this side the
-    // samples to profile on.
-    let t = Instant::now();
-    let first: Vec<RecordBatch> = src
-        .client
-        .scan_limit(
-            dataset,
-            Some(&src.partition),
-            &[],
-            Some(ml_op::PROFILE_SAMPLES as u64),
-        )
-        .await?
-        .try_collect()
-        .await
-        .map_err(ClientError::from)?;
-    let first = arrow::compute::concat_batches(
-        &first
-            .first()
-            .map(|b| b.schema())
-            .unwrap_or_else(dataset::image_schema),
-        &first,
-    )?;
-    if first.num_rows() == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "dataset {dataset} partition {} is empty",
-            src.partition
-        )));
-    }
-    let secs = t.elapsed().as_secs_f64();
-    let link_bps = first.get_array_memory_size() as f64 / secs.max(1e-6);
+    // The link first: the profile's samples, then one sample. Each read pays a round
+    // trip and the node's start-up besides the transfer; the difference of the two is
+    // the transfer alone. The larger read goes first, so cold caches slow it and not
+    // the small one: an error that makes the link look slower, not faster. (Only the
+    // first samples: on a slow link a whole batch of the partition cost up to a
+    // second.) Not at the same time as the node's profile: the node admits the reads
+    // behind it, and the queueing would read as a slow link.
+    let (bytes, secs, first) = probe(src, dataset, ml_op::PROFILE_SAMPLES as u64).await?;
+    let (one_bytes, one_s, _) = probe(src, dataset, 1).await?;
+    let link_bps = link_bandwidth((one_bytes, one_s), (bytes, secs));
     // Then both sides' per-stage times at once (different CPUs): the node's (a
-    // zero-row request whose report carries the timings) and this side's, on the same
-    // samples.
+    // zero-row request whose report carries the timings; the node reuses a recent one)
+    // and this side's on the same samples (reused likewise).
     let req = FeatureRequest {
         dataset: dataset.into(),
         partition: src.partition.clone(),
@@ -258,9 +238,29 @@ pub async fn plan_inputs(
             .ok_or_else(|| protocol("the node's profile report is missing"))?;
         Ok::<_, Error>(node)
     };
-    let take = vec![first];
-    let m = model.clone();
-    let compute = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take));
+    let threads = pool
+        .as_ref()
+        .map(|p| p.current_num_threads())
+        .unwrap_or_else(rayon::current_num_threads);
+    // Not the node's address: the same node can be reached by several (a proxy).
+    let key = format!(
+        "{dataset}/{}/{arch}/{weights_table}/{threads}/{}x{bytes}",
+        src.partition,
+        first.num_rows()
+    );
+    let compute = async {
+        if let Some(p) = cached_profile(&key) {
+            return Ok(p);
+        }
+        let take = vec![first];
+        let m = model.clone();
+        let p = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take)).await?;
+        if let Ok(mut c) = COMPUTE_PROFILES.lock() {
+            c.retain(|_, (at, _)| at.elapsed() < ml_op::PROFILE_TTL);
+            c.insert(key.clone(), (Instant::now(), p.clone()));
+        }
+        Ok::<_, Error>(p)
+    };
     let (node, compute) = futures::future::try_join(node, compute).await?;
     let a = &src.client.stats().await?["admission"];
     let (slots, running, waiting) = (
@@ -278,6 +278,76 @@ pub async fn plan_inputs(
         feature_bytes: dtype.bytes(),
         batch: ml_op::DEFAULT_NODE_BATCH as u64,
     })
+}
+
+/// This process's recent profiles of the compute side, like the node's (see
+/// [`ml_op::PROFILE_TTL`]): keyed by dataset, partition, model, weights, threads and
+/// the probed samples' count and size.
+static COMPUTE_PROFILES: std::sync::LazyLock<Mutex<HashMap<String, (Instant, Profile)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn cached_profile(key: &str) -> Option<Profile> {
+    let c = COMPUTE_PROFILES.lock().ok()?;
+    c.get(key)
+        .filter(|(at, _)| at.elapsed() < ml_op::PROFILE_TTL)
+        .map(|(_, p)| p.clone())
+}
+
+/// Reads the first `n` samples of `src`: (bytes of them on the wire, seconds, the samples).
+async fn probe(src: &Source, dataset: &str, n: u64) -> Result<(f64, f64, RecordBatch)> {
+    let t = Instant::now();
+    let batches: Vec<RecordBatch> = src
+        .client
+        .scan_limit(dataset, Some(&src.partition), &[], Some(n))
+        .await?
+        .try_collect()
+        .await
+        .map_err(ClientError::from)?;
+    let secs = t.elapsed().as_secs_f64();
+    let schema = batches
+        .first()
+        .map(|b| b.schema())
+        .unwrap_or_else(dataset::image_schema);
+    let batch = arrow::compute::concat_batches(&schema, &batches)?;
+    if batch.num_rows() == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "dataset {dataset} partition {} is empty",
+            src.partition
+        )));
+    }
+    Ok((wire_bytes(&batch) as f64, secs, batch))
+}
+
+/// The bytes of `batch`'s rows as the IPC writer sends them. Not
+/// `get_array_memory_size`: a batch decoded from IPC holds slices of one message
+/// buffer, and each column counts the whole buffer's capacity (3-4x the payload for a
+/// sample table, which made a 50 Mbit/s link look like 185).
+fn wire_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let d = c.to_data();
+            d.get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
+/// Link bandwidth (bytes/s) from two reads of different sizes, `(bytes, seconds)`:
+/// the larger one's extra bytes over its extra time, which cancels the round trip and
+/// the node's per-request start-up both pay. Falls back to the larger read's plain
+/// rate when the two do not order (timer noise on a fast link), which errs low.
+fn link_bandwidth(small: (f64, f64), large: (f64, f64)) -> f64 {
+    let (db, dt) = (large.0 - small.0, large.1 - small.1);
+    let plain = large.0 / large.1.max(1e-6);
+    if db > 0.0 && dt > 0.0 {
+        // Never below the plain rate (the difference only removes fixed costs), and at
+        // most 4x it: a jittery small read must not make the link look free.
+        (db / dt).clamp(plain, 4.0 * plain)
+    } else {
+        plain
+    }
 }
 
 /// Options of [`features`].
@@ -350,6 +420,9 @@ pub async fn features(
     } else {
         0.0
     };
+    if let Some(p) = &plan {
+        tracing::debug!(plan_s, "split plan:\n{}", p.explain());
+    }
     let split = match opts.split {
         SplitChoice::Auto => plan.as_ref().map(|p| p.split()).unwrap_or(n),
         SplitChoice::None => 0,
@@ -389,4 +462,54 @@ pub async fn features(
 /// Bytes received so far.
 pub fn received(stats: &FeatureStats) -> u64 {
     stats.bytes_received.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::ipc::reader::StreamReader;
+    use arrow::ipc::writer::StreamWriter;
+
+    #[test]
+    fn wire_bytes_counts_the_payload_of_a_batch_decoded_from_ipc() {
+        let blobs: Vec<Vec<u8>> = (0..8).map(|i| vec![i as u8; 50_000]).collect();
+        let refs: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
+        let ids: Vec<u64> = (0..8).collect();
+        let b = dataset::batch(&ids, &[0; 8], &refs).expect("batch");
+        let mut buf = Vec::new();
+        let mut w = StreamWriter::try_new(&mut buf, &b.schema()).expect("writer");
+        w.write(&b).expect("write");
+        w.finish().expect("finish");
+        drop(w);
+        let decoded: Vec<RecordBatch> = StreamReader::try_new(buf.as_slice(), None)
+            .expect("reader")
+            .collect::<std::result::Result<_, _>>()
+            .expect("read");
+        let one = arrow::compute::concat_batches(&decoded[0].schema(), &decoded).expect("concat");
+        let payload = 8 * 50_000;
+        let w = wire_bytes(&one);
+        assert!(
+            (payload..payload + 1_000).contains(&w),
+            "{w} bytes counted for {payload} of samples"
+        );
+        // What the probe used to count: every column charged the whole message buffer.
+        assert!(one.get_array_memory_size() > 2 * payload);
+    }
+
+    #[test]
+    fn link_bandwidth_cancels_the_fixed_cost_of_a_read() {
+        // 10 MB/s with 20 ms of round trip and start-up per read.
+        let read = |bytes: f64| (bytes, 0.020 + bytes / 10e6);
+        let bw = link_bandwidth(read(50e3), read(400e3));
+        assert!((bw - 10e6).abs() < 1e3, "{bw}");
+        // The plain rate of the large read alone is 40% low here.
+        assert!(400e3 / read(400e3).1 < 0.7 * 10e6);
+        // Reads that do not order fall back to the plain rate; a tiny time difference
+        // is capped at 4x it.
+        assert_eq!(link_bandwidth((50e3, 0.05), (400e3, 0.04)), 400e3 / 0.04);
+        assert_eq!(
+            link_bandwidth((50e3, 0.0399), (400e3, 0.04)),
+            4.0 * 400e3 / 0.04
+        );
+    }
 }

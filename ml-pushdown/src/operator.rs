@@ -16,10 +16,10 @@
 //! has CPUs (`--cpus`), so candle's matrix products never use cores outside the budget;
 //! with `--cpu-set` its threads are pinned to the same cores as the node's CPU pool.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow::array::{
     ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int64Array, UInt64Array,
@@ -47,7 +47,7 @@ pub const DECODE_RESERVE: u64 = 32 << 20;
 /// Node batch when the request sets no cap.
 pub const DEFAULT_NODE_BATCH: usize = 32;
 /// Samples a profile request times.
-pub const PROFILE_SAMPLES: usize = 8;
+pub const PROFILE_SAMPLES: usize = 4;
 const CACHED_MODELS: usize = 4;
 
 /// The node batch size and the memory it needs.
@@ -104,6 +104,29 @@ pub struct MlOperator {
     loading: tokio::sync::Mutex<()>,
     pool: OnceLock<Arc<rayon::ThreadPool>>,
     memory_used: Arc<AtomicU64>,
+    /// Profiles measured lately, by [`profile_key`]: a job that plans again (the next
+    /// epoch, the next job on the same data and model) gets the figures without paying
+    /// for them again.
+    profiles: Mutex<HashMap<String, (Instant, Profile)>>,
+}
+
+/// How long a measured profile stands in for a new one. Per-sample stage times depend
+/// on the model, the data and the node's CPUs, none of which a profile's key lets
+/// change; the node's *load* does change, and the planner reads that afresh each time.
+pub const PROFILE_TTL: Duration = Duration::from_secs(600);
+
+/// What a profile depends on: the partition's objects (ids change when replaced), the
+/// model and weights, and the pool's threads.
+fn profile_key(r: &FeatureRequest, objects: &[ParquetObject], threads: usize) -> String {
+    let ids: Vec<String> = objects.iter().map(|o| o.object.id.to_string()).collect();
+    format!(
+        "{}/{}/{}/{}/{threads}/{}",
+        r.dataset,
+        r.partition,
+        r.model,
+        r.weights,
+        ids.join(",")
+    )
 }
 
 struct MemoryGuard(Arc<AtomicU64>, u64);
@@ -348,9 +371,27 @@ impl Operator for MlOperator {
         self.memory_used.fetch_add(plan.memory, Ordering::Relaxed);
         let guard = MemoryGuard(self.memory_used.clone(), plan.memory);
         if r.mode == Mode::Profile {
-            let limit = Some(PROFILE_SAMPLES as u64);
-            let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
-            let profile = pool.install(|| profile(model.as_ref(), &batches))?;
+            let key = profile_key(&r, &objects, ctx.node.pool.threads());
+            let cached = self.profiles.lock().ok().and_then(|m| {
+                m.get(&key)
+                    .filter(|(at, _)| at.elapsed() < PROFILE_TTL)
+                    .map(|(_, p)| p.clone())
+            });
+            ctx.metrics
+                .set_detail("profile_cached", u64::from(cached.is_some()));
+            let profile = match cached {
+                Some(p) => p,
+                None => {
+                    let limit = Some(PROFILE_SAMPLES as u64);
+                    let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
+                    let p = pool.install(|| profile(model.as_ref(), &batches))?;
+                    if let Ok(mut m) = self.profiles.lock() {
+                        m.retain(|_, (at, _)| at.elapsed() < PROFILE_TTL);
+                        m.insert(key, (Instant::now(), p.clone()));
+                    }
+                    p
+                }
+            };
             ctx.metrics.set_detail(
                 "profile",
                 serde_json::to_string(&profile).unwrap_or_default(),

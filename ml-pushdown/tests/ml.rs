@@ -331,6 +331,61 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
     node.shutdown().await.unwrap();
 }
 
+/// The planner's inputs: the link is measured from the payload that crossed it, both
+/// profiles are real (every stage timed, on the profile's samples), and a second plan
+/// of the same data and model reuses both profiles (identical figures) while
+/// measuring the link again; another partition is profiled afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planning_measures_once_and_reuses_profiles() {
+    let Some((w, tex, _)) = assets() else { return };
+    let node = ml_node("1GiB").await;
+    let client = NodeClient::connect(&node.url).await.unwrap();
+    load_textures(&client, &tex).await;
+    let m = model(&w);
+    let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
+        .await
+        .unwrap();
+    let src = |part: &str| Source {
+        client: client.clone(),
+        partition: part.into(),
+    };
+    let plan = |part: &'static str| {
+        let (s, m, wt) = (src(part), m.clone(), wt.clone());
+        async move {
+            csd_ml_pushdown::job::plan_inputs(&s, 48, "textures", &m, &wt, FeatureType::F32, None)
+                .await
+                .unwrap()
+        }
+    };
+    let a = plan("test").await;
+    let n = m.stages().len();
+    let k = csd_ml_pushdown::operator::PROFILE_SAMPLES;
+    // Both sides profile the partition's first samples.
+    let first = image_folder(&tex.join("test"), None).unwrap().samples;
+    let mean = first[..k]
+        .iter()
+        .map(|(p, _)| std::fs::metadata(p).unwrap().len() as f64)
+        .sum::<f64>()
+        / k as f64;
+    for p in [&a.node, &a.compute] {
+        assert_eq!(p.samples, k);
+        assert_eq!(p.stage_s.len(), n);
+        assert!(
+            p.stage_s.iter().all(|s| *s > 0.0) && p.decode_s > 0.0,
+            "{p:?}"
+        );
+        assert_eq!(p.sample_bytes, mean, "{p:?}");
+    }
+    assert!(a.link_bps.is_finite() && a.link_bps > 0.0);
+    let b = plan("test").await;
+    assert_eq!(b.node, a.node, "the node's profile is reused");
+    assert_eq!(b.compute, a.compute, "this side's profile is reused");
+    let c = plan("train").await;
+    assert_ne!(c.node, a.node, "another partition is profiled afresh");
+    assert_ne!(c.compute, a.compute);
+    node.shutdown().await.unwrap();
+}
+
 /// A tight memory budget shrinks the node's batch and the request still completes with
 /// the same features; a budget no single sample fits in is pushed back and computed
 /// here, again with the same features.
