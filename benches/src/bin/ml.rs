@@ -563,6 +563,43 @@ async fn splits(args: &Args) -> Vec<SplitRow> {
     rows
 }
 
+/// Median epoch time against the split (0 = compute-only, the last = full), one line
+/// per bandwidth, and auto's median as a point at the split it chose most.
+fn plot_splits(path: &Path, rows: &[SplitRow]) -> Result<(), csd_testbed::Error> {
+    let n = Arch::EfficientNetLite0.stages().len();
+    let x_of = |p: &str| match p {
+        "compute-only" => Some(0),
+        "full" => Some(n),
+        _ => p.strip_prefix("split:").and_then(|k| k.parse().ok()),
+    };
+    let mut series = Vec::new();
+    for r in rows {
+        let mut pts: Vec<(f64, f64)> = r
+            .times
+            .iter()
+            .filter_map(|(p, med, _, _)| x_of(p).map(|k| (k as f64, *med)))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        series.push((format!("{} Mbit/s, fixed splits", r.bandwidth_mbit), pts));
+        let chosen = median(r.auto_splits.clone());
+        series.push((
+            format!("{} Mbit/s, auto", r.bandwidth_mbit),
+            vec![(chosen.round(), r.auto_s)],
+        ));
+    }
+    csd_testbed::report::line_chart(
+        path,
+        "EfficientNet-Lite0 epoch time by split (median of rounds)",
+        "split: stages at the node (0 = compute-only, last = full)",
+        "epoch seconds",
+        &series,
+        false,
+        true,
+        None,
+        2,
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -658,6 +695,15 @@ async fn main() {
                     *bytes as f64 / 1e6
                 );
             }
+        }
+        let svg = args
+            .json
+            .clone()
+            .unwrap_or_else(|| default_json_path("ml"))
+            .with_extension("svg");
+        match plot_splits(&svg, &rows) {
+            Ok(()) => println!("wrote {}", svg.display()),
+            Err(e) => eprintln!("{}: {e}", svg.display()),
         }
         out.splits = rows;
     }
