@@ -1,10 +1,9 @@
 //! The compute side of a feature job, as the `csd` CLI and the testbed run it: load
 //! image and text datasets, measure what the planner needs, pick the split, open the stream.
 
-use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
@@ -16,7 +15,7 @@ use futures::TryStreamExt;
 use crate::dataset::{self, image_folder};
 use crate::model::StagedModel;
 use crate::operator::{self as ml_op};
-use crate::planner::{self, Plan, PlanInputs, Profile};
+use crate::planner::{self, Plan, PlanInputs, Profile, ProfileCache};
 use crate::request::{FeatureRequest, FeatureType, Mode};
 use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
 use crate::{Arch, Error, Result, weights};
@@ -249,16 +248,13 @@ pub async fn plan_inputs(
         first.num_rows()
     );
     let compute = async {
-        if let Some(p) = cached_profile(&key) {
+        if let Some(p) = COMPUTE_PROFILES.get(&key) {
             return Ok(p);
         }
         let take = vec![first];
         let m = model.clone();
         let p = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take)).await?;
-        if let Ok(mut c) = COMPUTE_PROFILES.lock() {
-            c.retain(|_, (at, _)| at.elapsed() < ml_op::PROFILE_TTL);
-            c.insert(key.clone(), (Instant::now(), p.clone()));
-        }
+        COMPUTE_PROFILES.insert(key, p.clone());
         Ok::<_, Error>(p)
     };
     let (node, compute) = futures::future::try_join(node, compute).await?;
@@ -280,18 +276,10 @@ pub async fn plan_inputs(
     })
 }
 
-/// This process's recent profiles of the compute side, like the node's (see
-/// [`ml_op::PROFILE_TTL`]): keyed by dataset, partition, model, weights, threads and
-/// the probed samples' count and size.
-static COMPUTE_PROFILES: std::sync::LazyLock<Mutex<HashMap<String, (Instant, Profile)>>> =
-    std::sync::LazyLock::new(Default::default);
-
-fn cached_profile(key: &str) -> Option<Profile> {
-    let c = COMPUTE_PROFILES.lock().ok()?;
-    c.get(key)
-        .filter(|(at, _)| at.elapsed() < ml_op::PROFILE_TTL)
-        .map(|(_, p)| p.clone())
-}
+/// This process's recent profiles of the compute side, like the node's: keyed by
+/// dataset, partition, model, weights, threads and the probed samples' count and size.
+static COMPUTE_PROFILES: std::sync::LazyLock<ProfileCache> =
+    std::sync::LazyLock::new(ProfileCache::default);
 
 /// Reads the first `n` samples of `src`: (bytes of them on the wire, seconds, the samples).
 async fn probe(src: &Source, dataset: &str, n: u64) -> Result<(f64, f64, RecordBatch)> {

@@ -16,10 +16,10 @@
 //! has CPUs (`--cpus`), so candle's matrix products never use cores outside the budget;
 //! with `--cpu-set` its threads are pinned to the same cores as the node's CPU pool.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow::array::{
     ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int64Array, UInt64Array,
@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{self, Samples};
 use crate::model::{Arch, StagedModel};
-use crate::planner::Profile;
+use crate::planner::{Profile, ProfileCache};
 use crate::request::{FeatureRequest, FeatureType, MAX_NODE_BATCH, Mode};
 use crate::{Error, Result};
 
@@ -104,16 +104,9 @@ pub struct MlOperator {
     loading: tokio::sync::Mutex<()>,
     pool: OnceLock<Arc<rayon::ThreadPool>>,
     memory_used: Arc<AtomicU64>,
-    /// Profiles measured lately, by [`profile_key`]: a job that plans again (the next
-    /// epoch, the next job on the same data and model) gets the figures without paying
-    /// for them again.
-    profiles: Mutex<HashMap<String, (Instant, Profile)>>,
+    /// Profiles measured lately, by [`profile_key`].
+    profiles: ProfileCache,
 }
-
-/// How long a measured profile stands in for a new one. Per-sample stage times depend
-/// on the model, the data and the node's CPUs, none of which a profile's key lets
-/// change; the node's *load* does change, and the planner reads that afresh each time.
-pub const PROFILE_TTL: Duration = Duration::from_secs(600);
 
 /// What a profile depends on: the partition's objects (ids change when replaced), the
 /// model and weights, and the pool's threads.
@@ -372,11 +365,7 @@ impl Operator for MlOperator {
         let guard = MemoryGuard(self.memory_used.clone(), plan.memory);
         if r.mode == Mode::Profile {
             let key = profile_key(&r, &objects, ctx.node.pool.threads());
-            let cached = self.profiles.lock().ok().and_then(|m| {
-                m.get(&key)
-                    .filter(|(at, _)| at.elapsed() < PROFILE_TTL)
-                    .map(|(_, p)| p.clone())
-            });
+            let cached = self.profiles.get(&key);
             ctx.metrics
                 .set_detail("profile_cached", u64::from(cached.is_some()));
             let profile = match cached {
@@ -384,11 +373,12 @@ impl Operator for MlOperator {
                 None => {
                     let limit = Some(PROFILE_SAMPLES as u64);
                     let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
-                    let p = pool.install(|| profile(model.as_ref(), &batches))?;
-                    if let Ok(mut m) = self.profiles.lock() {
-                        m.retain(|_, (at, _)| at.elapsed() < PROFILE_TTL);
-                        m.insert(key, (Instant::now(), p.clone()));
-                    }
+                    let m = model.clone();
+                    let p = crate::stream::blocking(Some(pool.clone()), move || {
+                        profile(m.as_ref(), &batches)
+                    })
+                    .await?;
+                    self.profiles.insert(key, p.clone());
                     p
                 }
             };

@@ -13,7 +13,10 @@
 //! admission figures), and the link's measured bandwidth. FLOPs and bytes per stage come
 //! from the model definition and are shown in the `explain` table.
 
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +33,36 @@ pub struct Profile {
     pub decode_s: f64,
     /// Seconds per sample of every stage.
     pub stage_s: Vec<f64>,
+}
+
+/// How long a measured profile stands in for a new one. Per-sample stage times depend
+/// on the model, the data and the CPUs, none of which a profile's key lets change; the
+/// node's *load* does change, and the planner reads that afresh each time.
+pub const PROFILE_TTL: Duration = Duration::from_secs(600);
+
+/// Profiles measured lately, by a key naming what they depend on, each good for
+/// [`PROFILE_TTL`]: a job that plans again (the next epoch, the next job on the same
+/// data and model) gets the figures without paying for them again. The node keeps one,
+/// the compute side another.
+#[derive(Debug, Default)]
+pub struct ProfileCache(Mutex<HashMap<String, (Instant, Profile)>>);
+
+impl ProfileCache {
+    /// The profile under `key`, unless it is older than [`PROFILE_TTL`].
+    pub fn get(&self, key: &str) -> Option<Profile> {
+        let m = self.0.lock().ok()?;
+        m.get(key)
+            .filter(|(at, _)| at.elapsed() < PROFILE_TTL)
+            .map(|(_, p)| p.clone())
+    }
+
+    /// Keeps `profile` under `key`, dropping expired ones.
+    pub fn insert(&self, key: String, profile: Profile) {
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, (at, _)| at.elapsed() < PROFILE_TTL);
+            m.insert(key, (Instant::now(), profile));
+        }
+    }
 }
 
 /// Everything the planner weighs.

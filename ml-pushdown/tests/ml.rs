@@ -217,6 +217,21 @@ async fn load_textures(client: &NodeClient, tex: &std::path::Path) {
     }
 }
 
+/// A node with the textures loaded and the weights stored: (node, client, model,
+/// weights table).
+async fn textures_node(
+    w: &PathBuf,
+    tex: &std::path::Path,
+) -> (RunningNode, NodeClient, Arc<dyn StagedModel>, String) {
+    let node = ml_node("1GiB").await;
+    let client = NodeClient::connect(&node.url).await.unwrap();
+    load_textures(&client, tex).await;
+    let wt = weights::ensure(&client, &std::fs::read(w).unwrap())
+        .await
+        .unwrap();
+    (node, client, model(w), wt)
+}
+
 async fn features(
     dataset: &str,
     client: &NodeClient,
@@ -275,13 +290,7 @@ fn by_id(b: &[TrainBatch]) -> (Vec<u64>, Vec<i64>, Tensor) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushdown_matches_compute_only_and_trains_a_head() {
     let Some((w, tex, _)) = assets() else { return };
-    let node = ml_node("1GiB").await;
-    let client = NodeClient::connect(&node.url).await.unwrap();
-    load_textures(&client, &tex).await;
-    let m = model(&w);
-    let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
-        .await
-        .unwrap();
+    let (node, client, m, wt) = textures_node(&w, &tex).await;
     // A second upload is a no-op.
     assert_eq!(
         weights::ensure(&client, &std::fs::read(&w).unwrap())
@@ -338,13 +347,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planning_measures_once_and_reuses_profiles() {
     let Some((w, tex, _)) = assets() else { return };
-    let node = ml_node("1GiB").await;
-    let client = NodeClient::connect(&node.url).await.unwrap();
-    load_textures(&client, &tex).await;
-    let m = model(&w);
-    let wt = weights::ensure(&client, &std::fs::read(&w).unwrap())
-        .await
-        .unwrap();
+    let (node, client, m, wt) = textures_node(&w, &tex).await;
     let src = |part: &str| Source {
         client: client.clone(),
         partition: part.into(),
