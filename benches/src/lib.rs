@@ -43,3 +43,12 @@ pub fn scratch_dir(dir: Option<PathBuf>) -> std::io::Result<tempfile::TempDir> {
         .prefix("csd-bench")
         .tempdir_in(base)
 }
+
+/// User + system CPU seconds of this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use csd_benches::{default_json_path, mbps, scratch_dir, write_json};
+use csd_benches::{cpu_seconds, default_json_path, mbps, scratch_dir, write_json};
 use csd_runtime::device::emulated::{EmulatedDevice, TimingModel};
 use csd_runtime::device::uring::UringDevice;
 use csd_runtime::device::{BlockDevice, DmaBuf};
@@ -111,15 +111,6 @@ fn read_std(path: &std::path::Path, bytes: u64, io: usize, qd: usize) -> f64 {
 
 fn best(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(0.0, f64::max)
-}
-
-/// User + system CPU seconds of this process so far.
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we pass.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
-    t(u.ru_utime) + t(u.ru_stime)
 }
 
 #[tokio::main]

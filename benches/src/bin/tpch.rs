@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use csd_benches::{default_json_path, scratch_dir, write_json};
+use csd_benches::{cpu_seconds, default_json_path, scratch_dir, write_json};
 use csd_query_pushdown::{Cluster, CsdSession, QueryRun, SessionOptions, tpch};
 use csd_runtime::client::NodeClient;
 use csd_runtime::node::{self, NodeConfig, RunningNode};
@@ -81,6 +81,10 @@ struct Row {
     rows: usize,
     pushdown_ms: f64,
     baseline_ms: f64,
+    /// CPU seconds of the whole process (compute tier, link and, unless `--node`,
+    /// the node) during the kept run.
+    pushdown_cpu_s: f64,
+    baseline_cpu_s: f64,
     pushdown_bytes: u64,
     baseline_bytes: u64,
     node_device_bytes: u64,
@@ -104,6 +108,8 @@ struct Total {
     link_mbit: f64,
     pushdown_s: f64,
     baseline_s: f64,
+    pushdown_cpu_s: f64,
+    baseline_cpu_s: f64,
     pushdown_bytes: u64,
     baseline_bytes: u64,
     speedup: f64,
@@ -120,18 +126,21 @@ fn canonical(r: &QueryRun) -> Vec<String> {
     rows
 }
 
-async fn best(s: &CsdSession, sql: &str, runs: usize) -> QueryRun {
+/// The fastest of `runs` timed runs after a warm-up, with the CPU seconds it took.
+async fn best(s: &CsdSession, sql: &str, runs: usize) -> (QueryRun, f64) {
     s.run(sql)
         .await
         .unwrap_or_else(|e| panic!("warm-up failed: {e}"));
-    let mut best: Option<QueryRun> = None;
+    let mut best: Option<(QueryRun, f64)> = None;
     for _ in 0..runs.max(1) {
+        let c0 = cpu_seconds();
         let r = s
             .run(sql)
             .await
             .unwrap_or_else(|e| panic!("query failed: {e}"));
-        if best.as_ref().is_none_or(|b| r.elapsed < b.elapsed) {
-            best = Some(r);
+        let cpu = cpu_seconds() - c0;
+        if best.as_ref().is_none_or(|(b, _)| r.elapsed < b.elapsed) {
+            best = Some((r, cpu));
         }
     }
     best.unwrap_or_else(|| unreachable!("runs >= 1"))
@@ -244,14 +253,23 @@ async fn main() {
         };
         println!("\n== {label} ==");
         println!(
-            "{:<4} {:>7} {:>11} {:>11} {:>8} {:>13} {:>13} {:>8}",
-            "q", "rows", "push ms", "base ms", "speedup", "push bytes", "base bytes", "fewer"
+            "{:<4} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>13} {:>13} {:>8}",
+            "q",
+            "rows",
+            "push ms",
+            "base ms",
+            "speedup",
+            "push cpu",
+            "base cpu",
+            "push bytes",
+            "base bytes",
+            "fewer"
         );
         let mut here = Vec::new();
         for &q in &queries {
             let sql = tpch::query(q).expect("query number");
-            let a = best(&on, sql, args.runs).await;
-            let b = best(&off, sql, args.runs).await;
+            let (a, a_cpu) = best(&on, sql, args.runs).await;
+            let (b, b_cpu) = best(&off, sql, args.runs).await;
             assert_eq!(canonical(&a), canonical(&b), "Q{q}: answers differ");
             let row = Row {
                 link_mbit: mbit,
@@ -259,6 +277,8 @@ async fn main() {
                 rows: a.rows(),
                 pushdown_ms: a.elapsed.as_secs_f64() * 1e3,
                 baseline_ms: b.elapsed.as_secs_f64() * 1e3,
+                pushdown_cpu_s: a_cpu,
+                baseline_cpu_s: b_cpu,
                 pushdown_bytes: a.bytes_moved,
                 baseline_bytes: b.bytes_moved,
                 node_device_bytes: a.node_runs.iter().map(|r| r.report.bytes_read).sum(),
@@ -266,12 +286,14 @@ async fn main() {
                 byte_ratio: b.bytes_moved as f64 / a.bytes_moved.max(1) as f64,
             };
             println!(
-                "Q{:<3} {:>7} {:>11.1} {:>11.1} {:>7.2}x {:>13} {:>13} {:>7.1}x",
+                "Q{:<3} {:>7} {:>9.1} {:>9.1} {:>7.2}x {:>7.2}s {:>7.2}s {:>13} {:>13} {:>7.1}x",
                 q,
                 row.rows,
                 row.pushdown_ms,
                 row.baseline_ms,
                 row.speedup,
+                row.pushdown_cpu_s,
+                row.baseline_cpu_s,
                 row.pushdown_bytes,
                 row.baseline_bytes,
                 row.byte_ratio
@@ -280,6 +302,8 @@ async fn main() {
         }
         let ps: f64 = here.iter().map(|r| r.pushdown_ms).sum::<f64>() / 1e3;
         let bs: f64 = here.iter().map(|r| r.baseline_ms).sum::<f64>() / 1e3;
+        let pc: f64 = here.iter().map(|r| r.pushdown_cpu_s).sum();
+        let bc: f64 = here.iter().map(|r| r.baseline_cpu_s).sum();
         let pb: u64 = here.iter().map(|r| r.pushdown_bytes).sum();
         let bb: u64 = here.iter().map(|r| r.baseline_bytes).sum();
         let worst = (mbit == 0.0).then(|| {
@@ -288,10 +312,12 @@ async fn main() {
                 .fold(0.0f64, f64::max)
         });
         println!(
-            "total {:>18.2} s {:>9.2} s {:>7.2}x {:>13} {:>13} {:>7.1}x{}",
+            "total {:>14.2}s {:>8.2}s {:>7.2}x {:>7.2}s {:>7.2}s {:>13} {:>13} {:>7.1}x{}",
             ps,
             bs,
             bs / ps,
+            pc,
+            bc,
             pb,
             bb,
             bb as f64 / pb.max(1) as f64,
@@ -303,6 +329,8 @@ async fn main() {
             link_mbit: mbit,
             pushdown_s: ps,
             baseline_s: bs,
+            pushdown_cpu_s: pc,
+            baseline_cpu_s: bc,
             pushdown_bytes: pb,
             baseline_bytes: bb,
             speedup: bs / ps,
