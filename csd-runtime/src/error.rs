@@ -15,6 +15,10 @@ pub enum Error {
     /// The thing to create exists already.
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    /// The request was valid when it was made but the node's state has moved on
+    /// (e.g. a partition gained objects since the query was planned).
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
     /// Stored bytes failed their checksum or are structurally wrong. Never ignored.
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -79,6 +83,7 @@ impl Error {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::NotFound(_) => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Corrupt(_) => Code::DataLoss,
             Error::ResourcesExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,

@@ -255,6 +255,10 @@ pub struct ObjectDescription {
     pub rows: u64,
     /// Row groups.
     pub row_groups: usize,
+    /// Per column: `[min, max]` of a NULL-free integer/date column, from exact
+    /// footer statistics (see [`ParquetObject::int_ranges`]); empty when unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub int_ranges: Vec<Option<[i64; 2]>>,
 }
 
 /// The Flight service.
@@ -286,6 +290,7 @@ impl FlightNode {
                             len: o.object.len,
                             rows: o.rows(),
                             row_groups: o.metadata.metadata().num_row_groups(),
+                            int_ranges: o.int_ranges(),
                         })
                         .collect(),
                 })

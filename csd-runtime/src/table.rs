@@ -91,6 +91,64 @@ impl ParquetObject {
     pub fn rows(&self) -> u64 {
         self.metadata.metadata().file_metadata().num_rows().max(0) as u64
     }
+
+    /// For each top-level column, `[min, max]` when it is a signed integer or date
+    /// column whose every row group has exact statistics and no NULLs (the footer
+    /// says so); `None` otherwise. Lets the compute tier prove that partitions hold
+    /// disjoint key ranges. Empty when the Parquet schema is not flat.
+    pub fn int_ranges(&self) -> Vec<Option<[i64; 2]>> {
+        use arrow::datatypes::DataType;
+        use parquet::file::statistics::Statistics;
+        let meta = self.metadata.metadata();
+        let fields = self.metadata.schema().fields();
+        let leaves = meta.file_metadata().schema_descr();
+        if leaves.num_columns() != fields.len()
+            || fields
+                .iter()
+                .enumerate()
+                .any(|(i, f)| leaves.column(i).path().parts() != [f.name().clone()])
+        {
+            return vec![];
+        }
+        fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                if !matches!(
+                    f.data_type(),
+                    DataType::Int8
+                        | DataType::Int16
+                        | DataType::Int32
+                        | DataType::Int64
+                        | DataType::Date32
+                ) {
+                    return None;
+                }
+                let mut range: Option<[i64; 2]> = None;
+                for rg in meta.row_groups() {
+                    let stats = rg.column(i).statistics()?;
+                    if stats.null_count_opt() != Some(0)
+                        || !stats.min_is_exact()
+                        || !stats.max_is_exact()
+                    {
+                        return None;
+                    }
+                    let (lo, hi) = match stats {
+                        Statistics::Int32(v) => {
+                            (i64::from(*v.min_opt()?), i64::from(*v.max_opt()?))
+                        }
+                        Statistics::Int64(v) => (*v.min_opt()?, *v.max_opt()?),
+                        _ => return None,
+                    };
+                    range = Some(match range {
+                        None => [lo, hi],
+                        Some([a, b]) => [a.min(lo), b.max(hi)],
+                    });
+                }
+                range
+            })
+            .collect()
+    }
 }
 
 /// A table: schema and partitions.

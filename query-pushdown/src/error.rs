@@ -59,6 +59,7 @@ fn clone_kind(e: &Error, msg: String) -> Error {
         Error::NotFound(_) => Error::NotFound(msg),
         Error::ResourcesExhausted(_) => Error::ResourcesExhausted(msg),
         Error::Corrupt(_) => Error::Corrupt(msg),
+        Error::FailedPrecondition(_) => Error::FailedPrecondition(msg),
         _ => Error::Internal(msg),
     }
 }

@@ -67,6 +67,7 @@ pub struct CsdScanExec {
     limit: Option<usize>,
     key_filter: Option<(Arc<KeyCollector>, Vec<usize>)>,
     direct: bool,
+    pinned: bool,
 }
 
 impl CsdScanExec {
@@ -99,7 +100,16 @@ impl CsdScanExec {
             limit: None,
             key_filter: None,
             direct: false,
+            pinned: false,
         }
+    }
+
+    /// Every fragment names its partition's objects as planned, and a node whose
+    /// partition has changed since refuses it (see [`SqlFragment::objects`]): for
+    /// plans that rely on the objects' statistics.
+    pub fn pinned(mut self) -> Self {
+        self.pinned = true;
+        self
     }
 
     /// A scan that reduces nothing by itself (no filter, no limit): without a
@@ -124,6 +134,7 @@ impl CsdScanExec {
         )
         .with_estimate(self.row_fraction, self.limit);
         s.direct = self.direct;
+        s.pinned = self.pinned;
         s.key_filter = Some((collector, columns));
         s
     }
@@ -188,6 +199,9 @@ impl DisplayAs for CsdScanExec {
                 )?;
                 if self.direct {
                     write!(f, ", direct=byte ranges unless a key filter applies")?;
+                }
+                if self.pinned {
+                    write!(f, ", pinned=objects as planned")?;
                 }
                 if let Some((c, cols)) = &self.key_filter {
                     let names: Vec<&str> = cols
@@ -291,6 +305,11 @@ impl ExecutionPlan for CsdScanExec {
             mode: self.mode as i32,
             key_filters: vec![],
             direct_above: self.direct.then_some(DIRECT_ABOVE),
+            objects: if self.pinned {
+                ep.objects.iter().map(|o| o.name.clone()).collect()
+            } else {
+                vec![]
+            },
         };
         let compression = self.table.compression();
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);

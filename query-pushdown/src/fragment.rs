@@ -10,6 +10,7 @@
 //!   Mode mode = 4;                  // COMPLETE = 0, PARTIAL_AGGREGATE = 1
 //!   repeated KeyFilter key_filters = 5;  // join keys the output rows may have
 //!   optional float direct_above = 6;     // hand back if the filters keep more
+//!   repeated string objects = 7;         // run only on exactly these objects
 //! }
 //! ```
 //!
@@ -18,6 +19,11 @@
 //! DataFusion's partial-aggregation state instead of final values (`avg` → sum and
 //! count, …), one row per group and input partition, for the caller to merge with a
 //! final aggregate.
+//!
+//! `objects`, when given, names the partition's Parquet objects the compute tier
+//! planned with; a node whose partition holds any other set refuses the fragment
+//! with `FAILED_PRECONDITION` (the compute tier may have relied on those objects'
+//! statistics, e.g. that partitions hold disjoint group keys).
 //!
 //! `key_filters` (see [`crate::keyfilter`]) drop output rows whose key (some output
 //! columns) is not in a bloom filter of a join's build-side keys; rows with a NULL
@@ -108,6 +114,13 @@ pub struct SqlFragment {
     /// its first rows (a scan the compute tier would otherwise read directly).
     #[prost(float, optional, tag = "6")]
     pub direct_above: Option<f32>,
+    /// The partition's object names the compute tier planned with. When given, the
+    /// node runs the fragment only if the partition holds exactly these objects
+    /// (else `FAILED_PRECONDITION`): a whole aggregate per partition is right only
+    /// while partitions hold disjoint group keys, which the compute tier proved from
+    /// these objects' statistics.
+    #[prost(string, repeated, tag = "7")]
+    pub objects: Vec<String>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).

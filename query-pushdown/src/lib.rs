@@ -5,8 +5,12 @@
 //! filters the node evaluates exactly ([`pushable`]), LIMIT, ORDER BY … LIMIT (top-k
 //! per node partition, merged here) and partial aggregates (`sum`, `count`, `min`,
 //! `max`, `avg`, `count(*)` with GROUP BY, merged by DataFusion's final aggregate here)
-//! run at the nodes ([`rule`]). Anything else stays here, so results are the same
-//! with pushdown on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes with
+//! run at the nodes ([`rule`]); an aggregate grouped by a column whose partitions
+//! hold disjoint ranges runs whole at each partition, HAVING included. A hash join's
+//! build keys filter its probe-side scan at the nodes ([`semijoin`]), and `IN`
+//! subqueries move below inner joins to the table their key comes from
+//! ([`semipush`]). Anything else stays here, so results are the same with pushdown
+//! on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes with
 //! the pushed fragment and its endpoints; `EXPLAIN ANALYZE` adds, per endpoint, bytes
 //! read from the device, bytes sent, rows scanned and returned, and time at the node.
 //! With pushdown off the session is the baseline ([`baseline`]): DataFusion reading
@@ -30,6 +34,7 @@ pub mod pushable;
 pub mod rule;
 pub mod scan;
 pub mod semijoin;
+pub mod semipush;
 pub mod session;
 pub mod storage;
 pub mod table;

@@ -12,7 +12,14 @@
 //!   final merge is DataFusion's own — `avg` is merged from sums and counts, never
 //!   averaged twice;
 //! * a `Sort` with a fetch (ORDER BY … LIMIT k): the sort runs at every node (top-k
-//!   per partition) and stays above to merge.
+//!   per partition) and stays above to merge;
+//! * an aggregate grouped by a column whose values never span two partitions (the
+//!   partitions' ranges of it, from exact footer statistics, are disjoint: TPC-H's
+//!   `l_orderkey`, or any table partitioned by key range), with the pushable
+//!   filters (HAVING) and projections above it: the whole aggregate runs at every
+//!   partition ([`PushKind::WholeAggregate`]) and the compute tier only unites the
+//!   results. The fragment names the objects the ranges came from, and the node
+//!   refuses it if the partition has changed since.
 //!
 //! Anything else stays where DataFusion put it.
 
@@ -22,12 +29,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchemaRef, DataFusionError, Result};
+use datafusion::common::{Column, DFSchemaRef, DataFusionError, Result};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, Sort, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+    Aggregate, Expr, Extension, LogicalPlan, Sort, UserDefinedLogicalNode,
+    UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::physical_plan::ExecutionPlan;
@@ -46,6 +54,9 @@ pub enum PushKind {
     PartialAggregate,
     /// The sort-with-fetch at the fragment's root, per node partition.
     TopK,
+    /// The whole fragment (an aggregate whose groups never span partitions, and
+    /// filters/projections over it) per partition; results united here.
+    WholeAggregate,
 }
 
 /// A logical subtree that runs at the storage nodes (shown as its child in EXPLAIN).
@@ -53,6 +64,9 @@ pub enum PushKind {
 pub struct CsdPushdown {
     kind: PushKind,
     fragment: LogicalPlan,
+    /// The column whose disjoint ranges make the fragment's aggregate complete per
+    /// partition (the fragment then pins the partitions' objects).
+    disjoint_on: Option<String>,
 }
 
 impl UserDefinedLogicalNodeCore for CsdPushdown {
@@ -74,8 +88,13 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
                 "partial aggregate at the storage nodes, final merge here"
             }
             PushKind::TopK => "top-k at every storage-node partition, merged here",
+            PushKind::WholeAggregate => "whole aggregate at every storage-node partition",
         };
-        write!(f, "CsdPushdown: {what}")
+        write!(f, "CsdPushdown: {what}")?;
+        if let Some(c) = &self.disjoint_on {
+            write!(f, " (partitions hold disjoint ranges of {c})")?;
+        }
+        Ok(())
     }
     fn with_exprs_and_inputs(
         &self,
@@ -88,6 +107,7 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
         Ok(CsdPushdown {
             kind: self.kind,
             fragment,
+            disjoint_on: self.disjoint_on.clone(),
         })
     }
 }
@@ -110,10 +130,66 @@ fn csd_source(plan: &LogicalPlan) -> Option<CsdTable> {
     }
 }
 
-fn wrap(kind: PushKind, fragment: LogicalPlan) -> LogicalPlan {
+fn wrap(kind: PushKind, fragment: LogicalPlan, disjoint_on: Option<String>) -> LogicalPlan {
     LogicalPlan::Extension(Extension {
-        node: Arc::new(CsdPushdown { kind, fragment }),
+        node: Arc::new(CsdPushdown {
+            kind,
+            fragment,
+            disjoint_on,
+        }),
     })
+}
+
+/// An aggregate the nodes can run: plain pushable groupings and aggregates over a
+/// storage-node table (through pushable projections and filters).
+fn pushable_aggregate_over_table(a: &Aggregate) -> Option<CsdTable> {
+    if a.group_expr
+        .iter()
+        .all(|g| !matches!(g, Expr::GroupingSet(_)) && pushable(g))
+        && a.aggr_expr.iter().all(pushable_aggregate)
+    {
+        csd_source(&a.input)
+    } else {
+        None
+    }
+}
+
+/// The table column `c` of `plan`'s output is, when it is one, passed unchanged
+/// through projections and filters.
+fn base_column(plan: &LogicalPlan, c: &Column) -> Option<String> {
+    match plan {
+        LogicalPlan::Projection(p) => {
+            let i = p.schema.index_of_column(c).ok()?;
+            match p.expr.get(i)?.clone().unalias() {
+                Expr::Column(inner) => base_column(&p.input, &inner),
+                _ => None,
+            }
+        }
+        LogicalPlan::Filter(f) => base_column(&f.input, c),
+        LogicalPlan::TableScan(s) => {
+            s.projected_schema.index_of_column(c).ok()?;
+            Some(c.name.clone())
+        }
+        _ => None,
+    }
+}
+
+/// When `plan` is pushable filters/projections over an aggregate of a storage-node
+/// table grouped by (among others) a column whose ranges are disjoint across the
+/// table's partitions: that column.
+fn whole_aggregate(plan: &LogicalPlan) -> Option<String> {
+    match plan {
+        LogicalPlan::Projection(p) if p.expr.iter().all(pushable) => whole_aggregate(&p.input),
+        LogicalPlan::Filter(f) if pushable(&f.predicate) => whole_aggregate(&f.input),
+        LogicalPlan::Aggregate(a) => {
+            let table = pushable_aggregate_over_table(a)?;
+            a.group_expr.iter().find_map(|g| match g {
+                Expr::Column(c) => base_column(&a.input, c).filter(|name| table.disjoint_on(name)),
+                _ => None,
+            })
+        }
+        _ => None,
+    }
 }
 
 impl OptimizerRule for PushdownRule {
@@ -132,16 +208,17 @@ impl OptimizerRule for PushdownRule {
             {
                 return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
             }
+            if let Some(column) = whole_aggregate(&p) {
+                return Ok(Transformed::new(
+                    wrap(PushKind::WholeAggregate, p, Some(column)),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ));
+            }
             match &p {
-                LogicalPlan::Aggregate(a)
-                    if a.group_expr
-                        .iter()
-                        .all(|g| !matches!(g, Expr::GroupingSet(_)) && pushable(g))
-                        && a.aggr_expr.iter().all(pushable_aggregate)
-                        && csd_source(&a.input).is_some() =>
-                {
+                LogicalPlan::Aggregate(a) if pushable_aggregate_over_table(a).is_some() => {
                     Ok(Transformed::new(
-                        wrap(PushKind::PartialAggregate, p),
+                        wrap(PushKind::PartialAggregate, p, None),
                         true,
                         TreeNodeRecursion::Jump,
                     ))
@@ -149,9 +226,10 @@ impl OptimizerRule for PushdownRule {
                 LogicalPlan::Sort(s)
                     if s.fetch.is_some()
                         && s.expr.iter().all(|e| pushable(&e.expr))
-                        && csd_source(&s.input).is_some() =>
+                        && (csd_source(&s.input).is_some()
+                            || whole_aggregate(&s.input).is_some()) =>
                 {
-                    let pushed = wrap(PushKind::TopK, p.clone());
+                    let pushed = wrap(PushKind::TopK, p.clone(), whole_aggregate(&s.input));
                     let merged = LogicalPlan::Sort(Sort {
                         expr: s.expr.clone(),
                         input: Arc::new(pushed),
@@ -205,15 +283,19 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         let plan = table.substrait(&node.fragment, state)?;
         let what = describe(&node.fragment);
         match node.kind {
-            PushKind::TopK => {
+            PushKind::TopK | PushKind::WholeAggregate => {
                 let schema = Arc::new(node.fragment.schema().as_arrow().clone());
-                Ok(Some(Arc::new(CsdScanExec::new(
-                    table,
-                    schema,
-                    plan,
-                    Mode::Complete,
-                    what,
-                ))))
+                let scan = CsdScanExec::new(table, schema, plan, Mode::Complete, what);
+                Ok(Some(Arc::new(match node.kind {
+                    // As DataFusion would estimate it here: an aggregate keeps its
+                    // input's rows, each filter (HAVING too) keeps 20%. Lets its join
+                    // choose the smaller build side.
+                    PushKind::WholeAggregate => scan
+                        .with_estimate(Some(0.2f64.powi(filters_in(&node.fragment))), None)
+                        .pinned(),
+                    _ if node.disjoint_on.is_some() => scan.pinned(),
+                    _ => scan,
+                })))
             }
             PushKind::PartialAggregate => {
                 // DataFusion's own two-phase plan, with the partial phase at the nodes.
@@ -247,6 +329,20 @@ impl ExtensionPlanner for CsdExtensionPlanner {
             }
         }
     }
+}
+
+/// Filters in `plan`: `Filter` nodes and scans with filters.
+fn filters_in(plan: &LogicalPlan) -> i32 {
+    let mut n = 0;
+    let _ = plan.apply(|p| {
+        match p {
+            LogicalPlan::Filter(_) => n += 1,
+            LogicalPlan::TableScan(s) if !s.filters.is_empty() => n += 1,
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    n
 }
 
 /// DataFusion's planner plus [`CsdExtensionPlanner`].

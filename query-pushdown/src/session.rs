@@ -21,6 +21,7 @@ use crate::gate::LocalGate;
 use crate::rule::{CsdQueryPlanner, PushdownRule};
 use crate::scan;
 use crate::semijoin::SemiJoinRule;
+use crate::semipush::SemiJoinDown;
 use crate::table::{CsdTable, Endpoint};
 
 /// How a session reads the cluster.
@@ -150,6 +151,7 @@ impl Cluster {
         if opts.pushdown {
             builder = builder
                 .with_query_planner(Arc::new(CsdQueryPlanner))
+                .with_optimizer_rule(Arc::new(SemiJoinDown))
                 .with_optimizer_rule(Arc::new(PushdownRule))
                 .with_physical_optimizer_rule(Arc::new(SemiJoinRule));
         }

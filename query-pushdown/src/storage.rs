@@ -219,6 +219,21 @@ fn objects_of(
             .ok_or_else(|| Error::NotFound(format!("partition {p} of table {}", frag.table)))?,
         None => table.partitions.values().flatten().cloned().collect(),
     };
+    if !frag.objects.is_empty() {
+        let mut have: Vec<&str> = objects.iter().map(|o| o.object.name.as_str()).collect();
+        let mut want: Vec<&str> = frag.objects.iter().map(String::as_str).collect();
+        have.sort_unstable();
+        want.sort_unstable();
+        if have != want {
+            return Err(Error::FailedPrecondition(format!(
+                "table {} changed since the query was planned ({} objects now, {} then); \
+                 plan the query again",
+                frag.table,
+                have.len(),
+                want.len()
+            )));
+        }
+    }
     Ok((table.schema.clone(), objects))
 }
 

@@ -153,6 +153,33 @@ impl CsdTable {
         Ok(to_substrait_plan(&bare, state)?.encode_to_vec())
     }
 
+    /// Whether every row with a given value of `column` lives in one endpoint: the
+    /// endpoints' `[min, max]` ranges of it (from exact footer statistics of
+    /// NULL-free integer/date columns) do not overlap. Then an aggregate grouped by
+    /// it is complete at each partition. False when any non-empty endpoint's range
+    /// is unknown.
+    pub fn disjoint_on(&self, column: &str) -> bool {
+        let Ok(i) = self.inner.schema.index_of(column) else {
+            return false;
+        };
+        let mut ranges = Vec::new();
+        for e in &self.inner.endpoints {
+            let mut range: Option<[i64; 2]> = None;
+            for o in e.objects.iter().filter(|o| o.rows > 0) {
+                let Some(Some([lo, hi])) = o.int_ranges.get(i) else {
+                    return false;
+                };
+                range = Some(match range {
+                    None => [*lo, *hi],
+                    Some([a, b]) => [a.min(*lo), b.max(*hi)],
+                });
+            }
+            ranges.extend(range);
+        }
+        ranges.sort_unstable();
+        ranges.windows(2).all(|w| w[0][1] < w[1][0])
+    }
+
     /// Whether `e` can be evaluated exactly at the node and travels as Substrait.
     pub fn can_push(&self, e: &Expr) -> bool {
         if !pushable(e) {

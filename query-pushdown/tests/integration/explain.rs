@@ -261,6 +261,133 @@ async fn join_key_filters_shrink_the_probe_side() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_aggregates_run_where_partitions_hold_disjoint_keys() {
+    // tpchgen's parts hold disjoint order-key ranges: one per node here.
+    let (nodes, clients) = nodes(2).await;
+    tpch::load(&clients, 0.005, 1, |_, _| {}).await.unwrap();
+    let (on, off) = sessions(&nodes).await;
+    let heavy = "select l_orderkey, sum(l_quantity) as q from lineitem \
+                 group by l_orderkey having sum(l_quantity) > 250 order by l_orderkey";
+    let a = on.run(heavy).await.unwrap();
+    let b = off.run(heavy).await.unwrap();
+    assert_eq!(crate::canonical(&a.batches), crate::canonical(&b.batches));
+    assert!(a.rows() > 0 && a.rows() < 100, "{} heavy orders", a.rows());
+    let text = a.plan_with_metrics();
+    assert!(text.contains("pinned=objects as planned"), "{text}");
+    let logical = explain(&on, heavy).await;
+    assert!(
+        logical.contains(
+            "CsdPushdown: whole aggregate at every storage-node partition \
+             (partitions hold disjoint ranges of l_orderkey)"
+        ),
+        "{logical}"
+    );
+    assert!(
+        !text.contains("AggregateExec"),
+        "no aggregate left here: {text}"
+    );
+    // The nodes send only the groups HAVING keeps, not one row per order.
+    let runs = runs_of(&a.plan, "lineitem");
+    assert_eq!(runs.len(), 2, "{text}");
+    let returned: u64 = runs.iter().map(|r| r.report.rows_returned).sum();
+    assert_eq!(returned, a.rows() as u64, "{text}");
+
+    // Q18: its IN subquery is such an aggregate, and its semi join moves below the
+    // other joins to orders (`SemiJoinDown`), so the few heavy orders' keys filter
+    // orders and then lineitem at the nodes.
+    let q18 = explain(&on, tpch::query(18).unwrap()).await;
+    assert!(q18.contains("CsdPushdown: whole aggregate"), "{q18}");
+    let run = on.run(tpch::query(18).unwrap()).await.unwrap();
+    let base = off.run(tpch::query(18).unwrap()).await.unwrap();
+    assert_eq!(
+        crate::canonical(&run.batches),
+        crate::canonical(&base.batches)
+    );
+    let text = run.plan_with_metrics();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("table=orders") && l.contains("key_filter=[o_orderkey]")),
+        "{text}"
+    );
+    let orders = runs_of(&run.plan, "orders");
+    let kept: u64 = orders.iter().map(|r| r.report.rows_returned).sum();
+    assert!(
+        !orders.is_empty() && orders.iter().all(|r| !r.direct) && kept < 100,
+        "orders sent {kept} rows: {text}"
+    );
+    let top = "select l_orderkey, count(*) as n from lineitem group by l_orderkey \
+               order by n desc, l_orderkey limit 3";
+    let t = explain(&on, top).await;
+    assert!(
+        t.contains("CsdPushdown: top-k") && t.contains("disjoint ranges of l_orderkey"),
+        "{t}"
+    );
+    let (x, y) = (on.run(top).await.unwrap(), off.run(top).await.unwrap());
+    assert_eq!(crate::canonical(&x.batches), crate::canonical(&y.batches));
+
+    // Suppliers span both parts: partial aggregates, merged here.
+    let by_supp = explain(
+        &on,
+        "select l_suppkey, count(*) from lineitem group by l_suppkey",
+    )
+    .await;
+    assert!(
+        by_supp.contains("CsdPushdown: partial aggregate"),
+        "{by_supp}"
+    );
+    assert!(!by_supp.contains("disjoint"), "{by_supp}");
+
+    // Node 0 gains order keys inside node 1's range: the ranges overlap now. The
+    // session planned with the old objects, and the node refuses its fragment
+    // rather than answer with a group split over two partitions.
+    let first = futures::TryStreamExt::try_next(
+        &mut clients[1]
+            .scan_limit("lineitem", None, &[], Some(1))
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let one = first.slice(0, 1);
+    let stray_key = one
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .unwrap()
+        .value(0);
+    clients[0]
+        .put(
+            "lineitem",
+            "p0",
+            one.schema(),
+            futures::stream::iter([Ok(one.clone())]),
+        )
+        .await
+        .unwrap();
+    let err = on.run(heavy).await.unwrap_err().to_string();
+    assert!(err.contains("changed since the query was planned"), "{err}");
+    // Planned afresh, the aggregate is partial again and the answer still exact
+    // (the stray row's order now has its quantity counted twice, in both modes).
+    let (on, off) = sessions(&nodes).await;
+    let sql = format!(
+        "select l_orderkey, sum(l_quantity), count(*) from lineitem \
+         where l_orderkey = {stray_key} group by l_orderkey"
+    );
+    let text = explain(&on, &sql).await;
+    assert!(
+        text.contains("partial aggregate") && !text.contains("disjoint"),
+        "{text}"
+    );
+    let a = on.run(&sql).await.unwrap();
+    let b = off.run(&sql).await.unwrap();
+    assert_eq!(crate::canonical(&a.batches), crate::canonical(&b.batches));
+    let x = on.run(heavy).await.unwrap();
+    let y = off.run(heavy).await.unwrap();
+    assert_eq!(crate::canonical(&x.batches), crate::canonical(&y.batches));
+}
+
 /// What the endpoints of `table`'s scans in `plan` did.
 fn runs_of(plan: &Arc<dyn ExecutionPlan>, table: &str) -> Vec<EndpointRun> {
     let mut out = Vec::new();

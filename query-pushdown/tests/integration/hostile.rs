@@ -345,6 +345,7 @@ async fn hostile_fragments_are_refused() {
             mode: 0,
             key_filters: vec![f],
             direct_above,
+            objects: vec![],
         }
         .to_bytes()
     };
@@ -438,6 +439,7 @@ async fn write_fuzz_seeds() {
         mode: 0,
         key_filters: vec![Bloom::with_keys(&[1, 2, 3]).unwrap().to_msg(&[0])],
         direct_above: Some(0.3),
+        objects: vec![],
     };
     std::fs::write(format!("{SEEDS}/keyfilter"), keyed.to_bytes()).unwrap();
 }
