@@ -224,12 +224,13 @@ impl OptimizerRule for PushdownRule {
                     ))
                 }
                 LogicalPlan::Sort(s)
-                    if s.fetch.is_some()
-                        && s.expr.iter().all(|e| pushable(&e.expr))
-                        && (csd_source(&s.input).is_some()
-                            || whole_aggregate(&s.input).is_some()) =>
+                    if s.fetch.is_some() && s.expr.iter().all(|e| pushable(&e.expr)) =>
                 {
-                    let pushed = wrap(PushKind::TopK, p.clone(), whole_aggregate(&s.input));
+                    let disjoint_on = whole_aggregate(&s.input);
+                    if disjoint_on.is_none() && csd_source(&s.input).is_none() {
+                        return Ok(Transformed::no(p));
+                    }
+                    let pushed = wrap(PushKind::TopK, p.clone(), disjoint_on);
                     let merged = LogicalPlan::Sort(Sort {
                         expr: s.expr.clone(),
                         input: Arc::new(pushed),
@@ -285,17 +286,18 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         match node.kind {
             PushKind::TopK | PushKind::WholeAggregate => {
                 let schema = Arc::new(node.fragment.schema().as_arrow().clone());
-                let scan = CsdScanExec::new(table, schema, plan, Mode::Complete, what);
-                Ok(Some(Arc::new(match node.kind {
+                let mut scan = CsdScanExec::new(table, schema, plan, Mode::Complete, what);
+                if node.kind == PushKind::WholeAggregate {
                     // As DataFusion would estimate it here: an aggregate keeps its
                     // input's rows, each filter (HAVING too) keeps 20%. Lets its join
                     // choose the smaller build side.
-                    PushKind::WholeAggregate => scan
-                        .with_estimate(Some(0.2f64.powi(filters_in(&node.fragment))), None)
-                        .pinned(),
-                    _ if node.disjoint_on.is_some() => scan.pinned(),
-                    _ => scan,
-                })))
+                    let fraction = 0.2f64.powi(filters_in(&node.fragment));
+                    scan = scan.with_estimate(Some(fraction), None);
+                }
+                if node.disjoint_on.is_some() {
+                    scan = scan.pinned();
+                }
+                Ok(Some(Arc::new(scan)))
             }
             PushKind::PartialAggregate => {
                 // DataFusion's own two-phase plan, with the partial phase at the nodes.
