@@ -1,7 +1,8 @@
 //! The no-pushdown baseline, as strong as we can make it: DataFusion on the compute
 //! tier reads the nodes' Parquet objects by byte range (an `object_store` over the
 //! nodes' `Range` tickets) with all of its own Parquet pruning on (row-group
-//! statistics, page index, late materialization) and footers cached across queries.
+//! statistics, page index; the same scan options as the node's, see
+//! [`crate::scan::configure`]) and footers cached across queries.
 //! Nothing runs at the node but reads.
 
 use std::collections::HashMap;

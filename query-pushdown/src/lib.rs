@@ -9,7 +9,8 @@
 //! hold disjoint ranges runs whole at each partition, HAVING included. A hash join's
 //! build keys filter its probe-side scan at the nodes ([`semijoin`]), and `IN`
 //! subqueries move below inner joins to the table their key comes from
-//! ([`semipush`]). Anything else stays here, so results are the same with pushdown
+//! ([`semipush`]), as do inner joins with a small filtered input such as a nation
+//! chosen by name ([`joinpush`]). Anything else stays here, so results are the same with pushdown
 //! on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes with
 //! the pushed fragment and its endpoints; `EXPLAIN ANALYZE` adds, per endpoint, bytes
 //! read from the device, bytes sent, rows scanned and returned, and time at the node.
@@ -29,6 +30,7 @@ pub mod error;
 pub mod exec;
 pub mod fragment;
 pub mod gate;
+pub mod joinpush;
 pub mod keyfilter;
 pub mod pushable;
 pub mod rule;

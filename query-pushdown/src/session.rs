@@ -18,6 +18,7 @@ use crate::baseline::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::error::to_datafusion;
 use crate::exec::{CsdScanExec, EndpointRun};
 use crate::gate::LocalGate;
+use crate::joinpush::DimensionJoinDown;
 use crate::rule::{CsdQueryPlanner, PushdownRule};
 use crate::scan;
 use crate::semijoin::SemiJoinRule;
@@ -152,6 +153,7 @@ impl Cluster {
             builder = builder
                 .with_query_planner(Arc::new(CsdQueryPlanner))
                 .with_optimizer_rule(Arc::new(SemiJoinDown))
+                .with_optimizer_rule(Arc::new(DimensionJoinDown))
                 .with_optimizer_rule(Arc::new(PushdownRule))
                 .with_physical_optimizer_rule(Arc::new(SemiJoinRule));
         }

@@ -153,6 +153,11 @@ impl CsdTable {
         Ok(to_substrait_plan(&bare, state)?.encode_to_vec())
     }
 
+    /// Rows in all its partitions.
+    pub fn rows(&self) -> u64 {
+        self.inner.endpoints.iter().map(|e| e.rows).sum()
+    }
+
     /// Whether every row with a given value of `column` lives in one endpoint: the
     /// endpoints' `[min, max]` ranges of it (from exact footer statistics of
     /// NULL-free integer/date columns) do not overlap. Then an aggregate grouped by
