@@ -34,6 +34,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
+use crate::semipush::{keys_below, rejoin};
 use crate::table::CsdTable;
 
 /// The logical rule (see the module docs).
@@ -197,16 +198,9 @@ impl Down<'_> {
     fn below(&self, input: &LogicalPlan, keys: &[Column]) -> Result<Option<LogicalPlan>> {
         match input {
             LogicalPlan::Projection(p) => {
-                let mut inner = Vec::with_capacity(keys.len());
-                for k in keys {
-                    let Ok(i) = p.schema.index_of_column(k) else {
-                        return Ok(None);
-                    };
-                    match p.expr.get(i).cloned().map(Expr::unalias) {
-                        Some(Expr::Column(c)) => inner.push(c),
-                        _ => return Ok(None),
-                    }
-                }
+                let Some(inner) = keys_below(p, keys) else {
+                    return Ok(None);
+                };
                 let Some(moved) = self.below(&p.input, &inner)? else {
                     return Ok(None);
                 };
@@ -235,16 +229,7 @@ impl Down<'_> {
                 } else {
                     (x.left.clone(), moved)
                 };
-                Ok(Some(LogicalPlan::Join(Join::try_new(
-                    left,
-                    right,
-                    x.on.clone(),
-                    x.filter.clone(),
-                    x.join_type,
-                    x.join_constraint,
-                    x.null_equality,
-                    x.null_aware,
-                )?)))
+                Ok(Some(rejoin(x, left, right)?))
             }
             _ => Ok(None),
         }

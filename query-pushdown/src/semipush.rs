@@ -72,17 +72,9 @@ impl OptimizerRule for SemiJoinDown {
 fn below(semi: &Join, input: &LogicalPlan, keys: &[Column]) -> Result<Option<LogicalPlan>> {
     match input {
         LogicalPlan::Projection(p) => {
-            // The keys as the projection's input names them (plain columns only).
-            let mut inner = Vec::with_capacity(keys.len());
-            for k in keys {
-                let Ok(i) = p.schema.index_of_column(k) else {
-                    return Ok(None);
-                };
-                match p.expr.get(i).cloned().map(Expr::unalias) {
-                    Some(Expr::Column(c)) => inner.push(c),
-                    _ => return Ok(None),
-                }
-            }
+            let Some(inner) = keys_below(p, keys) else {
+                return Ok(None);
+            };
             let moved = at(semi, &p.input, &inner)?;
             Ok(Some(LogicalPlan::Projection(
                 Projection::try_new_with_schema(p.expr.clone(), Arc::new(moved), p.schema.clone())?,
@@ -96,19 +88,42 @@ fn below(semi: &Join, input: &LogicalPlan, keys: &[Column]) -> Result<Option<Log
             } else {
                 return Ok(None);
             };
-            Ok(Some(LogicalPlan::Join(Join::try_new(
-                left,
-                right,
-                j.on.clone(),
-                j.filter.clone(),
-                j.join_type,
-                j.join_constraint,
-                j.null_equality,
-                j.null_aware,
-            )?)))
+            Ok(Some(rejoin(j, left, right)?))
         }
         _ => Ok(None),
     }
+}
+
+/// `keys` (columns of `p`'s output) as `p`'s input names them, when `p` passes each
+/// of them unchanged (a plain column, perhaps renamed); `None` otherwise.
+pub(crate) fn keys_below(p: &Projection, keys: &[Column]) -> Option<Vec<Column>> {
+    keys.iter()
+        .map(|k| {
+            let i = p.schema.index_of_column(k).ok()?;
+            match p.expr.get(i).cloned().map(Expr::unalias) {
+                Some(Expr::Column(c)) => Some(c),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Join `j` (its keys, filter and kind) over new inputs.
+pub(crate) fn rejoin(
+    j: &Join,
+    left: Arc<LogicalPlan>,
+    right: Arc<LogicalPlan>,
+) -> Result<LogicalPlan> {
+    Ok(LogicalPlan::Join(Join::try_new(
+        left,
+        right,
+        j.on.clone(),
+        j.filter.clone(),
+        j.join_type,
+        j.join_constraint,
+        j.null_equality,
+        j.null_aware,
+    )?))
 }
 
 /// The semi join applied to `input` (on `keys` of it), moved below it where it can.

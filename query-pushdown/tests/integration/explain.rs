@@ -4,7 +4,7 @@ use arrow::util::pretty::pretty_format_batches;
 use std::sync::Arc;
 
 use csd_query_pushdown::exec::{CsdScanExec, EndpointRun};
-use csd_query_pushdown::{CsdSession, tpch};
+use csd_query_pushdown::{CsdSession, QueryRun, tpch};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::{nodes, sessions};
@@ -19,6 +19,18 @@ async fn explain(s: &CsdSession, sql: &str) -> String {
         .await
         .unwrap();
     pretty_format_batches(&b).unwrap().to_string()
+}
+
+/// Runs `sql` with pushdown on and off, checks that the answers are the same, and
+/// returns the pushdown run.
+async fn same_answer(on: &CsdSession, off: &CsdSession, sql: &str) -> QueryRun {
+    let run = on.run(sql).await.unwrap();
+    let base = off.run(sql).await.unwrap();
+    assert_eq!(
+        crate::canonical(&run.batches),
+        crate::canonical(&base.batches)
+    );
+    run
 }
 
 /// The physical `CsdScanExec` lines of an EXPLAIN.
@@ -298,12 +310,7 @@ async fn whole_aggregates_run_where_partitions_hold_disjoint_keys() {
     // orders and then lineitem at the nodes.
     let q18 = explain(&on, tpch::query(18).unwrap()).await;
     assert!(q18.contains("CsdPushdown: whole aggregate"), "{q18}");
-    let run = on.run(tpch::query(18).unwrap()).await.unwrap();
-    let base = off.run(tpch::query(18).unwrap()).await.unwrap();
-    assert_eq!(
-        crate::canonical(&run.batches),
-        crate::canonical(&base.batches)
-    );
+    let run = same_answer(&on, &off, tpch::query(18).unwrap()).await;
     let text = run.plan_with_metrics();
     assert!(
         text.lines()
@@ -323,8 +330,7 @@ async fn whole_aggregates_run_where_partitions_hold_disjoint_keys() {
         t.contains("CsdPushdown: top-k") && t.contains("disjoint ranges of l_orderkey"),
         "{t}"
     );
-    let (x, y) = (on.run(top).await.unwrap(), off.run(top).await.unwrap());
-    assert_eq!(crate::canonical(&x.batches), crate::canonical(&y.batches));
+    same_answer(&on, &off, top).await;
 
     // Suppliers span both parts: partial aggregates, merged here.
     let by_supp = explain(
@@ -410,12 +416,7 @@ async fn filtered_dimension_joins_move_down_to_their_table() {
 
     // Q21 joins nation (`n_name = 'SAUDI ARABIA'`) last; moved down to supplier, its
     // few suppliers' keys filter lineitem at the nodes.
-    let run = on.run(tpch::query(21).unwrap()).await.unwrap();
-    let base = off.run(tpch::query(21).unwrap()).await.unwrap();
-    assert_eq!(
-        crate::canonical(&run.batches),
-        crate::canonical(&base.batches)
-    );
+    let run = same_answer(&on, &off, tpch::query(21).unwrap()).await;
     let text = run.plan_with_metrics();
     let keys = filter_keys(&text, "l_suppkey").unwrap_or(u64::MAX);
     assert!(keys < suppliers / 10, "{keys} supplier keys: {text}");
@@ -428,12 +429,7 @@ async fn filtered_dimension_joins_move_down_to_their_table() {
 
     // Q7: both nation joins move, one to supplier and one to customer; the join
     // filter that needs both nations stays above them.
-    let run = on.run(tpch::query(7).unwrap()).await.unwrap();
-    let base = off.run(tpch::query(7).unwrap()).await.unwrap();
-    assert_eq!(
-        crate::canonical(&run.batches),
-        crate::canonical(&base.batches)
-    );
+    let run = same_answer(&on, &off, tpch::query(7).unwrap()).await;
     let text = run.plan_with_metrics();
     assert!(
         filter_keys(&text, "l_suppkey").is_some_and(|k| k < suppliers / 5),
@@ -443,12 +439,7 @@ async fn filtered_dimension_joins_move_down_to_their_table() {
 
     // A filtered input bigger than the join it would pass stays where it is: Q3's
     // lineitem still waits for the keys of `customer ⋈ orders`.
-    let run = on.run(tpch::query(3).unwrap()).await.unwrap();
-    let base = off.run(tpch::query(3).unwrap()).await.unwrap();
-    assert_eq!(
-        crate::canonical(&run.batches),
-        crate::canonical(&base.batches)
-    );
+    let run = same_answer(&on, &off, tpch::query(3).unwrap()).await;
     let text = run.plan_with_metrics();
     assert!(filter_keys(&text, "l_orderkey").is_some(), "{text}");
     assert!(filter_keys(&text, "o_orderkey").is_none(), "{text}");
@@ -461,9 +452,8 @@ async fn filtered_dimension_joins_move_down_to_their_table() {
                and o.o_orderpriority <> n.n_comment \
                where n.n_name in ('GERMANY', 'PERU') \
                group by s.s_name order by n desc, s.s_name limit 5";
-    let (x, y) = (on.run(sql).await.unwrap(), off.run(sql).await.unwrap());
+    let x = same_answer(&on, &off, sql).await;
     assert!(x.rows() > 0);
-    assert_eq!(crate::canonical(&x.batches), crate::canonical(&y.batches));
 }
 
 fn runs_of(plan: &Arc<dyn ExecutionPlan>, table: &str) -> Vec<EndpointRun> {
