@@ -139,6 +139,11 @@ impl CsdScanExec {
         s
     }
 
+    /// Whether the scan reduces nothing by itself (see [`CsdScanExec::direct`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
     /// Whether a join-key filter is attached.
     pub fn has_key_filter(&self) -> bool {
         self.key_filter.is_some()

@@ -356,11 +356,19 @@ async fn hostile_fragments_are_refused() {
         "column 7",
     ));
     let mut short = keys.to_msg(&[0]);
-    short.bits.truncate(12);
-    cases.push(("key filter bits", with_filter(short, None), "power of two"));
-    let mut probes = keys.to_msg(&[0]);
-    probes.hashes = 99;
-    cases.push(("key filter probes", with_filter(probes, None), "probes"));
+    short.blocks.truncate(12);
+    cases.push((
+        "key filter bits",
+        with_filter(short, None),
+        "32-byte blocks",
+    ));
+    let mut old = keys.to_msg(&[0]);
+    old.blocks.clear();
+    cases.push((
+        "key filter of an earlier build",
+        with_filter(old, None),
+        "earlier build",
+    ));
     cases.push((
         "direct_above",
         with_filter(keys.to_msg(&[0]), Some(7.0)),
