@@ -82,7 +82,7 @@ fn stages_match_numpy_reference() {
     let input = dir.path().join("input.safetensors");
     let output = dir.path().join("ref.safetensors");
     candle_core::safetensors::save(&[("input", x.clone())].into_iter().collect(), &input).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/effnet_lite0.py");
+    let script = manifest_dir().join("tests/reference/effnet_lite0.py");
     let st = std::process::Command::new(py)
         .arg(script)
         .args([&w, &input, &output])
@@ -137,7 +137,7 @@ fn resnet_stages_match_numpy_reference() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input.safetensors");
     candle_core::safetensors::save(&[("input", x.clone())].into_iter().collect(), &input).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/resnet.py");
+    let script = manifest_dir().join("tests/reference/resnet.py");
     for (arch, depth) in [(Arch::ResNet18, "18"), (Arch::ResNet50, "50")] {
         let weights = dir.path().join(format!("resnet{depth}.safetensors"));
         let output = dir.path().join(format!("ref{depth}.safetensors"));
@@ -449,7 +449,7 @@ fn minilm_assets() -> Option<(Vec<u8>, PathBuf, PathBuf)> {
 }
 
 fn sentences() -> dataset::TextFile {
-    let csv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/sentences.csv");
+    let csv = manifest_dir().join("tests/data/sentences.csv");
     dataset::text_file(&csv, "text", "topic").expect("read sentences.csv")
 }
 
@@ -478,7 +478,7 @@ fn minilm_matches_numpy_reference_and_groups_topics() {
     );
     std::fs::write(&wfile, &bytes).unwrap();
     std::fs::write(&tfile, serde_json::to_vec(&texts).unwrap()).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/minilm.py");
+    let script = manifest_dir().join("tests/reference/minilm.py");
     let st = std::process::Command::new(py)
         .arg(script)
         .args([&wfile, &tok, &tfile, &out])
@@ -534,7 +534,7 @@ async fn text_pushdown_matches_compute_only() {
     };
     let node = ml_node("1GiB").await;
     let client = NodeClient::connect(&node.url).await.unwrap();
-    let csv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/sentences.csv");
+    let csv = manifest_dir().join("tests/data/sentences.csv");
     let (n, classes) = csd_ml_pushdown::job::put_text(
         std::slice::from_ref(&client),
         "sentences",
@@ -583,4 +583,13 @@ async fn text_pushdown_matches_compute_only() {
         .to_string();
     assert!(e.contains("tokenizer"), "{e}");
     node.shutdown().await.unwrap();
+}
+
+/// This crate's directory, read at run time: a test binary cached in a shared target
+/// directory may have been built from a checkout at another path, and cargo does not
+/// rebuild it for this one (`env!` would name the other checkout).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
