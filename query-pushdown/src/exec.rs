@@ -65,7 +65,7 @@ pub struct CsdScanExec {
     runs: Arc<Vec<Mutex<Option<EndpointRun>>>>,
     row_fraction: Option<f64>,
     limit: Option<usize>,
-    key_filter: Option<(Arc<KeyCollector>, Vec<usize>)>,
+    key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
     direct: bool,
     pinned: bool,
 }
@@ -98,7 +98,7 @@ impl CsdScanExec {
             runs: Arc::new((0..n).map(|_| Mutex::new(None)).collect()),
             row_fraction: None,
             limit: None,
-            key_filter: None,
+            key_filters: Vec::new(),
             direct: false,
             pinned: false,
         }
@@ -122,8 +122,8 @@ impl CsdScanExec {
         self
     }
 
-    /// The same scan, filtered by the keys `collector` gathers on output `columns`
-    /// (see [`crate::semijoin`]).
+    /// The same scan, also filtered by the keys `collector` gathers on output
+    /// `columns` (see [`crate::semijoin`]).
     pub fn with_key_filter(&self, collector: Arc<KeyCollector>, columns: Vec<usize>) -> Self {
         let mut s = CsdScanExec::new(
             self.table.clone(),
@@ -135,7 +135,8 @@ impl CsdScanExec {
         .with_estimate(self.row_fraction, self.limit);
         s.direct = self.direct;
         s.pinned = self.pinned;
-        s.key_filter = Some((collector, columns));
+        s.key_filters = self.key_filters.clone();
+        s.key_filters.push((collector, columns));
         s
     }
 
@@ -146,7 +147,12 @@ impl CsdScanExec {
 
     /// Whether a join-key filter is attached.
     pub fn has_key_filter(&self) -> bool {
-        self.key_filter.is_some()
+        !self.key_filters.is_empty()
+    }
+
+    /// The output columns of each attached join-key filter.
+    pub fn key_filter_columns(&self) -> Vec<Vec<usize>> {
+        self.key_filters.iter().map(|(_, c)| c.clone()).collect()
     }
 
     /// What the nodes return.
@@ -208,7 +214,7 @@ impl DisplayAs for CsdScanExec {
                 if self.pinned {
                     write!(f, ", pinned=objects as planned")?;
                 }
-                if let Some((c, cols)) = &self.key_filter {
+                for (c, cols) in &self.key_filters {
                     let names: Vec<&str> = cols
                         .iter()
                         .map(|&i| self.schema.field(i).name().as_str())
@@ -332,15 +338,15 @@ impl ExecutionPlan for CsdScanExec {
         let out_schema = schema.clone();
         let endpoint = format!("{}/{}", ep.client.url(), ep.partition);
         let table = self.table.clone();
-        let key_filter = self.key_filter.clone();
+        let key_filters = self.key_filters.clone();
         let direct = self.direct;
         let open = async move {
-            // With a join-key filter, first the build side's keys.
+            // With join-key filters, first the build sides' keys.
             let mut frag = base;
-            if let Some((collector, cols)) = &key_filter
-                && let Some(bloom) = collector.wait().await
-            {
-                frag.key_filters.push(bloom.to_msg(cols));
+            for (collector, cols) in &key_filters {
+                if let Some(bloom) = collector.wait().await {
+                    frag.key_filters.push(bloom.to_msg(cols));
+                }
             }
             let args = frag.to_bytes();
             let record = move |run: EndpointRun| {

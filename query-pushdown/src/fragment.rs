@@ -45,7 +45,7 @@
 //!   `min`, `max`, `avg`. Volatile functions (`random`, `uuid`, …) are refused.
 //! * Limits: [`MAX_PLAN_BYTES`] bytes, [`MAX_EXPR_DEPTH`] nested expressions,
 //!   [`MAX_REL_DEPTH`] nested relations, [`MAX_IN_LIST`] IN-list items,
-//!   [`MAX_FUNCTIONS`] declared functions, [`MAX_FILTERS`] key filter of at most
+//!   [`MAX_FUNCTIONS`] declared functions, [`MAX_FILTERS`] key filters of at most
 //!   [`MAX_FILTER_BYTES`] bytes.
 //!
 //! Anything outside this gets `INVALID_ARGUMENT` with the reason. Protobuf decoding
@@ -80,7 +80,7 @@ pub const MAX_IN_LIST: usize = 10_000;
 /// Most function declarations accepted.
 pub const MAX_FUNCTIONS: usize = 512;
 /// Most join-key filters on one fragment.
-pub const MAX_FILTERS: usize = 1;
+pub const MAX_FILTERS: usize = 4;
 
 /// What the node returns for a fragment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, prost::Enumeration)]

@@ -431,4 +431,29 @@ mod tests {
             .is_err()
         );
     }
+
+    proptest::proptest! {
+        /// Whatever a client sends as a filter is refused with a reason, or applies
+        /// to a batch without a panic and keeps every key it was built from.
+        #[test]
+        fn any_filter_is_refused_or_applies(
+            columns in proptest::collection::vec(0u32..4, 0..10),
+            blocks in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            keys in proptest::collection::vec(proptest::prelude::any::<i64>(), 0..500),
+        ) {
+            let types = [DataType::Int64, DataType::Utf8];
+            let col: ArrayRef = Arc::new(Int64Array::from(keys.clone()));
+            let names: ArrayRef = Arc::new(StringArray::from(
+                keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            ));
+            let batch = RecordBatch::try_from_iter([("k", col.clone()), ("s", names)]).unwrap();
+            let msg = KeyFilterMsg { columns, blocks };
+            if let Ok(f) = KeyFilter::from_msg(&msg, &types) {
+                proptest::prop_assert!(f.apply(&batch).unwrap().num_rows() <= keys.len());
+            }
+            let built = Bloom::with_keys(&h(std::slice::from_ref(&col))).unwrap();
+            let f = KeyFilter::from_msg(&built.to_msg(&[0]), &types).unwrap();
+            proptest::prop_assert_eq!(f.apply(&batch).unwrap().num_rows(), keys.len());
+        }
+    }
 }

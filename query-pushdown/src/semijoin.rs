@@ -2,9 +2,11 @@
 //! storage nodes which keys its probe side can match.
 //!
 //! [`SemiJoinRule`] (a physical optimizer rule, run after DataFusion's) finds hash
-//! joins whose probe side is a [`CsdScanExec`] reached through projections, filters,
-//! repartitions and coalesces only, and whose join type drops probe rows that match
-//! nothing (inner, left outer/semi/anti/mark, right semi). It wraps the build side in
+//! joins whose join type drops probe rows that match nothing (inner, left
+//! outer/semi/anti/mark, right semi) and whose probe side's key columns come from a
+//! [`CsdScanExec`] reached through projections, filters, repartitions, coalesces and
+//! inner joins (see [`find_scan`]); a scan takes up to [`MAX_FILTERS`] such filters.
+//! A build side that is a whole, unfiltered table gets none. It wraps the build side in
 //! a [`KeyCollectExec`], which passes the build rows through unchanged while hashing
 //! their keys, and hands the scan a [`KeyCollector`] to wait on. A hash join reads
 //! its whole build side before it first polls the probe side, so the scan waits for
@@ -43,7 +45,7 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use crate::exec::CsdScanExec;
-use crate::fragment::Mode;
+use crate::fragment::{MAX_FILTERS, Mode};
 use crate::keyfilter::{BITS_PER_KEY, Bloom, MAX_FILTER_BYTES, hash_rows, supported};
 
 /// Longest a probe-side scan waits for the build side's keys before it runs
@@ -352,6 +354,15 @@ impl PhysicalOptimizerRule for SemiJoinRule {
     }
 }
 
+/// Join keys a probe-side scan produces: the scan, its columns, the path to it (see
+/// [`find_scan`]) and which of the join's keys they are.
+struct KeysAt<'a> {
+    scan: &'a CsdScanExec,
+    cols: Vec<usize>,
+    path: Vec<usize>,
+    keys: Vec<usize>,
+}
+
 /// The join's new children when a key filter applies to its probe side.
 fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
     // Join types whose output never includes a probe (right) row that matched
@@ -375,12 +386,40 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
             None => return Ok(None),
         }
     }
-    let Some((scan, scan_cols)) = find_scan(join.right(), cols) else {
+    // The scan that produces the most key columns: when the keys come from several
+    // tables (Q5 joins on a supplier and a nation key), filtering on some of them
+    // still drops only probe rows that cannot match.
+    let mut found: Vec<KeysAt> = Vec::new();
+    for (k, &c) in cols.iter().enumerate() {
+        let Some((scan, sc, path)) = find_scan(join.right(), vec![c], Vec::new()) else {
+            continue;
+        };
+        match found.iter_mut().find(|f| f.path == path) {
+            Some(f) => {
+                f.cols.extend(sc);
+                f.keys.push(k);
+            }
+            None => found.push(KeysAt {
+                scan,
+                cols: sc,
+                path,
+                keys: vec![k],
+            }),
+        }
+    }
+    let Some(KeysAt {
+        scan,
+        cols: scan_cols,
+        path,
+        keys,
+    }) = found.into_iter().max_by_key(|f| f.keys.len())
+    else {
         return Ok(None);
     };
     let types = scan.schema();
     if scan.mode() != Mode::Complete
-        || scan.has_key_filter()
+        || scan.key_filter_columns().len() >= MAX_FILTERS
+        || scan.key_filter_columns().contains(&scan_cols)
         || !scan_cols
             .iter()
             .all(|&c| supported(types.field(c).data_type()))
@@ -388,12 +427,12 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
         return Ok(None);
     }
     let collector = Arc::new(KeyCollector::new(
-        join.on().iter().map(|(l, _)| l.clone()).collect(),
+        keys.iter().map(|&k| join.on()[k].0.clone()).collect(),
         join.left().output_partitioning().partition_count(),
     ));
     let left: Arc<dyn ExecutionPlan> =
         Arc::new(KeyCollectExec::new(join.left().clone(), collector.clone()));
-    let right = replace_scan(join.right(), &|s| {
+    let right = replace_at(join.right(), &path, &|s| {
         Arc::new(s.with_key_filter(collector.clone(), scan_cols.clone()))
     })?;
     Ok(Some(vec![left, right]))
@@ -421,13 +460,20 @@ fn passes_rows(p: &Arc<dyn ExecutionPlan>) -> bool {
         || p.name() == "CooperativeExec"
 }
 
-/// The scan under `plan` that produces columns `cols`, and their indexes there.
+/// The scan under `plan` that produces columns `cols`, their indexes there, and the
+/// path to it (child indexes from `plan`). The way down passes nodes that keep every
+/// row ([`passes_rows`]), projections and filters that pass the columns unchanged, and
+/// inner hash joins: a row an inner join makes from a scan row carries that row's key,
+/// so a scan row whose key the join above cannot match only ever makes rows that join
+/// drops (Q5: the suppliers of one region filter `lineitem` below its join with
+/// `orders`).
 fn find_scan(
     plan: &Arc<dyn ExecutionPlan>,
     cols: Vec<usize>,
-) -> Option<(&CsdScanExec, Vec<usize>)> {
+    mut path: Vec<usize>,
+) -> Option<(&CsdScanExec, Vec<usize>, Vec<usize>)> {
     if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
-        return Some((s, cols));
+        return Some((s, cols, path));
     }
     if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
         let exprs: Vec<_> = p.projection_expr().iter().collect();
@@ -441,7 +487,8 @@ fn find_scan(
                     .map(Column::index)
             })
             .collect::<Option<Vec<_>>>()?;
-        return find_scan(p.input(), mapped);
+        path.push(0);
+        return find_scan(p.input(), mapped, path);
     }
     if let Some(f) = plan.downcast_ref::<FilterExec>() {
         let mapped = match f.projection() {
@@ -451,29 +498,67 @@ fn find_scan(
                 .collect::<Option<Vec<_>>>()?,
             None => cols,
         };
-        return find_scan(f.input(), mapped);
+        path.push(0);
+        return find_scan(f.input(), mapped, path);
+    }
+    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        if *j.join_type() != JoinType::Inner {
+            return None;
+        }
+        // Output: the left columns then the right ones, then the join's projection.
+        let mapped = match j.projection.as_deref() {
+            Some(proj) => cols
+                .iter()
+                .map(|&c| proj.get(c).copied())
+                .collect::<Option<Vec<_>>>()?,
+            None => cols,
+        };
+        let left = j.left().schema().fields().len();
+        let (side, cols) = if mapped.iter().all(|&c| c < left) {
+            (0, mapped)
+        } else if mapped.iter().all(|&c| c >= left) {
+            (1, mapped.iter().map(|&c| c - left).collect())
+        } else {
+            return None;
+        };
+        path.push(side);
+        return find_scan(j.children()[side], cols, path);
     }
     if passes_rows(plan) {
         let [child] = plan.children()[..] else {
             return None;
         };
-        return find_scan(child, cols);
+        path.push(0);
+        return find_scan(child, cols, path);
     }
     None
 }
 
-/// `plan` with the scan [`find_scan`] found replaced by `f(scan)`.
-fn replace_scan(
+/// `plan` with the scan at `path` (from [`find_scan`]) replaced by `f(scan)`.
+fn replace_at(
     plan: &Arc<dyn ExecutionPlan>,
+    path: &[usize],
     f: &dyn Fn(&CsdScanExec) -> Arc<dyn ExecutionPlan>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
-        return Ok(f(s));
-    }
+    let Some((&next, rest)) = path.split_first() else {
+        return match plan.downcast_ref::<CsdScanExec>() {
+            Some(s) => Ok(f(s)),
+            None => Err(datafusion::common::DataFusionError::Internal(
+                "join-key filter: no scan at the end of its path".into(),
+            )),
+        };
+    };
     let children = plan
         .children()
         .into_iter()
-        .map(|c| replace_scan(c, f))
+        .enumerate()
+        .map(|(i, c)| {
+            if i == next {
+                replace_at(c, rest, f)
+            } else {
+                Ok(c.clone())
+            }
+        })
         .collect::<Result<Vec<_>>>()?;
     recompute(plan.clone(), children)
 }

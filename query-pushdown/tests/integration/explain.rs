@@ -268,6 +268,22 @@ async fn join_key_filters_shrink_the_probe_side() {
         !text.contains("KeyCollectExec") && !text.contains("key_filter="),
         "{text}"
     );
+    // Through inner joins, on the key columns one table provides: in Q5 the suppliers
+    // of one region (joined on supplier and nation keys) filter lineitem below its
+    // join with orders, besides the orders of one year.
+    let run = check(tpch::query(5).unwrap()).await;
+    let text = run.plan_with_metrics();
+    let line = text.lines().find(|l| l.contains("table=lineitem")).unwrap();
+    assert!(
+        line.contains("key_filter=[l_orderkey]") && line.contains("key_filter=[l_suppkey]"),
+        "{text}"
+    );
+    let lineitem = runs_of(&run.plan, "lineitem");
+    let sent: u64 = lineitem.iter().map(|r| r.report.rows_returned).sum();
+    assert!(
+        lineitem.iter().all(|r| !r.direct) && sent > 0 && sent < 60_175 / 20,
+        "lineitem sent {sent} rows: {text}"
+    );
     // Anti and semi joins (NOT EXISTS / IN) are filtered and stay exact.
     check(
         "select count(*) from orders where not exists \

@@ -403,14 +403,21 @@ async fn hostile_fragments_are_refused() {
     assert!(rows(c, fragment(&agg, Mode::PartialAggregate)).await >= 10);
 }
 
-const SEEDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/fragment_decode");
+/// The seeds' directory, read at run time: a test binary cached in a shared target
+/// directory may have been built from a checkout at another path.
+fn seeds() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("fuzz/seeds/fragment_decode")
+}
 
 /// Writes the fuzz seeds (real fragments): `cargo test -p csd-query-pushdown --test
 /// integration write_fuzz_seeds -- --ignored`.
 #[tokio::test]
 #[ignore]
 async fn write_fuzz_seeds() {
-    std::fs::create_dir_all(SEEDS).unwrap();
+    std::fs::create_dir_all(seeds()).unwrap();
     for (name, sql, mode) in [
         (
             "scan",
@@ -433,11 +440,7 @@ async fn write_fuzz_seeds() {
             Mode::Complete,
         ),
     ] {
-        std::fs::write(
-            format!("{SEEDS}/{name}"),
-            fragment(&plan_of(sql).await, mode),
-        )
-        .unwrap();
+        std::fs::write(seeds().join(name), fragment(&plan_of(sql).await, mode)).unwrap();
     }
     // A direct scan with a join-key filter on its first column.
     let keyed = SqlFragment {
@@ -449,14 +452,14 @@ async fn write_fuzz_seeds() {
         direct_above: Some(0.3),
         objects: vec![],
     };
-    std::fs::write(format!("{SEEDS}/keyfilter"), keyed.to_bytes()).unwrap();
+    std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }
 
 /// The checked-in seeds are valid fragments (so the fuzzer starts from real plans).
 #[test]
 fn fuzz_seeds_are_valid_fragments() {
     let mut n = 0;
-    for e in std::fs::read_dir(SEEDS).unwrap() {
+    for e in std::fs::read_dir(seeds()).unwrap() {
         let bytes = std::fs::read(e.unwrap().path()).unwrap();
         let (f, _, plan) = SqlFragment::decode_checked(&bytes).unwrap();
         csd_query_pushdown::fragment::validate(&plan, &f.table, &|_| true).unwrap();
