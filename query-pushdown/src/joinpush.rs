@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result};
 use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::utils::split_conjunction;
@@ -34,7 +34,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use crate::semipush::{keys_below, rejoin};
+use crate::semipush::{keys_below, rejoin, rewrite_joins};
 use crate::table::CsdTable;
 
 /// The logical rule (see the module docs).
@@ -51,15 +51,7 @@ impl OptimizerRule for DimensionJoinDown {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        plan.transform_down(|p| {
-            let LogicalPlan::Join(j) = &p else {
-                return Ok(Transformed::no(p));
-            };
-            match moved(j)? {
-                Some(m) => Ok(Transformed::yes(m)),
-                None => Ok(Transformed::no(p)),
-            }
-        })
+        rewrite_joins(plan, moved)
     }
 }
 

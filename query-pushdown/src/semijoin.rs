@@ -391,17 +391,17 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
     // still drops only probe rows that cannot match.
     let mut found: Vec<KeysAt> = Vec::new();
     for (k, &c) in cols.iter().enumerate() {
-        let Some((scan, sc, path)) = find_scan(join.right(), vec![c], Vec::new()) else {
+        let Some((scan, sc, path)) = find_scan(join.right(), c, Vec::new()) else {
             continue;
         };
         match found.iter_mut().find(|f| f.path == path) {
             Some(f) => {
-                f.cols.extend(sc);
+                f.cols.push(sc);
                 f.keys.push(k);
             }
             None => found.push(KeysAt {
                 scan,
-                cols: sc,
+                cols: vec![sc],
                 path,
                 keys: vec![k],
             }),
@@ -417,9 +417,10 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
         return Ok(None);
     };
     let types = scan.schema();
+    let existing = scan.key_filter_columns();
     if scan.mode() != Mode::Complete
-        || scan.key_filter_columns().len() >= MAX_FILTERS
-        || scan.key_filter_columns().contains(&scan_cols)
+        || existing.len() >= MAX_FILTERS
+        || existing.contains(&scan_cols)
         || !scan_cols
             .iter()
             .all(|&c| supported(types.field(c).data_type()))
@@ -460,78 +461,49 @@ fn passes_rows(p: &Arc<dyn ExecutionPlan>) -> bool {
         || p.name() == "CooperativeExec"
 }
 
-/// The scan under `plan` that produces columns `cols`, their indexes there, and the
-/// path to it (child indexes from `plan`). The way down passes nodes that keep every
-/// row ([`passes_rows`]), projections and filters that pass the columns unchanged, and
+/// The scan under `plan` that produces column `col`, its index there, and the path
+/// to it (child indexes from `plan`). The way down passes nodes that keep every row
+/// ([`passes_rows`]), projections and filters that pass the column unchanged, and
 /// inner hash joins: a row an inner join makes from a scan row carries that row's key,
 /// so a scan row whose key the join above cannot match only ever makes rows that join
 /// drops (Q5: the suppliers of one region filter `lineitem` below its join with
 /// `orders`).
 fn find_scan(
     plan: &Arc<dyn ExecutionPlan>,
-    cols: Vec<usize>,
+    col: usize,
     mut path: Vec<usize>,
-) -> Option<(&CsdScanExec, Vec<usize>, Vec<usize>)> {
+) -> Option<(&CsdScanExec, usize, Vec<usize>)> {
     if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
-        return Some((s, cols, path));
+        return Some((s, col, path));
     }
-    if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
-        let exprs: Vec<_> = p.projection_expr().iter().collect();
-        let mapped = cols
-            .iter()
-            .map(|&c| {
-                exprs
-                    .get(c)?
-                    .expr
-                    .downcast_ref::<Column>()
-                    .map(Column::index)
-            })
-            .collect::<Option<Vec<_>>>()?;
-        path.push(0);
-        return find_scan(p.input(), mapped, path);
-    }
-    if let Some(f) = plan.downcast_ref::<FilterExec>() {
-        let mapped = match f.projection() {
-            Some(proj) => cols
-                .iter()
-                .map(|&c| proj.get(c).copied())
-                .collect::<Option<Vec<_>>>()?,
-            None => cols,
-        };
-        path.push(0);
-        return find_scan(f.input(), mapped, path);
-    }
-    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+    let (child, col) = if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
+        let e = p.projection_expr().iter().nth(col)?;
+        (0, e.expr.downcast_ref::<Column>()?.index())
+    } else if let Some(f) = plan.downcast_ref::<FilterExec>() {
+        (
+            0,
+            f.projection()
+                .as_deref()
+                .map_or(Some(col), |p| p.get(col).copied())?,
+        )
+    } else if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
         if *j.join_type() != JoinType::Inner {
             return None;
         }
         // Output: the left columns then the right ones, then the join's projection.
-        let mapped = match j.projection.as_deref() {
-            Some(proj) => cols
-                .iter()
-                .map(|&c| proj.get(c).copied())
-                .collect::<Option<Vec<_>>>()?,
-            None => cols,
-        };
+        let c = j
+            .projection
+            .as_deref()
+            .map_or(Some(col), |p| p.get(col).copied())?;
         let left = j.left().schema().fields().len();
-        let (side, cols) = if mapped.iter().all(|&c| c < left) {
-            (0, mapped)
-        } else if mapped.iter().all(|&c| c >= left) {
-            (1, mapped.iter().map(|&c| c - left).collect())
-        } else {
-            return None;
-        };
-        path.push(side);
-        return find_scan(j.children()[side], cols, path);
-    }
-    if passes_rows(plan) {
-        let [child] = plan.children()[..] else {
-            return None;
-        };
-        path.push(0);
-        return find_scan(child, cols, path);
-    }
-    None
+        if c < left { (0, c) } else { (1, c - left) }
+    } else if passes_rows(plan) && plan.children().len() == 1 {
+        (0, col)
+    } else {
+        return None;
+    };
+    path.push(child);
+    find_scan(plan.children()[child], col, path)
 }
 
 /// `plan` with the scan at `path` (from [`find_scan`]) replaced by `f(scan)`.

@@ -42,29 +42,42 @@ impl OptimizerRule for SemiJoinDown {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        plan.transform_down(|p| {
-            let LogicalPlan::Join(j) = &p else {
-                return Ok(Transformed::no(p));
-            };
-            if j.join_type != JoinType::LeftSemi || j.filter.is_some() {
-                return Ok(Transformed::no(p));
-            }
-            let Some(keys) =
-                j.on.iter()
-                    .map(|(l, _)| match l {
-                        Expr::Column(c) => Some(c.clone()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<Column>>>()
-            else {
-                return Ok(Transformed::no(p));
-            };
-            match below(j, &j.left, &keys)? {
-                Some(moved) => Ok(Transformed::yes(moved)),
-                None => Ok(Transformed::no(p)),
-            }
-        })
+        rewrite_joins(plan, moved)
     }
+}
+
+/// Rewrites `plan` top-down, replacing each join for which `f` returns a plan.
+pub(crate) fn rewrite_joins(
+    plan: LogicalPlan,
+    f: impl Fn(&Join) -> Result<Option<LogicalPlan>>,
+) -> Result<Transformed<LogicalPlan>> {
+    plan.transform_down(|p| {
+        let LogicalPlan::Join(j) = &p else {
+            return Ok(Transformed::no(p));
+        };
+        Ok(match f(j)? {
+            Some(m) => Transformed::yes(m),
+            None => Transformed::no(p),
+        })
+    })
+}
+
+/// `j` moved down, when it is a semi join on columns that can move.
+fn moved(j: &Join) -> Result<Option<LogicalPlan>> {
+    if j.join_type != JoinType::LeftSemi || j.filter.is_some() {
+        return Ok(None);
+    }
+    let Some(keys) =
+        j.on.iter()
+            .map(|(l, _)| match l {
+                Expr::Column(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect::<Option<Vec<Column>>>()
+    else {
+        return Ok(None);
+    };
+    below(j, &j.left, &keys)
 }
 
 /// `input ⋉ semi.right` with the semi join as deep in `input` as it goes, or `None`
