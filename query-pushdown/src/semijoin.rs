@@ -4,8 +4,9 @@
 //! [`SemiJoinRule`] (a physical optimizer rule, run after DataFusion's) finds hash
 //! joins whose join type drops probe rows that match nothing (inner, left
 //! outer/semi/anti/mark, right semi) and whose probe side's key columns come from a
-//! [`CsdScanExec`] reached through projections, filters, repartitions, coalesces and
-//! inner joins (see [`find_scan`]); a scan takes up to [`MAX_FILTERS`] such filters.
+//! [`CsdScanExec`] reached through projections, filters, repartitions, coalesces,
+//! inner joins and group columns of aggregates (see [`find_scan`]); a scan takes up
+//! to [`MAX_FILTERS`] such filters.
 //! A build side that is a whole, unfiltered table gets none. It wraps the build side in
 //! a [`KeyCollectExec`], which passes the build rows through unchanged while hashing
 //! their keys, and hands the scan a [`KeyCollector`] to wait on. A hash join reads
@@ -32,6 +33,7 @@ use datafusion::config::ConfigOptions;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
@@ -55,6 +57,8 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// Most distinct keys a filter is built for ([`BITS_PER_KEY`] each, within
 /// [`MAX_FILTER_BYTES`]).
 const MAX_KEYS: usize = MAX_FILTER_BYTES * 8 / BITS_PER_KEY;
+/// Most passes of [`SemiJoinRule`] over a plan (see its `optimize`).
+const PASSES: usize = 3;
 
 /// The keys of one hash join's build side, collected as its partitions run.
 #[derive(Debug)]
@@ -333,16 +337,28 @@ impl PhysicalOptimizerRule for SemiJoinRule {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|p| {
-            let Some(join) = p.downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(p));
-            };
-            match attach(join)? {
-                Some(children) => Ok(Transformed::yes(recompute(p.clone(), children)?)),
-                None => Ok(Transformed::no(p)),
+        // Bottom-up, so a join's probe side already carries the filters of the joins
+        // below it. A join whose build side only becomes filtered by a join above it
+        // (Q11's subquery: nation filters supplier, whose keys then filter partsupp
+        // below it) is reached by the next pass; a pass never adds a filter a scan
+        // already has, so the passes end.
+        let mut plan = plan;
+        for _ in 0..PASSES {
+            let t = plan.transform_up(|p| {
+                let Some(join) = p.downcast_ref::<HashJoinExec>() else {
+                    return Ok(Transformed::no(p));
+                };
+                match attach(join)? {
+                    Some(children) => Ok(Transformed::yes(recompute(p.clone(), children)?)),
+                    None => Ok(Transformed::no(p)),
+                }
+            })?;
+            plan = t.data;
+            if !t.transformed {
+                break;
             }
-        })
-        .map(|t| t.data)
+        }
+        Ok(plan)
     }
 
     fn name(&self) -> &str {
@@ -391,7 +407,7 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
     // still drops only probe rows that cannot match.
     let mut found: Vec<KeysAt> = Vec::new();
     for (k, &c) in cols.iter().enumerate() {
-        let Some((scan, sc, path)) = find_scan(join.right(), c, Vec::new()) else {
+        let Some((scan, sc, path)) = find_scan(join.right(), c, Vec::new(), false) else {
             continue;
         };
         match found.iter_mut().find(|f| f.path == path) {
@@ -418,8 +434,7 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
     };
     let types = scan.schema();
     let existing = scan.key_filter_columns();
-    if scan.mode() != Mode::Complete
-        || existing.len() >= MAX_FILTERS
+    if existing.len() >= MAX_FILTERS
         || existing.contains(&scan_cols)
         || !scan_cols
             .iter()
@@ -467,14 +482,18 @@ fn passes_rows(p: &Arc<dyn ExecutionPlan>) -> bool {
 /// inner hash joins: a row an inner join makes from a scan row carries that row's key,
 /// so a scan row whose key the join above cannot match only ever makes rows that join
 /// drops (Q5: the suppliers of one region filter `lineitem` below its join with
-/// `orders`).
+/// `orders`); and aggregates, on a group column (Q17: 105 parts filter the per-part
+/// averages `lineitem` sends as partial aggregates, 200,000 groups a partition).
 fn find_scan(
     plan: &Arc<dyn ExecutionPlan>,
     col: usize,
     mut path: Vec<usize>,
+    mut grouped: bool,
 ) -> Option<(&CsdScanExec, usize, Vec<usize>)> {
     if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
-        return Some((s, col, path));
+        // A scan that returns partial aggregates is filtered on its output: only on a
+        // group column, reached through the final aggregate's group.
+        return (s.mode() == Mode::Complete || grouped).then_some((s, col, path));
     }
     let (child, col) = if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
         let e = p.projection_expr().iter().nth(col)?;
@@ -497,13 +516,24 @@ fn find_scan(
             .map_or(Some(col), |p| p.get(col).copied())?;
         let left = j.left().schema().fields().len();
         if c < left { (0, c) } else { (1, c - left) }
+    } else if let Some(a) = plan.downcast_ref::<AggregateExec>() {
+        // A group column: dropping every input row of a group drops just that group's
+        // output row, which the join above could not match. Not through grouping sets,
+        // whose rolled-up rows mix groups.
+        let g = a.group_expr();
+        if !g.is_single() {
+            return None;
+        }
+        let (e, _) = g.expr().get(col)?;
+        grouped = true;
+        (0, e.downcast_ref::<Column>()?.index())
     } else if passes_rows(plan) && plan.children().len() == 1 {
         (0, col)
     } else {
         return None;
     };
     path.push(child);
-    find_scan(plan.children()[child], col, path)
+    find_scan(plan.children()[child], col, path, grouped)
 }
 
 /// `plan` with the scan at `path` (from [`find_scan`]) replaced by `f(scan)`.

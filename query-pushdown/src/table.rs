@@ -7,19 +7,25 @@
 
 use std::sync::{Arc, OnceLock};
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
 use csd_runtime::client::NodeClient;
 use csd_runtime::service::ObjectDescription;
 use csd_runtime::ticket::Compression;
 use datafusion::catalog::Session;
-use datafusion::common::{DataFusionError, Result, TableReference};
+use datafusion::common::stats::Precision;
+use datafusion::common::{
+    ColumnStatistics, DFSchema, DataFusionError, Result, ScalarValue, TableReference,
+};
 use datafusion::datasource::{TableProvider, TableType, provider_as_source};
 use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
 };
+use datafusion::physical_expr::intervals::utils::check_support;
+use datafusion::physical_expr::{AnalysisContext, analyze};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_substrait::logical_plan::producer::to_substrait_plan;
 use prost::Message;
@@ -169,20 +175,75 @@ impl CsdTable {
         };
         let mut ranges = Vec::new();
         for e in &self.inner.endpoints {
-            let mut range: Option<[i64; 2]> = None;
-            for o in e.objects.iter().filter(|o| o.rows > 0) {
-                let Some(Some([lo, hi])) = o.int_ranges.get(i) else {
-                    return false;
-                };
-                range = Some(match range {
-                    None => [*lo, *hi],
-                    Some([a, b]) => [a.min(*lo), b.max(*hi)],
-                });
+            match range_in(std::slice::from_ref(e), i) {
+                Ok(r) => ranges.extend(r),
+                Err(()) => return false,
             }
-            ranges.extend(range);
         }
         ranges.sort_unstable();
         ranges.windows(2).all(|w| w[0][1] < w[1][0])
+    }
+
+    /// The fraction of rows `filters` are expected to keep, for the optimizer's join
+    /// order. The conjuncts over integer and date columns with known `[min, max]` (from
+    /// the footers) are estimated together by DataFusion's interval analysis, as its
+    /// `FilterExec` does with column statistics; any other conjunct counts as 20%,
+    /// DataFusion's default selectivity. Q10's quarter of `o_orderdate` then reads
+    /// 57,000 orders, not 300,000, and `orders`, not all of `customer`, builds the join.
+    fn estimate(&self, session: &dyn Session, filters: &[Expr]) -> f64 {
+        const DEFAULT: f64 = 0.2;
+        if filters.is_empty() {
+            return 1.0;
+        }
+        let schema = &self.inner.schema;
+        let ranges: Vec<Option<[i64; 2]>> = (0..schema.fields().len())
+            .map(|i| range_in(&self.inner.endpoints, i).ok().flatten())
+            .collect();
+        let known = |e: &Expr| {
+            e.column_refs()
+                .iter()
+                .all(|c| schema.index_of(c.name()).is_ok_and(|i| ranges[i].is_some()))
+        };
+        let conjuncts: Vec<Expr> = filters
+            .iter()
+            .flat_map(|f| split_conjunction(f).into_iter().cloned())
+            .collect();
+        let (analysable, rest): (Vec<Expr>, Vec<Expr>) =
+            conjuncts.into_iter().partition(|e| known(e));
+        let other = if rest.is_empty() { 1.0 } else { DEFAULT };
+        let Some(predicate) = conjunction(analysable) else {
+            return other;
+        };
+        let analysed = (|| -> Result<Option<f64>> {
+            let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+            let expr = session.create_physical_expr(predicate, &df_schema)?;
+            if !check_support(&expr, schema) {
+                return Ok(None);
+            }
+            let stats: Vec<ColumnStatistics> = schema
+                .fields()
+                .iter()
+                .zip(&ranges)
+                .map(|(f, r)| {
+                    let c = ColumnStatistics::new_unknown();
+                    match r.and_then(|[lo, hi]| {
+                        Some((scalar(f.data_type(), lo)?, scalar(f.data_type(), hi)?))
+                    }) {
+                        Some((lo, hi)) => c
+                            .with_min_value(Precision::Exact(lo))
+                            .with_max_value(Precision::Exact(hi))
+                            .with_null_count(Precision::Exact(0)),
+                        None => c,
+                    }
+                })
+                .collect();
+            let context = AnalysisContext::try_from_statistics(schema, &stats)?;
+            Ok(analyze(&expr, context, schema)?.selectivity)
+        })();
+        match analysed {
+            Ok(Some(f)) if f.is_finite() => f.clamp(0.0, 1.0) * other,
+            _ => DEFAULT,
+        }
     }
 
     /// Whether `e` can be evaluated exactly at the node and travels as Substrait.
@@ -264,8 +325,7 @@ impl TableProvider for CsdTable {
         let fragment = b.build()?;
         let schema = Arc::new(fragment.schema().as_arrow().clone());
         let plan = self.substrait(&fragment, state)?;
-        // DataFusion's FilterExec assumes 20% selectivity without column statistics.
-        let fraction = if filters.is_empty() { 1.0 } else { 0.2 };
+        let fraction = self.estimate(session, filters);
         let scan = CsdScanExec::new(
             self.clone(),
             schema,
@@ -281,6 +341,38 @@ impl TableProvider for CsdTable {
             scan
         }))
     }
+}
+
+/// `[min, max]` of column `i` over the non-empty objects of `endpoints`: `Ok(None)`
+/// when they hold no rows, `Err` when some object's range is unknown.
+fn range_in(endpoints: &[Endpoint], i: usize) -> std::result::Result<Option<[i64; 2]>, ()> {
+    let mut range: Option<[i64; 2]> = None;
+    for o in endpoints
+        .iter()
+        .flat_map(|e| &e.objects)
+        .filter(|o| o.rows > 0)
+    {
+        let Some(Some([lo, hi])) = o.int_ranges.get(i) else {
+            return Err(());
+        };
+        range = Some(match range {
+            None => [*lo, *hi],
+            Some([a, b]) => [a.min(*lo), b.max(*hi)],
+        });
+    }
+    Ok(range)
+}
+
+/// `v` as a value of an integer or date column of type `t`.
+fn scalar(t: &DataType, v: i64) -> Option<ScalarValue> {
+    Some(match t {
+        DataType::Int8 => ScalarValue::Int8(Some(i8::try_from(v).ok()?)),
+        DataType::Int16 => ScalarValue::Int16(Some(i16::try_from(v).ok()?)),
+        DataType::Int32 => ScalarValue::Int32(Some(i32::try_from(v).ok()?)),
+        DataType::Int64 => ScalarValue::Int64(Some(v)),
+        DataType::Date32 => ScalarValue::Date32(Some(i32::try_from(v).ok()?)),
+        _ => return None,
+    })
 }
 
 /// A fragment on one line, for EXPLAIN: `Limit: … ← TableScan: …`.

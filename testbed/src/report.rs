@@ -26,7 +26,7 @@ pub struct Done {
     pub error: Option<String>,
     /// Node requests (fragments, partitions).
     pub fragments: u64,
-    /// Of which pushed back to the compute node.
+    /// Of which the node handed back to the compute tier (direct scans aside).
     pub pushed_back: u64,
 }
 

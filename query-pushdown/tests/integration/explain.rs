@@ -4,7 +4,7 @@ use arrow::util::pretty::pretty_format_batches;
 use std::sync::Arc;
 
 use csd_query_pushdown::exec::{CsdScanExec, EndpointRun};
-use csd_query_pushdown::{CsdSession, QueryRun, tpch};
+use csd_query_pushdown::{CsdSession, Mode, QueryRun, tpch};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::{nodes, sessions};
@@ -284,6 +284,47 @@ async fn join_key_filters_shrink_the_probe_side() {
         lineitem.iter().all(|r| !r.direct) && sent > 0 && sent < 60_175 / 20,
         "lineitem sent {sent} rows: {text}"
     );
+    // A build side filtered only by a join above it: in Q11's subquery nation filters
+    // supplier, whose keys then filter partsupp (a second pass of the rule).
+    let run = check(tpch::query(11).unwrap()).await;
+    let text = run.plan_with_metrics();
+    let partsupp: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("table=partsupp"))
+        .collect();
+    assert!(
+        partsupp.len() == 2
+            && partsupp
+                .iter()
+                .all(|l| l.contains("key_filter=[ps_suppkey]")),
+        "{text}"
+    );
+    // Through an aggregate, on its group column: Q17's few parts filter the per-part
+    // partial averages lineitem sends (2,000 groups a partition unfiltered).
+    let run = check(tpch::query(17).unwrap()).await;
+    let text = run.plan_with_metrics();
+    let line = text
+        .lines()
+        .find(|l| l.contains("table=lineitem") && l.contains("returns=partial aggregate"))
+        .unwrap();
+    assert!(line.contains("key_filter=[l_partkey]"), "{text}");
+    let groups: u64 = scans_of(&run.plan, "lineitem")
+        .iter()
+        .filter(|s| s.mode() == Mode::PartialAggregate)
+        .flat_map(|s| s.runs())
+        .map(|r| r.report.rows_returned)
+        .sum();
+    assert!(
+        groups < 200,
+        "lineitem sent {groups} partial groups: {text}"
+    );
+    // Estimated filter selectivity from the footers' ranges orders the joins: Q10's
+    // quarter of orders (about 570 of 15,000) builds the join, and its customer keys
+    // filter customer, rather than all 1,500 customers building it.
+    let run = check(tpch::query(10).unwrap()).await;
+    let text = run.plan_with_metrics();
+    let line = text.lines().find(|l| l.contains("table=customer")).unwrap();
+    assert!(line.contains("key_filter=[c_custkey]"), "{text}");
     // Anti and semi joins (NOT EXISTS / IN) are filtered and stay exact.
     check(
         "select count(*) from orders where not exists \
@@ -481,14 +522,22 @@ async fn filtered_dimension_joins_move_down_to_their_table() {
 }
 
 fn runs_of(plan: &Arc<dyn ExecutionPlan>, table: &str) -> Vec<EndpointRun> {
+    scans_of(plan, table)
+        .iter()
+        .flat_map(|s| s.runs())
+        .collect()
+}
+
+/// The scans of `table` in `plan`.
+fn scans_of<'a>(plan: &'a Arc<dyn ExecutionPlan>, table: &str) -> Vec<&'a CsdScanExec> {
     let mut out = Vec::new();
     if let Some(s) = plan.downcast_ref::<CsdScanExec>()
         && s.table().name() == table
     {
-        out.extend(s.runs());
+        out.push(s);
     }
     for c in plan.children() {
-        out.extend(runs_of(c, table));
+        out.extend(scans_of(c, table));
     }
     out
 }
