@@ -47,6 +47,16 @@ pub struct EndpointRun {
     pub direct: bool,
 }
 
+impl EndpointRun {
+    /// Whether the node handed back work it was asked to do, which the compute tier
+    /// then did. A direct scan handed back is not: it is read by byte range, as it
+    /// would have been without its join-key filter (the node declines one whose filter
+    /// keeps most rows, whatever its load).
+    pub fn work_pushed_back(&self) -> bool {
+        self.pushed_back.is_some() && !self.direct
+    }
+}
+
 /// A direct scan with a join-key filter is worth running at the node only when the
 /// filter keeps at most this fraction of the rows (Arrow IPC of the survivors
 /// against compressed Parquet of them all); the node checks its first rows.

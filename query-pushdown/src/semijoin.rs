@@ -47,7 +47,7 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use crate::exec::CsdScanExec;
-use crate::fragment::{MAX_FILTERS, Mode};
+use crate::fragment::MAX_FILTERS;
 use crate::keyfilter::{BITS_PER_KEY, Bloom, MAX_FILTER_BYTES, hash_rows, supported};
 
 /// Longest a probe-side scan waits for the build side's keys before it runs
@@ -407,7 +407,7 @@ fn attach(join: &HashJoinExec) -> Result<Option<Vec<Arc<dyn ExecutionPlan>>>> {
     // still drops only probe rows that cannot match.
     let mut found: Vec<KeysAt> = Vec::new();
     for (k, &c) in cols.iter().enumerate() {
-        let Some((scan, sc, path)) = find_scan(join.right(), c, Vec::new(), false) else {
+        let Some((scan, sc, path)) = find_scan(join.right(), c, Vec::new()) else {
             continue;
         };
         match found.iter_mut().find(|f| f.path == path) {
@@ -488,12 +488,11 @@ fn find_scan(
     plan: &Arc<dyn ExecutionPlan>,
     col: usize,
     mut path: Vec<usize>,
-    mut grouped: bool,
 ) -> Option<(&CsdScanExec, usize, Vec<usize>)> {
     if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
-        // A scan that returns partial aggregates is filtered on its output: only on a
-        // group column, reached through the final aggregate's group.
-        return (s.mode() == Mode::Complete || grouped).then_some((s, col, path));
+        // A scan that returns partial aggregates is filtered on its output. The only
+        // way to it is through its final aggregate, by a group column: never a state.
+        return Some((s, col, path));
     }
     let (child, col) = if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
         let e = p.projection_expr().iter().nth(col)?;
@@ -525,7 +524,6 @@ fn find_scan(
             return None;
         }
         let (e, _) = g.expr().get(col)?;
-        grouped = true;
         (0, e.downcast_ref::<Column>()?.index())
     } else if passes_rows(plan) && plan.children().len() == 1 {
         (0, col)
@@ -533,7 +531,7 @@ fn find_scan(
         return None;
     };
     path.push(child);
-    find_scan(plan.children()[child], col, path, grouped)
+    find_scan(plan.children()[child], col, path)
 }
 
 /// `plan` with the scan at `path` (from [`find_scan`]) replaced by `f(scan)`.

@@ -109,14 +109,10 @@ async fn one(
         Ok(run) => {
             d.ok = true;
             d.fragments = run.node_runs.len() as u64;
-            // Fragments the node handed back to be run here. Not scans that reduce
-            // nothing (`direct`): they are read by byte range anyway, and a node
-            // hands one back when its join-key filter would keep most rows, whatever
-            // its load (Q14 at SF 0.01: a month of lineitem holds a third of the parts).
             d.pushed_back = run
                 .node_runs
                 .iter()
-                .filter(|r| r.pushed_back.is_some() && !r.direct)
+                .filter(|r| r.work_pushed_back())
                 .count() as u64;
             let first = shared
                 .checked

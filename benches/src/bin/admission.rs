@@ -181,7 +181,7 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
             let pushed = run
                 .node_runs
                 .iter()
-                .filter(|r| r.pushed_back.is_some())
+                .filter(|r| r.work_pushed_back())
                 .count() as u64;
             // Whether the compute tier asked the node to queue a fragment (patient:
             // that tier was saturated itself).
