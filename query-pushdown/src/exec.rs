@@ -16,7 +16,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
     PhysicalExpr, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
@@ -61,6 +61,9 @@ impl EndpointRun {
 /// filter keeps at most this fraction of the rows (Arrow IPC of the survivors
 /// against compressed Parquet of them all); the node checks its first rows.
 pub const DIRECT_ABOVE: f32 = 0.3;
+
+/// Batches a scan receives ahead of its consumer (see `execute`).
+const PREFETCH_BATCHES: usize = 2;
 
 /// Runs a pushed fragment on all endpoints of a table.
 #[derive(Debug)]
@@ -457,7 +460,26 @@ impl ExecutionPlan for CsdScanExec {
             Ok::<_, DataFusionError>(batches.chain(done).boxed())
         };
         let stream = futures::stream::once(open).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
+        // Started now, not when first polled: a hash join polls its probe side only
+        // after building, so scans on both sides (and on either side of nested
+        // joins) would otherwise run one after another at the node. A key-filtered
+        // scan still waits for its keys, then starts at once. At most
+        // `PREFETCH_BATCHES` wait here; the task ends when the stream is dropped.
+        let mut b = RecordBatchReceiverStream::builder(schema, PREFETCH_BATCHES);
+        let tx = b.tx();
+        b.spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                if tx.send(item).await.is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        Ok(b.build())
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

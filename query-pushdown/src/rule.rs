@@ -202,7 +202,10 @@ impl OptimizerRule for PushdownRule {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        plan.transform_down(|p| {
+        // Into subqueries too: DataFusion keeps uncorrelated scalar subqueries (Q15's
+        // `max`, Q22's average) as expressions, and gives a rule without an
+        // `apply_order` only the root.
+        plan.transform_down_with_subqueries(|p| {
             if let LogicalPlan::Extension(e) = &p
                 && e.node.as_any().is::<CsdPushdown>()
             {

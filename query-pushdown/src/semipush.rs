@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result};
 use datafusion::logical_expr::{Expr, Join, JoinType, LogicalPlan, Projection};
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
@@ -51,7 +51,7 @@ pub(crate) fn rewrite_joins(
     plan: LogicalPlan,
     f: impl Fn(&Join) -> Result<Option<LogicalPlan>>,
 ) -> Result<Transformed<LogicalPlan>> {
-    plan.transform_down(|p| {
+    plan.transform_down_with_subqueries(|p| {
         let LogicalPlan::Join(j) = &p else {
             return Ok(Transformed::no(p));
         };

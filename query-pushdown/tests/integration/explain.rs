@@ -133,6 +133,20 @@ async fn explain_shows_what_is_pushed() {
     assert!(q12.contains("KeyCollectExec"), "{q12}");
     assert!(q12.contains("HashJoinExec"), "{q12}");
 
+    // Scalar subqueries are planned like the rest: both of Q15's `revenue0` (the
+    // one joined and the one under `max`) and Q22's average balance are partial
+    // aggregates at the nodes.
+    for (q, table, want) in [(15, "lineitem", 2), (22, "customer", 1)] {
+        let plan = explain(&on, tpch::query(q).unwrap()).await;
+        let aggregated = scans(&plan)
+            .iter()
+            .filter(|l| l.contains(&format!("table={table}")))
+            .filter(|l| l.contains("returns=partial aggregate"))
+            .count();
+        assert_eq!(aggregated, want, "Q{q}: {plan}");
+        same_answer(&on, &off, tpch::query(q).unwrap()).await;
+    }
+
     // Without pushdown nothing is pushed: DataFusion reads Parquet by range.
     let base = explain(&off, tpch::query(1).unwrap()).await;
     assert!(
