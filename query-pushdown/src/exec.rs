@@ -460,14 +460,16 @@ impl ExecutionPlan for CsdScanExec {
             Ok::<_, DataFusionError>(batches.chain(done).boxed())
         };
         let stream = futures::stream::once(open).try_flatten();
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
-        }
         // Started now, not when first polled: a hash join polls its probe side only
         // after building, so scans on both sides (and on either side of nested
-        // joins) would otherwise run one after another at the node. A key-filtered
-        // scan still waits for its keys, then starts at once. At most
+        // joins) would otherwise run one after another at the node. At most
         // `PREFETCH_BATCHES` wait here; the task ends when the stream is dropped.
+        // A key-filtered scan starts when polled, as before: its keys are complete
+        // by then, and its wait for them (bounded by `semijoin::WAIT`) should not
+        // count the build side's own run time.
+        if !self.key_filters.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
         let mut b = RecordBatchReceiverStream::builder(schema, PREFETCH_BATCHES);
         let tx = b.tx();
         b.spawn(async move {

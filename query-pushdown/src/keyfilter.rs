@@ -187,7 +187,8 @@ fn block_bits(h: u64) -> [u32; 8] {
 
 impl Bloom {
     /// A filter holding `keys` (row hashes; duplicates are fine), sized for about 1%
-    /// false positives or fewer (at least [`MIN_FILTER_BYTES`]); `None` when that would exceed [`MAX_FILTER_BYTES`].
+    /// false positives or fewer (at least [`MIN_FILTER_BYTES`]); `None` when that
+    /// would exceed [`MAX_FILTER_BYTES`].
     pub fn with_keys(keys: &[u64]) -> Option<Bloom> {
         let blocks = (keys.len() * BITS_PER_KEY)
             .div_ceil(256)

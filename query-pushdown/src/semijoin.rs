@@ -6,10 +6,10 @@
 //! outer/semi/anti/mark, right semi) and whose probe side's key columns come from a
 //! [`CsdScanExec`] reached through projections, filters, repartitions, coalesces,
 //! inner joins and group columns of aggregates (see [`find_scan`]); a scan takes up
-//! to [`MAX_FILTERS`] such filters.
-//! A build side that is a whole, unfiltered table gets none. It wraps the build side in
-//! a [`KeyCollectExec`], which passes the build rows through unchanged while hashing
-//! their keys, and hands the scan a [`KeyCollector`] to wait on. A hash join reads
+//! to [`MAX_FILTERS`] such filters (none from a build side that is a whole,
+//! unfiltered table). It wraps the build side in a [`KeyCollectExec`], which passes
+//! the build rows through unchanged while hashing their keys, and hands the scan a
+//! [`KeyCollector`] to wait on. A hash join reads
 //! its whole build side before it first polls the probe side, so the scan waits for
 //! nothing a plain join would not; once every build partition has ended, the scan
 //! sends a [`Bloom`] of the keys with its fragment (see [`crate::keyfilter`]).
