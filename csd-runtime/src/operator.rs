@@ -107,7 +107,10 @@ pub trait Operator: Send + Sync + 'static {
     }
 
     /// Validates `args`, plans, and returns the output stream. Runs on the CPU pool,
-    /// after admission; the stream should use one worker (one slot) at a time.
+    /// after admission, which counts the request as one slot. The stream may run a
+    /// few tasks of its own on the pool (the SQL operator splits a scan in two, so
+    /// one part decodes while the other waits for the device); the pool's fixed
+    /// worker count still bounds the node's CPU.
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream>;
 
     /// Memory the operator's requests hold now, in bytes (for the node's figures).

@@ -25,8 +25,9 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::to_datafusion;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
+use crate::keyfilter::below_aggregate;
 use crate::semijoin::KeyCollector;
-use crate::storage::{filter_stream, fragment_session, key_filters, plan_fragment};
+use crate::storage::{Parallelism, filter_stream, fragment_session, key_filters, plan_fragment};
 use crate::table::{CsdTable, Endpoint};
 use csd_runtime::client::Error as ClientError;
 
@@ -521,13 +522,19 @@ async fn evaluate_here(
     let (frag, mode, plan) =
         SqlFragment::decode_checked(args).map_err(|e| DataFusionError::External(Box::new(e)))?;
     let provider = Arc::new(table.range_table(std::slice::from_ref(ep)));
-    let session = fragment_session(context.runtime_env(), &frag.table, provider)
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let session = fragment_session(
+        context.runtime_env(),
+        &frag.table,
+        provider,
+        Parallelism::ONE,
+    )
+    .map_err(|e| DataFusionError::External(Box::new(e)))?;
     let physical = plan_fragment(&session, &frag.table, &plan, mode)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
     let filters = key_filters(&frag, &physical.schema())
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let (physical, filters) = below_aggregate(physical, filters)?;
     let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
     Ok(if gated {
         table.local_gate().run(stream)

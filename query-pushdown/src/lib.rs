@@ -46,7 +46,7 @@ pub use fragment::{Mode, SqlFragment};
 pub use gate::LocalGate;
 pub use pushable::pushable;
 pub use session::{Cluster, CsdSession, QueryRun, SessionOptions};
-pub use storage::SqlOperator;
+pub use storage::{Parallelism, SqlOperator};
 pub use table::CsdTable;
 
 use std::sync::Arc;

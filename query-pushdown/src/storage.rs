@@ -96,12 +96,18 @@ const BUILTINS: &[&str] = &[
 #[derive(Default)]
 pub struct SqlOperator {
     memory: OnceLock<Arc<dyn MemoryPool>>,
+    parallel: Parallelism,
 }
 
 impl SqlOperator {
     /// A new operator (its memory pool is sized from the node's budget on first use).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This operator with fragments split into `parallel` streams.
+    pub fn with_parallelism(self, parallel: Parallelism) -> Self {
+        SqlOperator { parallel, ..self }
     }
 
     fn pool(&self, budget: u64) -> Arc<dyn MemoryPool> {
@@ -134,19 +140,61 @@ fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
         .clone()
 }
 
-/// A session for running one fragment over `table` = `provider`, on one partition
-/// (one CPU slot), with `runtime`'s memory pool and object stores. The node runs
-/// fragments in it; so does the compute tier when a node pushes one back.
+/// How many streams one fragment's scan is split into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parallelism {
+    /// Streams (DataFusion partitions) per fragment: the Parquet objects' row groups
+    /// are divided between them by byte range, and their outputs merged at the node
+    /// (partial aggregate states are merged, not just concatenated).
+    pub streams: usize,
+    /// Objects smaller than this are not split.
+    pub split_min_bytes: u64,
+}
+
+impl Parallelism {
+    /// One stream: what the compute tier uses for fragments a node pushed back,
+    /// which its gate runs a core at a time.
+    pub const ONE: Parallelism = Parallelism {
+        streams: 1,
+        split_min_bytes: u64::MAX,
+    };
+
+    /// The node's default: two streams per fragment, objects of 10 MiB or more
+    /// (DataFusion's own threshold) split. While one stream waits for the device,
+    /// the other decodes, and a fragment that finishes early leaves its worker to
+    /// the streams still running; the pool's fixed worker count still bounds the
+    /// node's CPU. Measured at SF 1 (`tpch --parts 2 --runs 3`, external node,
+    /// same build): 1 Gbit/s 4.43 s against 4.63 s with one stream, loopback 4.42 s
+    /// against 4.90 s; Q6 146 → 108 ms on loopback. Four streams measured the same
+    /// as two.
+    pub const NODE: Parallelism = Parallelism {
+        streams: 2,
+        split_min_bytes: 10 << 20,
+    };
+}
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Parallelism::NODE
+    }
+}
+
+/// A session for running one fragment over `table` = `provider` in `parallel`
+/// streams, with `runtime`'s memory pool and object stores. The node runs fragments
+/// in it; so does the compute tier when a node pushes one back.
 pub(crate) fn fragment_session(
     runtime: Arc<RuntimeEnv>,
     table: &str,
     provider: Arc<dyn TableProvider>,
+    parallel: Parallelism,
 ) -> Result<SessionContext> {
     let config = scan::configure(
         SessionConfig::new()
-            .with_target_partitions(1)
+            .with_target_partitions(parallel.streams.max(1))
             .with_batch_size(8192),
     );
+    let mut config = config;
+    config.options_mut().optimizer.repartition_file_min_size = parallel.split_min_bytes as usize;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
@@ -246,8 +294,8 @@ impl Operator for SqlOperator {
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
     /// every row group (pruning is left to the learned per-byte cost, which absorbs
     /// its average effect). Memory: four times the largest row group's share (the
-    /// chunks, decompressed pages, decoded batches) plus 16 MiB for batches and
-    /// aggregation state.
+    /// chunks, decompressed pages, decoded batches) for each stream, plus 16 MiB for
+    /// batches and aggregation state.
     async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> Result<Estimate> {
         let (frag, _mode, plan) = SqlFragment::decode_checked(args)?;
         let (_, objects) = objects_of(ctx, &frag)?;
@@ -276,7 +324,7 @@ impl Operator for SqlOperator {
         }
         Ok(Estimate {
             bytes,
-            memory: 4 * largest + (16 << 20),
+            memory: 4 * largest * self.parallel.streams.max(1) as u64 + (16 << 20),
         })
     }
 
@@ -302,10 +350,16 @@ impl Operator for SqlOperator {
             store: ctx.node.tables.object_store().clone(),
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
-        let session = fragment_session(runtime, &frag.table, Arc::new(provider))?;
+        let session = fragment_session(runtime, &frag.table, Arc::new(provider), self.parallel)?;
         let physical = plan_fragment(&session, &frag.table, &plan, mode).await?;
         let schema: SchemaRef = physical.schema();
         let filters = key_filters(&frag, &schema)?;
+        let (physical, filters) = match frag.direct_above {
+            // A direct scan's filter is judged on its output (below).
+            Some(_) => (physical, filters),
+            None => keyfilter::below_aggregate(physical, filters).map_err(to_runtime)?,
+        };
+        ctx.metrics.set_detail("streams", scan_streams(&physical));
         let unfiltered = physical
             .execute(0, session.task_ctx())
             .map_err(to_runtime)?;
@@ -470,7 +524,7 @@ fn partial_of(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(a) = p.downcast_ref::<AggregateExec>() {
             match a.mode() {
                 AggregateMode::Final | AggregateMode::FinalPartitioned => {
-                    return Ok(a.input().clone());
+                    return reduced(a);
                 }
                 m => {
                     return Err(Error::Internal(format!(
@@ -492,6 +546,54 @@ fn partial_of(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
             }
         }
     }
+}
+
+/// The partial states under `last` (the fragment's final aggregate), in one
+/// partition: when the partial aggregate ran over several partitions, their states
+/// are merged (`PartialReduce`) rather than hash-repartitioned, so each group leaves
+/// the node once.
+fn reduced(last: &AggregateExec) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut p = last.input().clone();
+    while p.downcast_ref::<AggregateExec>().is_none() {
+        let children = p.children();
+        match children.as_slice() {
+            [c] => {
+                let c = (*c).clone();
+                p = c;
+            }
+            _ => {
+                return Err(Error::Internal(
+                    "no partial aggregate under the final one".into(),
+                ));
+            }
+        }
+    }
+    if p.output_partitioning().partition_count() == 1 {
+        return Ok(p);
+    }
+    let merged = AggregateExec::try_new(
+        AggregateMode::PartialReduce,
+        last.group_expr().clone(),
+        last.aggr_expr().to_vec(),
+        last.filter_expr().to_vec(),
+        Arc::new(CoalescePartitionsExec::new(p)),
+        last.input_schema(),
+    )
+    .map_err(to_runtime)?;
+    Ok(Arc::new(merged))
+}
+
+/// Streams the Parquet scans of `plan` run in (the most of any scan).
+fn scan_streams(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = if plan.name() == "DataSourceExec" {
+        plan.output_partitioning().partition_count()
+    } else {
+        0
+    };
+    plan.children()
+        .into_iter()
+        .map(scan_streams)
+        .fold(own, usize::max)
 }
 
 /// Rows the Parquet scans decoded after pruning (returned + dropped by filters
@@ -592,5 +694,153 @@ impl ParquetFileReaderFactory for NodeReaderFactory {
                 .with_metadata(o.metadata.metadata().clone())
                 .with_counter(self.bytes_read.clone()),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyfilter::{Bloom, KeyFilter, apply_all, below_aggregate, hash_rows};
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use arrow::datatypes::{Field, Schema};
+    use arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_plan::collect;
+
+    /// `t(k, v)`: 2,000 rows in two partitions, 50 keys, every key in both.
+    async fn two_streams(sql: &str) -> (SessionContext, Arc<dyn ExecutionPlan>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let part = |from: i64| {
+            let v: Vec<i64> = (from..from + 1000).collect();
+            let k: Vec<i64> = v.iter().map(|x| x % 50).collect();
+            vec![
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(k)) as ArrayRef,
+                        Arc::new(Int64Array::from(v)) as ArrayRef,
+                    ],
+                )
+                .unwrap(),
+            ]
+        };
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(SessionConfig::new().with_target_partitions(2))
+            .with_physical_optimizer_rules(fragment_rules())
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        let t = MemTable::try_new(schema.clone(), vec![part(0), part(1000)]).unwrap();
+        ctx.register_table("t", Arc::new(t)).unwrap();
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        (ctx, plan)
+    }
+
+    /// The rows of `batches`, as text, sorted (column names and widths left out).
+    fn sorted(batches: &[RecordBatch]) -> Vec<String> {
+        let text = pretty_format_batches(batches).unwrap().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut rows: Vec<String> = lines[3..lines.len().saturating_sub(1)]
+            .iter()
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    #[tokio::test]
+    async fn partial_states_of_several_streams_leave_once_per_group() {
+        let sql = "SELECT k, sum(v), count(*), avg(v) FROM t GROUP BY k";
+        let (ctx, physical) = two_streams(sql).await;
+        let states = partial_of(physical.clone()).unwrap();
+        let merge = states
+            .downcast_ref::<AggregateExec>()
+            .expect("an aggregate on top");
+        assert_eq!(merge.mode(), &AggregateMode::PartialReduce);
+        assert_eq!(states.output_partitioning().partition_count(), 1);
+        let out = collect(states.clone(), ctx.task_ctx()).await.unwrap();
+        let groups: usize = out.iter().map(RecordBatch::num_rows).sum();
+        assert_eq!(groups, 50, "each group once, not once per stream");
+
+        // The compute tier's final aggregate over these states gives the answer.
+        let mut top = physical.clone();
+        while top.downcast_ref::<AggregateExec>().is_none() {
+            let child = top.children()[0].clone();
+            top = child;
+        }
+        let last = top.downcast_ref::<AggregateExec>().unwrap();
+        let input = MemorySourceConfig::try_new_exec(&[out], states.schema(), None).unwrap();
+        let fin = AggregateExec::try_new(
+            AggregateMode::Final,
+            last.group_expr().clone(),
+            last.aggr_expr().to_vec(),
+            last.filter_expr().to_vec(),
+            input,
+            last.input_schema(),
+        )
+        .unwrap();
+        let got = collect(Arc::new(fin), ctx.task_ctx()).await.unwrap();
+        let want = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(sorted(&got), sorted(&want));
+    }
+
+    fn filter_on(column: usize, keys: &[i64]) -> KeyFilter {
+        let a: ArrayRef = Arc::new(Int64Array::from(keys.to_vec()));
+        let (hashes, _) = hash_rows(&[a], keys.len()).unwrap();
+        KeyFilter::new(vec![column], Bloom::with_keys(&hashes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn key_filters_on_group_columns_run_before_aggregating() {
+        let (ctx, physical) = two_streams("SELECT k, sum(v) FROM t GROUP BY k").await;
+        let states = partial_of(physical).unwrap();
+        let filter = filter_on(0, &[3, 7, 11]);
+        let above = collect(states.clone(), ctx.task_ctx()).await.unwrap();
+        let above: Vec<RecordBatch> = above
+            .into_iter()
+            .map(|b| apply_all(std::slice::from_ref(&filter), b).unwrap())
+            .collect();
+        let (below, rest) = below_aggregate(states, vec![filter]).unwrap();
+        assert!(
+            rest.is_empty(),
+            "a filter on a plain group column moves down"
+        );
+        let shown = datafusion::physical_plan::displayable(below.as_ref())
+            .indent(false)
+            .to_string();
+        let (agg, filter) = (
+            shown.find("mode=Partial,").expect("partial aggregate"),
+            shown.find("KeyFilterExec").expect("filter node"),
+        );
+        assert!(
+            agg < filter,
+            "the filter runs under the partial aggregate:\n{shown}"
+        );
+        let got = collect(below, ctx.task_ctx()).await.unwrap();
+        assert_eq!(sorted(&got), sorted(&above));
+        let groups: usize = got.iter().map(RecordBatch::num_rows).sum();
+        assert!((3..10).contains(&groups), "{groups} groups");
+    }
+
+    #[tokio::test]
+    async fn key_filters_on_computed_group_columns_stay_on_the_output() {
+        let (_, physical) = two_streams("SELECT k + 1 AS j, sum(v) FROM t GROUP BY k + 1").await;
+        let states = partial_of(physical).unwrap();
+        let (plan, rest) = below_aggregate(states, vec![filter_on(0, &[4])]).unwrap();
+        assert_eq!(rest.len(), 1);
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        assert!(!shown.contains("KeyFilterExec"), "{shown}");
     }
 }

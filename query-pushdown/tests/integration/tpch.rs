@@ -1,7 +1,13 @@
 //! All 22 TPC-H queries give the same answer through pushdown (and through the
 //! range-read baseline) as DataFusion on the same data locally, on 1 and 3 nodes.
 
-use csd_query_pushdown::tpch;
+use std::sync::Arc;
+
+use csd_query_pushdown::{Parallelism, SqlOperator, tpch};
+use csd_runtime::client::NodeClient;
+use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_runtime::operator::OperatorRegistry;
+use csd_runtime::table::ParquetOptions;
 use datafusion::prelude::SessionContext;
 
 use crate::{assert_same, nodes, register_local, sessions};
@@ -24,13 +30,17 @@ fn local(scale: f64) -> SessionContext {
 }
 
 async fn all_queries(node_count: usize, parts_per_node: usize) {
-    let sf = scale();
     let (nodes, clients) = nodes(node_count).await;
-    tpch::load(&clients, sf, parts_per_node, |_, _| {})
+    all_queries_on(&nodes, &clients, parts_per_node).await;
+}
+
+async fn all_queries_on(nodes: &[RunningNode], clients: &[NodeClient], parts_per_node: usize) {
+    let sf = scale();
+    tpch::load(clients, sf, parts_per_node, |_, _| {})
         .await
         .unwrap();
     let local = local(sf);
-    let (on, off) = sessions(&nodes).await;
+    let (on, off) = sessions(nodes).await;
     let mut nonempty = 0;
     for (n, sql) in tpch::QUERIES {
         let rows = assert_same(&local, &on, sql).await;
@@ -54,4 +64,45 @@ async fn tpch_one_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tpch_three_nodes() {
     all_queries(3, 2).await;
+}
+
+/// Fragments split into two streams per object (small row groups, no size
+/// threshold): partial states merged at the node, key filters under the partial
+/// aggregates of both streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpch_fragments_in_two_streams() {
+    let op = SqlOperator::new().with_parallelism(Parallelism {
+        streams: 2,
+        split_min_bytes: 0,
+    });
+    let node = node::start_with(
+        &NodeConfig {
+            device: "emulated:mem".into(),
+            capacity: Some("512MiB".into()),
+            listen: "127.0.0.1:0".into(),
+            cpus: 2,
+            parquet: ParquetOptions {
+                row_group_rows: 2048,
+                page_rows: 512,
+                ..ParquetOptions::default()
+            },
+            ..NodeConfig::default()
+        },
+        OperatorRegistry::new().with(Arc::new(op)),
+    )
+    .await
+    .unwrap();
+    let client = NodeClient::connect(&node.url).await.unwrap();
+    let nodes = [node];
+    all_queries_on(&nodes, std::slice::from_ref(&client), 2).await;
+
+    // The split happened: Q1's lineitem partitions ran in two streams each.
+    let (on, _) = sessions(&nodes).await;
+    let run = on.run(tpch::query(1).unwrap()).await.unwrap();
+    let streams: Vec<String> = run
+        .node_runs
+        .iter()
+        .map(|r| r.report.details.get("streams").cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(streams, ["2", "2"]);
 }
