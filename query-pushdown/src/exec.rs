@@ -25,9 +25,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::to_datafusion;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
-use crate::keyfilter::below_aggregate;
 use crate::semijoin::KeyCollector;
-use crate::storage::{Parallelism, filter_stream, fragment_session, key_filters, plan_fragment};
+use crate::storage::{Parallelism, filter_stream, fragment_session, key_filtered, plan_fragment};
 use crate::table::{CsdTable, Endpoint};
 use csd_runtime::client::Error as ClientError;
 
@@ -532,9 +531,8 @@ async fn evaluate_here(
     let physical = plan_fragment(&session, &frag.table, &plan, mode)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    let filters = key_filters(&frag, &physical.schema())
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    let (physical, filters) = below_aggregate(physical, filters)?;
+    let (physical, filters) =
+        key_filtered(&frag, physical).map_err(|e| DataFusionError::External(Box::new(e)))?;
     let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
     Ok(if gated {
         table.local_gate().run(stream)

@@ -188,13 +188,13 @@ pub(crate) fn fragment_session(
     provider: Arc<dyn TableProvider>,
     parallel: Parallelism,
 ) -> Result<SessionContext> {
-    let config = scan::configure(
+    let mut config = scan::configure(
         SessionConfig::new()
             .with_target_partitions(parallel.streams.max(1))
             .with_batch_size(8192),
     );
-    let mut config = config;
-    config.options_mut().optimizer.repartition_file_min_size = parallel.split_min_bytes as usize;
+    config.options_mut().optimizer.repartition_file_min_size =
+        usize::try_from(parallel.split_min_bytes).unwrap_or(usize::MAX);
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
@@ -353,12 +353,7 @@ impl Operator for SqlOperator {
         let session = fragment_session(runtime, &frag.table, Arc::new(provider), self.parallel)?;
         let physical = plan_fragment(&session, &frag.table, &plan, mode).await?;
         let schema: SchemaRef = physical.schema();
-        let filters = key_filters(&frag, &schema)?;
-        let (physical, filters) = match frag.direct_above {
-            // A direct scan's filter is judged on its output (below).
-            Some(_) => (physical, filters),
-            None => keyfilter::below_aggregate(physical, filters).map_err(to_runtime)?,
-        };
+        let (physical, filters) = key_filtered(&frag, physical)?;
         ctx.metrics.set_detail("streams", scan_streams(&physical));
         let unfiltered = physical
             .execute(0, session.task_ctx())
@@ -384,17 +379,25 @@ impl Operator for SqlOperator {
     }
 }
 
-/// The fragment's join-key filters, checked against its output `schema`.
-pub(crate) fn key_filters(frag: &SqlFragment, schema: &SchemaRef) -> Result<Vec<KeyFilter>> {
-    let types: Vec<DataType> = schema
+/// `physical` (the planned `frag`) with the fragment's join-key filters, checked
+/// against its output: those on plain group columns run under its partial aggregate
+/// ([`keyfilter::below_aggregate`]); the rest are returned, to filter its output.
+pub(crate) fn key_filtered(
+    frag: &SqlFragment,
+    physical: Arc<dyn ExecutionPlan>,
+) -> Result<(Arc<dyn ExecutionPlan>, Vec<KeyFilter>)> {
+    let types: Vec<DataType> = physical
+        .schema()
         .fields()
         .iter()
         .map(|f| f.data_type().clone())
         .collect();
-    frag.key_filters
+    let filters = frag
+        .key_filters
         .iter()
         .map(|m| KeyFilter::from_msg(m, &types).map_err(Error::InvalidArgument))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    keyfilter::below_aggregate(physical, filters).map_err(to_runtime)
 }
 
 /// `stream` without the rows `filters` rule out (counted as `key_filtered` rows).
@@ -516,35 +519,37 @@ fn check_logical(plan: &LogicalPlan, mode: Mode) -> Result<()> {
     Ok(())
 }
 
+/// The first aggregate at or below `plan`, through single-input nodes; `missing`
+/// says what was expected when there is none.
+fn first_aggregate(plan: Arc<dyn ExecutionPlan>, missing: &str) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut p = plan;
+    while p.downcast_ref::<AggregateExec>().is_none() {
+        let child = match p.children().as_slice() {
+            [c] => (*c).clone(),
+            _ => return Err(Error::Internal(missing.into())),
+        };
+        p = child;
+    }
+    Ok(p)
+}
+
 /// The input of the topmost final aggregate: partial states, one row per group and
 /// partition.
 fn partial_of(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut p = plan;
-    loop {
-        if let Some(a) = p.downcast_ref::<AggregateExec>() {
-            match a.mode() {
-                AggregateMode::Final | AggregateMode::FinalPartitioned => {
-                    return reduced(a);
-                }
-                m => {
-                    return Err(Error::Internal(format!(
-                        "expected a final aggregate at the top of the plan, found {m:?}"
-                    )));
-                }
-            }
-        }
-        let children = p.children();
-        match children.as_slice() {
-            [c] => {
-                let c = (*c).clone();
-                p = c;
-            }
-            _ => {
-                return Err(Error::Internal(
-                    "no final aggregate found in the partial-aggregate plan".into(),
-                ));
-            }
-        }
+    let top = first_aggregate(
+        plan,
+        "no final aggregate found in the partial-aggregate plan",
+    )?;
+    let Some(a) = top.downcast_ref::<AggregateExec>() else {
+        return Err(Error::Internal(
+            "first_aggregate returned a non-aggregate".into(),
+        ));
+    };
+    match a.mode() {
+        AggregateMode::Final | AggregateMode::FinalPartitioned => reduced(a),
+        m => Err(Error::Internal(format!(
+            "expected a final aggregate at the top of the plan, found {m:?}"
+        ))),
     }
 }
 
@@ -553,21 +558,10 @@ fn partial_of(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
 /// are merged (`PartialReduce`) rather than hash-repartitioned, so each group leaves
 /// the node once.
 fn reduced(last: &AggregateExec) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut p = last.input().clone();
-    while p.downcast_ref::<AggregateExec>().is_none() {
-        let children = p.children();
-        match children.as_slice() {
-            [c] => {
-                let c = (*c).clone();
-                p = c;
-            }
-            _ => {
-                return Err(Error::Internal(
-                    "no partial aggregate under the final one".into(),
-                ));
-            }
-        }
-    }
+    let p = first_aggregate(
+        last.input().clone(),
+        "no partial aggregate under the final one",
+    )?;
     if p.output_partitioning().partition_count() == 1 {
         return Ok(p);
     }
@@ -773,11 +767,7 @@ mod tests {
         assert_eq!(groups, 50, "each group once, not once per stream");
 
         // The compute tier's final aggregate over these states gives the answer.
-        let mut top = physical.clone();
-        while top.downcast_ref::<AggregateExec>().is_none() {
-            let child = top.children()[0].clone();
-            top = child;
-        }
+        let top = first_aggregate(physical.clone(), "final aggregate").unwrap();
         let last = top.downcast_ref::<AggregateExec>().unwrap();
         let input = MemorySourceConfig::try_new_exec(&[out], states.schema(), None).unwrap();
         let fin = AggregateExec::try_new(
