@@ -32,6 +32,7 @@ pub mod fragment;
 pub mod gate;
 pub mod joinpush;
 pub mod keyfilter;
+pub mod like;
 pub mod pushable;
 pub mod rule;
 pub mod scan;

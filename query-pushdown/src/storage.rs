@@ -43,6 +43,7 @@ use futures::{FutureExt, StreamExt};
 use crate::error::to_runtime;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment, validate};
 use crate::keyfilter::{self, KeyFilter};
+use crate::like::FastLike;
 use crate::scan;
 
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
@@ -123,7 +124,8 @@ impl SqlOperator {
 }
 
 /// The physical optimizer rules fragments are planned with: DataFusion's, without
-/// the one that would merge the partial/final aggregate split a fragment needs.
+/// the one that would merge the partial/final aggregate split a fragment needs, and
+/// then [`FastLike`] (multi-piece `LIKE` patterns without a regex).
 fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     static RULES: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>> = OnceLock::new();
     RULES
@@ -135,6 +137,7 @@ fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
                 .iter()
                 .filter(|r| r.name() != "CombinePartialFinalAggregate")
                 .cloned()
+                .chain([Arc::new(FastLike) as Arc<dyn PhysicalOptimizerRule + Send + Sync>])
                 .collect()
         })
         .clone()
