@@ -44,6 +44,10 @@ use crate::store::ObjectStore;
 use crate::table::{ObjectReader, ParquetObject, Table, TableStore};
 use crate::ticket::{Compression, Ticket};
 
+/// The Flight encoder's own split limit, well above [`crate::operator::WIRE_PIECE_BYTES`]:
+/// batches arrive already cut by [`crate::operator::wire_pieces`], and the encoder,
+/// which measures buffer capacity, would otherwise cut slices again.
+const ENCODER_LIMIT: usize = crate::node::MAX_MESSAGE_BYTES / 4;
 /// `stream`, holding `permit` until it ends or is dropped.
 fn holding<S, T>(stream: S, permit: ReadPermit) -> BoxStream<'static, T>
 where
@@ -406,9 +410,14 @@ impl FlightNode {
                 left -= take;
                 b.slice(0, take as usize)
             })
-            .map_ok(crate::operator::compact_views)
-            .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))));
+            .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))))
+            .map_ok(|b| {
+                let pieces = crate::operator::wire_pieces(b);
+                futures::stream::iter(pieces.into_iter().map(Ok::<_, FlightError>))
+            })
+            .try_flatten();
         let encoder = FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(ENCODER_LIMIT)
             .with_schema(schema)
             .build(batches);
         Ok(self.run_stream(encoder))
@@ -514,17 +523,22 @@ impl FlightNode {
             Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
         })?;
         let rows = Arc::new(AtomicU64::new(0));
-        let batches = opened.batches.map({
-            let rows = rows.clone();
-            move |b| match b {
-                Ok(b) => {
-                    rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                    Ok(crate::operator::compact_views(b))
+        let batches = opened
+            .batches
+            .map({
+                let rows = rows.clone();
+                move |b| match b {
+                    Ok(b) => {
+                        rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        let pieces = crate::operator::wire_pieces(b);
+                        Ok(futures::stream::iter(pieces.into_iter().map(Ok)))
+                    }
+                    Err(e) => Err(FlightError::ExternalError(Box::new(e))),
                 }
-                Err(e) => Err(FlightError::ExternalError(Box::new(e))),
-            }
-        });
+            })
+            .try_flatten();
         let encoder = FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(ENCODER_LIMIT)
             .with_options(options)
             .with_schema(opened.schema)
             .build(batches);
