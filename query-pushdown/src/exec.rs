@@ -25,8 +25,9 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::to_datafusion;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment};
+use crate::keyfilter::filter_stream;
 use crate::semijoin::KeyCollector;
-use crate::storage::{Parallelism, filter_stream, fragment_session, key_filtered, plan_fragment};
+use crate::storage::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::table::{CsdTable, Endpoint};
 use csd_runtime::client::Error as ClientError;
 

@@ -16,7 +16,6 @@ use csd_runtime::store::ObjectStore as NodeObjects;
 use csd_runtime::table::{ObjectReader, ParquetObject};
 use csd_runtime::{Error, Result};
 use datafusion::catalog::Session;
-use datafusion::common::DataFusionError;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
 use datafusion::datasource::{TableProvider, TableType};
@@ -42,7 +41,7 @@ use futures::{FutureExt, StreamExt};
 
 use crate::error::to_runtime;
 use crate::fragment::{Mode, OPERATOR_NAME, SqlFragment, validate};
-use crate::keyfilter::{self, KeyFilter};
+use crate::keyfilter::{self, KeyFilter, filter_stream};
 use crate::like::FastLike;
 use crate::scan;
 
@@ -403,23 +402,6 @@ pub(crate) fn key_filtered(
     keyfilter::below_aggregate(physical, filters).map_err(to_runtime)
 }
 
-/// `stream` without the rows `filters` rule out (counted as `key_filtered` rows).
-pub(crate) fn filter_stream(
-    stream: SendableRecordBatchStream,
-    filters: Vec<KeyFilter>,
-) -> SendableRecordBatchStream {
-    if filters.is_empty() {
-        return stream;
-    }
-    let schema = stream.schema();
-    let filtered = stream.map(move |b| {
-        let b = b?;
-        keyfilter::apply_all(&filters, b)
-            .map_err(|e| DataFusionError::Execution(format!("join-key filter: {e}")))
-    });
-    Box::pin(RecordBatchStreamAdapter::new(schema, filtered))
-}
-
 /// Rows of the fragment a direct scan's filter is judged on.
 const JUDGE_ROWS: usize = 8192;
 
@@ -438,8 +420,9 @@ async fn judged(
         let Some(b) = stream.next().await else { break };
         let b = b.map_err(to_runtime)?;
         seen += b.num_rows();
-        let b = keyfilter::apply_all(&filters, b).map_err(Error::Internal)?;
-        kept += b.num_rows();
+        kept += keyfilter::mask_all(&filters, &b)
+            .map_err(Error::Internal)?
+            .true_count();
         head.push(Ok(b));
     }
     if seen > 0 && kept as f64 > f64::from(most) * seen as f64 {
@@ -453,11 +436,8 @@ async fn judged(
             estimate_ms: 0.0,
         }));
     }
-    let rest = filter_stream(stream, filters);
-    Ok(Box::pin(RecordBatchStreamAdapter::new(
-        schema,
-        futures::stream::iter(head).chain(rest),
-    )))
+    let all = RecordBatchStreamAdapter::new(schema, futures::stream::iter(head).chain(stream));
+    Ok(filter_stream(Box::pin(all), filters))
 }
 
 /// The table columns a fragment's read relation names (its projection, which
