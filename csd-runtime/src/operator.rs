@@ -196,32 +196,27 @@ pub fn compact_views(batch: RecordBatch) -> RecordBatch {
 /// `batch` with the view columns for which `repack(referenced, used)` holds given
 /// fresh, tight buffers.
 fn gc_views(batch: RecordBatch, repack: impl Fn(usize, usize) -> bool) -> RecordBatch {
-    use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
-    use arrow::datatypes::{ByteViewType, DataType};
+    use arrow::array::{Array, ArrayRef, AsArray};
+    use arrow::datatypes::DataType;
 
-    let tight = |a: &dyn Array| -> Option<ArrayRef> {
-        fn packed<T: ByteViewType + ?Sized>(
-            a: &GenericByteViewArray<T>,
-            repack: &dyn Fn(usize, usize) -> bool,
-        ) -> Option<ArrayRef> {
-            let buffers: usize = a.data_buffers().iter().map(|b| b.len()).sum();
-            let used: usize = a.lengths().map(|l| l as usize).sum();
-            (buffers > 0 && repack(buffers, used)).then(|| Arc::new(a.gc()) as ArrayRef)
-        }
-        match a.data_type() {
-            DataType::Utf8View => packed(a.as_string_view(), &repack),
-            DataType::BinaryView => packed(a.as_binary_view(), &repack),
-            _ => None,
-        }
-    };
     let mut changed = false;
     let columns: Vec<ArrayRef> = batch
         .columns()
         .iter()
         .map(|c| {
-            let packed = tight(c.as_ref());
-            changed |= packed.is_some();
-            packed.unwrap_or_else(|| c.clone())
+            let referenced = view_data_bytes(c.as_ref());
+            let used = || match c.data_type() {
+                DataType::Utf8View => c.as_string_view().lengths().map(|l| l as usize).sum(),
+                _ => c.as_binary_view().lengths().map(|l| l as usize).sum(),
+            };
+            if referenced == 0 || !repack(referenced, used()) {
+                return c.clone();
+            }
+            changed = true;
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()) as ArrayRef,
+                _ => Arc::new(c.as_binary_view().gc()),
+            }
         })
         .collect();
     if !changed {
@@ -235,6 +230,19 @@ fn gc_views(batch: RecordBatch, repack: impl Fn(usize, usize) -> bool) -> Record
     .unwrap_or(batch)
 }
 
+/// Bytes of data buffers a `Utf8View`/`BinaryView` array references (0 for other
+/// arrays, and for views whose values are all inline).
+fn view_data_bytes(array: &dyn arrow::array::Array) -> usize {
+    use arrow::array::AsArray;
+    use arrow::datatypes::DataType;
+    let buffers = match array.data_type() {
+        DataType::Utf8View => array.as_string_view().data_buffers(),
+        DataType::BinaryView => array.as_binary_view().data_buffers(),
+        _ => return 0,
+    };
+    buffers.iter().map(|b| b.len()).sum()
+}
+
 /// Largest Arrow IPC body a node puts in one Flight message: arrow-flight's own
 /// target, under gRPC's common 4 MiB default message limit.
 pub const WIRE_PIECE_BYTES: usize = 2 << 20;
@@ -242,28 +250,11 @@ pub const WIRE_PIECE_BYTES: usize = 2 << 20;
 /// Bytes Arrow IPC writes for `array`: the sliced range of fixed-width and offset
 /// buffers, and every data buffer a view array references.
 fn wire_bytes(array: &dyn arrow::array::Array) -> usize {
-    use arrow::array::AsArray;
-    use arrow::datatypes::DataType;
-    let data = array.to_data();
-    let own = data
+    let own = array
+        .to_data()
         .get_slice_memory_size()
         .unwrap_or_else(|_| array.get_buffer_memory_size());
-    let variadic: usize = match array.data_type() {
-        DataType::Utf8View => array
-            .as_string_view()
-            .data_buffers()
-            .iter()
-            .map(|b| b.len())
-            .sum(),
-        DataType::BinaryView => array
-            .as_binary_view()
-            .data_buffers()
-            .iter()
-            .map(|b| b.len())
-            .sum(),
-        _ => 0,
-    };
-    own + variadic
+    own + view_data_bytes(array)
 }
 
 /// `batch` as it goes on the wire: view columns compacted ([`compact_views`]), and cut

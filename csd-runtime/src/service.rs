@@ -48,6 +48,7 @@ use crate::ticket::{Compression, Ticket};
 /// batches arrive already cut by [`crate::operator::wire_pieces`], and the encoder,
 /// which measures buffer capacity, would otherwise cut slices again.
 const ENCODER_LIMIT: usize = crate::node::MAX_MESSAGE_BYTES / 4;
+
 /// `stream`, holding `permit` until it ends or is dropped.
 fn holding<S, T>(stream: S, permit: ReadPermit) -> BoxStream<'static, T>
 where

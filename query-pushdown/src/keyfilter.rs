@@ -478,13 +478,12 @@ pub fn filter_stream(
     Box::pin(RecordBatchStreamAdapter::new(schema, out))
 }
 
-/// Applies every filter of `filters` to `batch`.
-pub fn apply_all(filters: &[KeyFilter], batch: RecordBatch) -> Result<RecordBatch, String> {
-    let mut b = batch;
-    for f in filters {
-        b = f.apply(&b)?;
-    }
-    Ok(b)
+/// Applies every filter of `filters` to `batch`, batch by batch: what
+/// [`filter_stream`] is checked against.
+#[cfg(test)]
+pub(crate) fn apply_all(filters: &[KeyFilter], batch: RecordBatch) -> Result<RecordBatch, String> {
+    let mask = mask_all(filters, &batch)?;
+    filter_record_batch(&batch, &mask).map_err(|e| e.to_string())
 }
 
 /// Moves `filters` (over the output of `plan`, a planned fragment) below its partial
