@@ -17,10 +17,11 @@ use csd_ml_pushdown::job::{self, FeaturesOptions, SplitChoice};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::train::MlpHead;
 use csd_ml_pushdown::{Arch, MlOperator};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node;
+use csd_runtime::node_client::NodeClient;
 use csd_runtime::operator::OperatorRegistry;
-use csd_runtime::ticket::Compression;
+use csd_runtime::protocol::Compression;
 use futures::TryStreamExt;
 
 #[derive(Parser)]
@@ -69,9 +70,9 @@ async fn main() -> Result<(), Error> {
         None => {
             let config = NodeConfig {
                 device: "emulated:mem".into(),
-                capacity: Some("1GiB".into()),
+                capacity: ByteSize::gib(1),
                 listen: "127.0.0.1:0".into(),
-                memory: "1GiB".into(),
+                memory: ByteSize::gib(1),
                 format: true,
                 ..NodeConfig::default()
             };

@@ -5,8 +5,10 @@
 
 use std::time::Instant;
 
-use csd_query_pushdown::{Cluster, SessionOptions, tpch};
-use csd_runtime::node::{self, NodeConfig};
+use csd_query_pushdown::{Cluster, SessionOptions};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node;
+use csd_testbed::tpch;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::{Error, NodeClient, Result};
@@ -50,10 +52,6 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-fn df(e: datafusion::error::DataFusionError) -> Error {
-    Error::InvalidInput(e.to_string())
-}
-
 /// Generates TPC-H `lineitem` part `part` (1-based) of `parts` at `scale`.
 pub fn lineitem(
     scale: f64,
@@ -68,11 +66,11 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("csd-demo")
         .tempdir_in(std::env::temp_dir())
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        .map_err(|e| Error::io("creating a temporary directory", e))?;
     let default_device = dir.path().join("device.img").display().to_string();
     let mut config = NodeConfig {
         device: opts.device.clone().unwrap_or(default_device.clone()),
-        capacity: Some("4GiB".into()),
+        capacity: ByteSize::gib(4),
         listen: "127.0.0.1:0".into(),
         format: true,
         ..NodeConfig::default()
@@ -125,20 +123,14 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         t0.elapsed()
     );
 
-    let cluster = Cluster::connect(std::slice::from_ref(&node.url))
-        .await
-        .map_err(df)?;
-    let on = cluster
-        .session(SessionOptions::default())
-        .await
-        .map_err(df)?;
+    let cluster = Cluster::connect(std::slice::from_ref(&node.url)).await?;
+    let on = cluster.session(SessionOptions::default()).await?;
     let off = cluster
         .session(SessionOptions {
             pushdown: false,
             ..SessionOptions::default()
         })
-        .await
-        .map_err(df)?;
+        .await?;
     say!(
         "\n{:<6} {:>6} {:>13} {:>13} {:>13} {:>13} {:>9}",
         "query",
@@ -154,17 +146,17 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         let sql = tpch::query(*q)
             .ok_or_else(|| Error::InvalidInput(format!("there is no TPC-H query {q}")))?;
         // Warm footers and connections for both, then measure.
-        on.run(sql).await.map_err(df)?;
-        off.run(sql).await.map_err(df)?;
-        let a = on.run(sql).await.map_err(df)?;
-        let b = off.run(sql).await.map_err(df)?;
+        on.run(sql).await?;
+        off.run(sql).await?;
+        let a = on.run(sql).await?;
+        let b = off.run(sql).await?;
         let text = |r: &csd_query_pushdown::QueryRun| -> Result<String> {
             Ok(arrow::util::pretty::pretty_format_batches(&r.batches)?.to_string())
         };
         if text(&a)? != text(&b)? {
-            return Err(Error::Protocol(format!(
+            return Err(Error::Runtime(csd_runtime::Error::Internal(format!(
                 "Q{q} answered differently with and without pushdown"
-            )));
+            ))));
         }
         moved_on += a.bytes_moved;
         moved_off += b.bytes_moved;

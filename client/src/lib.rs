@@ -3,12 +3,16 @@
 //! * [`NodeClient`] (from `csd-runtime`, which owns the wire protocol) talks Arrow
 //!   Flight to one storage node: store tables, list, scan, read object bytes by range,
 //!   run pushed-down operators, delete, read node figures.
-//! * [`sql`]: a DataFusion session over a cluster's tables, with or without pushdown.
+//! * [`csd_query_pushdown::Cluster`]: a DataFusion session over a cluster's tables,
+//!   with or without pushdown; [`script`] splits the SQL scripts `csd sql -f` runs.
 //! * [`features`]: image datasets in, DNN features out (split planned, prefix at the
 //!   nodes, the rest here).
 //! * [`demo`] is the README's main job. The `csd` binary (`src/main.rs`) wraps them.
 
 pub mod demo;
+pub mod error;
 pub mod features;
+pub mod script;
 
-pub use csd_runtime::client::{Error, NodeClient, OperatorReply, ReplyStats, Result, TableInfo};
+pub use csd_runtime::node_client::{NodeClient, OperatorReply, ReplyStats, TableInfo};
+pub use error::{Error, Result};

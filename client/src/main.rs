@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use csd_client::script::{split_statements, statements};
 use csd_client::{Error, NodeClient, Result, demo};
-use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::config::NodeConfig;
+use csd_runtime::node;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -203,54 +205,11 @@ enum Format {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// TOML file with the same keys as these flags (flags win).
-    #[arg(long)]
+    /// TOML file with the same keys as the flags (`CSD_*` variables and flags win).
+    #[arg(long, env = "CSD_CONFIG")]
     config: Option<PathBuf>,
-    /// Device: a file or raw device path (io_uring + O_DIRECT), or
-    /// `emulated:mem|file=PATH[,latency_us=..,read_mbps=..,write_mbps=..,queue_depth=..,parallelism=..]`.
-    #[arg(long)]
-    device: Option<String>,
-    /// Capacity of a new device file or emulated device (e.g. 64GiB).
-    #[arg(long)]
-    capacity: Option<String>,
-    /// Listen address.
-    #[arg(long)]
-    listen: Option<String>,
-    /// URL advertised to clients (default: `grpc://` + the bound listen address).
-    #[arg(long)]
-    advertise: Option<String>,
-    /// CPU workers for operator work.
-    #[arg(long)]
-    cpus: Option<usize>,
-    /// Pin the operator workers to these cores (`0-3,6`, as taskset -c takes).
-    #[arg(long)]
-    cpu_set: Option<String>,
-    /// Memory budget (e.g. 2GiB).
-    #[arg(long)]
-    memory: Option<String>,
-    /// Erase and format the device.
-    #[arg(long)]
-    format: bool,
-    /// Admission policy: adaptive (run, queue or push back), always (run all pushed
-    /// work, queueing), never (push every operator back to the compute tier).
-    #[arg(long)]
-    policy: Option<csd_runtime::admission::Policy>,
-    /// Queueing-delay target in milliseconds (adaptive): a request predicted to
-    /// wait longer is pushed back.
-    #[arg(long)]
-    queue_target_ms: Option<f64>,
-    /// A tenant's share: `name=weight[:reserved slots]` (repeat for several).
-    #[arg(long = "tenant")]
-    tenants: Vec<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics.
-    #[arg(long)]
-    metrics_listen: Option<String>,
-    /// Raw reads served at once.
-    #[arg(long)]
-    read_slots: Option<usize>,
-    /// Raw reads that may wait before the node answers RESOURCE_EXHAUSTED.
-    #[arg(long)]
-    read_queue: Option<usize>,
+    #[command(flatten)]
+    node: NodeConfig,
 }
 
 /// Reads a Parquet or CSV file on a blocking thread, feeding a channel and a progress
@@ -260,10 +219,9 @@ fn read_file(
 ) -> Result<(
     SchemaRef,
     ProgressBar,
-    tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+    tokio::sync::mpsc::Receiver<csd_runtime::node_client::Result<RecordBatch>>,
 )> {
-    let file = std::fs::File::open(&path)
-        .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?;
+    let file = std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?;
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -318,7 +276,9 @@ fn read_file(
     let feed = bar.clone();
     std::thread::spawn(move || {
         for b in reader {
-            let item = b.map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())));
+            let item = b.map_err(|e| {
+                csd_runtime::node_client::Error::InvalidInput(format!("{}: {e}", path.display()))
+            });
             if let Ok(b) = &item {
                 feed.inc(b.num_rows() as u64);
             }
@@ -330,53 +290,10 @@ fn read_file(
     Ok((schema, bar, rx))
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
-    let mut config = match &args.config {
-        Some(p) => NodeConfig::from_toml_file(p)?,
-        None => NodeConfig::default(),
-    };
-    if let Some(v) = args.device {
-        config.device = v;
-    }
-    if let Some(v) = args.capacity {
-        config.capacity = Some(v);
-    }
-    if let Some(v) = args.listen {
-        config.listen = v;
-    }
-    if let Some(v) = args.advertise {
-        config.advertise = Some(v);
-    }
-    if let Some(v) = args.cpus {
-        config.cpus = v;
-    }
-    if let Some(v) = args.cpu_set {
-        config.cpu_set = Some(v);
-    }
-    if let Some(v) = args.memory {
-        config.memory = v;
-    }
-    config.format |= args.format;
-    if let Some(v) = args.policy {
-        config.policy = v;
-    }
-    if let Some(v) = args.queue_target_ms {
-        config.queue_target_ms = v;
-    }
-    if !args.tenants.is_empty() {
-        config.tenants = args.tenants;
-    }
-    if let Some(v) = args.metrics_listen {
-        config.metrics_listen = Some(v);
-    }
-    if let Some(v) = args.read_slots {
-        config.read_slots = v;
-    }
-    if let Some(v) = args.read_queue {
-        config.read_queue = v;
-    }
-    let operators =
-        csd_query_pushdown::registry().with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+async fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> Result<()> {
+    let config = NodeConfig::load(matches, args.config.as_ref())?;
+    let operators = csd_query_pushdown::registry_with(&config)?
+        .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
     let node = node::start_with(&config, operators).await?;
     println!(
         "csd storage node listening on {} (device {})",
@@ -388,7 +305,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let mut node = node;
     tokio::select! {
         r = tokio::signal::ctrl_c() => {
-            r.map_err(|e| Error::InvalidInput(format!("signal handler: {e}")))?;
+            r.map_err(|e| Error::io("waiting for Ctrl-C", e))?;
             println!("shutting down");
             node.shutdown().await?;
         }
@@ -398,45 +315,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn df(e: datafusion::error::DataFusionError) -> Error {
-    Error::InvalidInput(e.to_string())
-}
-
-/// Splits a script into statements at `;` outside quotes.
-fn statements(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quote: Option<char> = None;
-    for c in text.chars() {
-        match (quote, c) {
-            (None, '\'' | '"') => quote = Some(c),
-            (Some(q), c) if c == q => quote = None,
-            (None, ';') => {
-                if !cur.trim().is_empty() {
-                    out.push(cur.trim().to_string());
-                }
-                cur.clear();
-                continue;
-            }
-            _ => {}
-        }
-        cur.push(c);
-    }
-    if !cur.trim().is_empty() {
-        out.push(cur.trim().to_string());
-    }
-    out
-}
-
 async fn run_sql(
     session: &csd_query_pushdown::CsdSession,
     sql: &str,
     format: Format,
 ) -> Result<()> {
     use std::io::Write;
-    let r = session.run(sql).await.map_err(df)?;
+    let r = session.run(sql).await?;
     let mut out = std::io::stdout().lock();
-    let io = |e: std::io::Error| Error::InvalidInput(format!("writing the result: {e}"));
+    let io = |e: std::io::Error| Error::io("writing the result", e);
     match format {
         Format::Table => writeln!(
             out,
@@ -477,17 +364,14 @@ async fn run_sql(
 }
 
 async fn sql(args: SqlArgs) -> Result<()> {
-    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes)
-        .await
-        .map_err(df)?;
+    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes).await?;
     let session = cluster
         .session(csd_query_pushdown::SessionOptions {
             pushdown: !args.no_pushdown,
             compression: args.compression.parse()?,
             ..Default::default()
         })
-        .await
-        .map_err(df)?;
+        .await?;
     let script = match (&args.query, &args.file) {
         (Some(_), Some(_)) => {
             return Err(Error::InvalidInput(
@@ -495,14 +379,11 @@ async fn sql(args: SqlArgs) -> Result<()> {
             ));
         }
         (Some(q), None) => Some(q.clone()),
-        (None, Some(f)) => Some(
-            std::fs::read_to_string(f)
-                .map_err(|e| Error::InvalidInput(format!("{}: {e}", f.display())))?,
-        ),
+        (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| Error::io(f.display(), e))?),
         (None, None) => None,
     };
     if let Some(script) = script {
-        for s in statements(&script) {
+        for s in statements(&script)? {
             run_sql(&session, &s, args.format).await?;
         }
         return Ok(());
@@ -518,30 +399,42 @@ async fn sql(args: SqlArgs) -> Result<()> {
             let _ = std::io::stderr().flush();
         }
         let Some(line) = lines.next() else { break };
-        let line = line.map_err(|e| Error::InvalidInput(format!("reading stdin: {e}")))?;
+        let line = line.map_err(|e| Error::io("reading stdin", e))?;
         pending.push_str(&line);
         pending.push('\n');
-        if line.trim_end().ends_with(';') {
-            for s in statements(&pending) {
-                if let Err(e) = run_sql(&session, &s, args.format).await {
-                    if !tty {
-                        return Err(e);
-                    }
-                    eprintln!("error: {e}");
+        // Run what a `;` ended; a text the tokenizer cannot read yet (an open quote)
+        // waits for more lines.
+        let Ok((done, rest)) = split_statements(&pending) else {
+            continue;
+        };
+        for s in done {
+            if let Err(e) = run_sql(&session, &s, args.format).await {
+                if !tty {
+                    return Err(e);
                 }
+                eprintln!("error: {e}");
             }
-            pending.clear();
         }
+        pending = if rest.is_empty() {
+            String::new()
+        } else {
+            rest + "\n"
+        };
     }
-    for s in statements(&pending) {
+    for s in statements(&pending)? {
         run_sql(&session, &s, args.format).await?;
     }
     Ok(())
 }
 
-async fn run(cli: Cli) -> Result<()> {
+async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => {
+            let serve_matches = matches
+                .subcommand_matches("serve")
+                .ok_or_else(|| Error::InvalidInput("serve: no arguments parsed".into()))?;
+            serve(args, serve_matches).await
+        }
         Command::Sql(args) => sql(args).await,
         Command::Features(args) => features(args).await,
         Command::Put {
@@ -594,7 +487,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 (None, None) => return Err(Error::InvalidInput("give --images or --text".into())),
             };
-            let (n, classes) = stored.map_err(csd_client::features::ml)?;
+            let (n, classes) = stored?;
             bar.finish_and_clear();
             print_stored(n, what, &classes, &table, partitions, clients.len());
             Ok(())
@@ -658,7 +551,14 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Rm { target, node } => {
-            let n = NodeClient::connect(&node).await?.delete(&target).await?;
+            let (table, partition) = match target.split_once('/') {
+                Some((t, p)) => (t, Some(p)),
+                None => (target.as_str(), None),
+            };
+            let n = NodeClient::connect(&node)
+                .await?
+                .delete(table, partition)
+                .await?;
             println!("deleted {target} ({n} objects)");
             Ok(())
         }
@@ -685,7 +585,8 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if !matches!(
         cli.command,
         Command::Serve(_) | Command::Demo { .. } | Command::Testbed(_)
@@ -717,21 +618,20 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
+    match rt.block_on(run(cli, &matches)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("csd: {e}");
-            std::process::ExitCode::FAILURE
+            eprintln!("csd: {}", csd_runtime::error::chain(&e));
+            std::process::ExitCode::from(e.exit_code())
         }
     }
 }
 
 async fn testbed(cmd: TestbedCmd) -> Result<()> {
     use csd_testbed::scenario::{Scenario, label};
-    let tb = |e: csd_testbed::Error| Error::InvalidInput(e.to_string());
     match cmd {
         TestbedCmd::Check { scenario } => {
-            let s = Scenario::from_file(&scenario).map_err(tb)?;
+            let s = Scenario::from_file(&scenario)?;
             let points = s.points();
             println!(
                 "{}: {} policies × {} points = {} runs, each stopped after {} s",
@@ -751,14 +651,14 @@ async fn testbed(cmd: TestbedCmd) -> Result<()> {
             out,
             quick,
         } => {
-            let s = Scenario::from_file(&scenario).map_err(tb)?;
+            let s = Scenario::from_file(&scenario)?;
             let out = out.unwrap_or_else(|| PathBuf::from("testbed-out").join(&s.name));
             let opts = csd_testbed::RunOptions {
                 out: out.clone(),
                 quick,
                 progress: true,
             };
-            let report = csd_testbed::run(s, &opts).await.map_err(tb)?;
+            let report = csd_testbed::run(s, &opts).await?;
             println!("\n{}", report.headline.join("\n"));
             println!("report: {}", out.join("report.md").display());
             Ok(())
@@ -789,18 +689,13 @@ fn print_stored(n: usize, what: &str, classes: &[String], table: &str, parts: us
 
 async fn features(args: FeaturesArgs) -> Result<()> {
     use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
-    let arch: csd_ml_pushdown::Arch = args
-        .model
-        .parse()
-        .map_err(|e: csd_ml_pushdown::Error| Error::InvalidInput(e.to_string()))?;
-    let split: SplitChoice = args.split.parse().map_err(csd_client::features::ml)?;
-    let mut weights = std::fs::read(&args.weights)
-        .map_err(|e| Error::InvalidInput(format!("{}: {e}", args.weights.display())))?;
+    let arch: csd_ml_pushdown::Arch = args.model.parse().map_err(Error::Ml)?;
+    let split: SplitChoice = args.split.parse()?;
+    let mut weights =
+        std::fs::read(&args.weights).map_err(|e| Error::io(args.weights.display(), e))?;
     if let Some(t) = &args.tokenizer {
-        let json =
-            std::fs::read(t).map_err(|e| Error::InvalidInput(format!("{}: {e}", t.display())))?;
-        weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)
-            .map_err(csd_client::features::ml)?;
+        let json = std::fs::read(t).map_err(|e| Error::io(t.display(), e))?;
+        weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)?;
     }
     let mut clients = Vec::new();
     for n in &args.nodes {
@@ -820,9 +715,7 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         pool: None,
     };
     let started = std::time::Instant::now();
-    let (stream, run) = features(&clients, &weights, &opts, args.explain)
-        .await
-        .map_err(csd_client::features::ml)?;
+    let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
     if let Some(p) = &run.plan
         && args.explain
     {

@@ -36,7 +36,7 @@
 //! Range reads (the pushed-back fallback and the no-pushdown path) are cheap in CPU
 //! but still bounded: `io_in_flight` at once, `io_queue` waiting. Beyond that the
 //! node answers `RESOURCE_EXHAUSTED` with a retry-after hint, which
-//! [`NodeClient`](crate::client::NodeClient) honours. An operator request that
+//! [`NodeClient`](crate::node_client::NodeClient) honours. An operator request that
 //! would be pushed back while raw reads are saturated is rejected the same way.
 //!
 //! [`Controller`] holds the logic and takes the time as an argument, so tests drive
@@ -120,6 +120,9 @@ pub fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
     }
     Ok((name.to_string(), TenantShare { weight, reserve }))
 }
+
+/// The tenant of requests that name none, or one the node does not know.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// Admission settings.
 #[derive(Debug, Clone)]
@@ -216,7 +219,7 @@ pub enum Offer {
 }
 
 /// Per-operator learned cost.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostModel {
     /// Learned nanoseconds per byte read.
     pub ns_per_byte: f64,
@@ -254,7 +257,7 @@ struct TenantState {
 }
 
 /// Running totals (all requests since start).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Counters {
     /// Operator requests run (at once or after queueing).
     pub admitted: u64,
@@ -277,7 +280,7 @@ pub struct Counters {
 }
 
 /// A snapshot for `DoAction stats` and the metrics endpoint.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AdmissionStats {
     /// The policy.
     pub policy: Policy,
@@ -310,7 +313,7 @@ pub struct AdmissionStats {
 }
 
 /// One tenant's figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TenantStats {
     /// Admitted requests.
     pub admitted: u64,
@@ -797,6 +800,17 @@ impl Admission {
     /// A snapshot of the figures.
     pub fn stats(&self) -> AdmissionStats {
         self.ctl().stats()
+    }
+
+    /// The tenant whose share a request named `tenant` draws on: a tenant the node
+    /// was configured with, or else the shared [`DEFAULT_TENANT`] bucket, so that
+    /// names a client makes up create no state of their own.
+    pub fn bucket(&self, tenant: &str) -> String {
+        if self.ctl().cfg.tenants.contains_key(tenant) {
+            tenant.to_string()
+        } else {
+            DEFAULT_TENANT.to_string()
+        }
     }
 
     fn wake(&self, started: Vec<(u64, Duration)>) {

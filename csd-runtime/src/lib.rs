@@ -3,29 +3,37 @@
 //! * [`device`]: NVMe-shaped block devices (io_uring + O_DIRECT, emulated NVMe).
 //! * [`store`]: a crash-safe, checksummed object store on raw blocks.
 //! * [`table`]: tables and partitions held as Parquet objects the node writes itself.
-//! * [`ticket`]: the Flight ticket format (versioned protobuf), with input limits.
+//! * [`protocol`]: the node's protocol over Arrow Flight, as types both sides use:
+//!   tickets, actions and their bodies, metadata keys, limits.
 //! * [`admission`]: run now, queue, or push back; per-tenant fairness; raw-read limits.
-//! * [`metrics`]: Prometheus text metrics over HTTP.
 //! * [`operator`]: the one trait pushed-down work (SQL fragments, DNN prefixes) plugs into.
+//! * [`state`]: a running node's shared state.
 //! * [`service`]: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
-//! * [`client`]: [`NodeClient`](client::NodeClient), the Rust side of the wire protocol.
-//! * [`node`]: configuration and start-up of a whole node.
+//! * [`node_client`]: [`NodeClient`](node_client::NodeClient), the Rust side of the protocol.
+//! * [`config`] and [`node`]: a node's settings and its start-up.
+//! * [`metrics`]: Prometheus text metrics over HTTP.
+//! * [`pool`]: the CPU pool operator work runs on.
 //! * [`timer`]: a microsecond-precision timer for emulation (devices, links).
 //!
-//! Dependencies point down: this crate knows nothing of SQL or DNNs.
-
-pub mod device;
-pub mod error;
-pub mod store;
+//! Errors: [`Error`], whose kind ([`StatusCode`]) is one gRPC code.
+//!
+//! Dependencies point down: this crate knows nothing of SQL or DNNs, and inside it
+//! `protocol` ← `operator` ← `state` ← `service` ← `node`, without cycles.
 
 pub mod admission;
-pub mod client;
+pub mod config;
+pub mod device;
+pub mod error;
 pub mod metrics;
 pub mod node;
+pub mod node_client;
 pub mod operator;
 pub mod pool;
+pub mod protocol;
 pub mod service;
+pub mod state;
+pub mod store;
 pub mod table;
-pub mod ticket;
 pub mod timer;
-pub use error::{Error, Result};
+
+pub use error::{Error, Result, StatusCode};

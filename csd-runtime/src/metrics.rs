@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::service::NodeState;
+use crate::state::NodeState;
 
 /// Binds `addr` and serves `/metrics` until the returned task is aborted.
 pub async fn serve(addr: &str, state: Arc<NodeState>) -> Result<(SocketAddr, JoinHandle<()>)> {

@@ -1,130 +1,24 @@
 //! Configuration and start-up of a whole storage node.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
-use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::admission::{Admission, AdmissionConfig, Policy, parse_tenant};
-use crate::device::{DeviceSpec, parse_size};
-use crate::error::{Error, Result};
+use crate::admission::Admission;
+use crate::config::NodeConfig;
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result, StatusCode};
 use crate::operator::OperatorRegistry;
 use crate::pool::CpuPool;
-use crate::service::{FlightNode, NodeState};
+use crate::protocol::{CONNECTION_WINDOW, MAX_MESSAGE_BYTES, STREAM_WINDOW};
+use crate::service::FlightNode;
+use crate::state::NodeState;
 use crate::store::{FormatMode, ObjectStore, StoreOptions};
-use crate::table::{ParquetOptions, TableStore};
-
-/// Largest gRPC message the node accepts or sends.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
-
-/// A node's configuration (`csd serve` flags, or a TOML file with the same keys).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NodeConfig {
-    /// Device spec: a file or raw device path (io_uring), or `emulated:...`.
-    pub device: String,
-    /// Capacity for new device files and emulated devices (`64GiB`).
-    pub capacity: Option<String>,
-    /// Address to listen on (`127.0.0.1:0` picks a free port).
-    pub listen: String,
-    /// Location advertised to clients; default `grpc://<bound address>`.
-    pub advertise: Option<String>,
-    /// CPU pool size for operator work.
-    pub cpus: usize,
-    /// Cores the operator workers are pinned to (`0-3,6`, as `taskset -c` takes);
-    /// default: unpinned.
-    pub cpu_set: Option<String>,
-    /// Memory budget (`2GiB`).
-    pub memory: String,
-    /// Erase and format the device at start.
-    pub format: bool,
-    /// How tables are written.
-    pub parquet: ParquetOptions,
-    /// Admission policy: `adaptive` (default), `always` (run everything pushed
-    /// down, queueing), `never` (push every operator back).
-    pub policy: Policy,
-    /// Queueing-delay target in milliseconds: a request predicted to wait longer is
-    /// pushed back.
-    pub queue_target_ms: f64,
-    /// Tenants as `name=weight[:reserved slots]`; others get weight 1.
-    pub tenants: Vec<String>,
-    /// Serve Prometheus metrics over HTTP here (`127.0.0.1:9090`).
-    pub metrics_listen: Option<String>,
-    /// Raw reads served at once.
-    pub read_slots: usize,
-    /// Raw reads that may wait; beyond, `RESOURCE_EXHAUSTED` with a retry hint.
-    pub read_queue: usize,
-}
-
-impl Default for NodeConfig {
-    fn default() -> Self {
-        NodeConfig {
-            device: "csd-device.img".into(),
-            capacity: Some("4GiB".into()),
-            listen: "127.0.0.1:50051".into(),
-            advertise: None,
-            cpus: 2,
-            cpu_set: None,
-            memory: "2GiB".into(),
-            format: false,
-            parquet: ParquetOptions::default(),
-            policy: Policy::Adaptive,
-            queue_target_ms: 50.0,
-            tenants: Vec::new(),
-            metrics_listen: None,
-            read_slots: 64,
-            read_queue: 4096,
-        }
-    }
-}
-
-impl NodeConfig {
-    /// Reads a TOML file; unknown keys and bad values are errors naming the key.
-    pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        toml::from_str(&text)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
-    }
-
-    /// The admission settings these flags describe, for `cpus` workers and
-    /// `memory` bytes.
-    pub fn admission(&self, memory: u64) -> Result<AdmissionConfig> {
-        let mut a = AdmissionConfig::new(self.cpus, memory);
-        a.policy = self.policy;
-        if self.read_slots == 0 {
-            return Err(Error::InvalidArgument(
-                "read slots must be at least 1".into(),
-            ));
-        }
-        a.io_in_flight = self.read_slots;
-        a.io_queue = self.read_queue;
-        if !(self.queue_target_ms.is_finite() && self.queue_target_ms >= 0.0) {
-            return Err(Error::InvalidArgument(format!(
-                "queue target {} ms must be a non-negative number",
-                self.queue_target_ms
-            )));
-        }
-        a.queue_target = std::time::Duration::from_secs_f64(self.queue_target_ms / 1e3);
-        for t in &self.tenants {
-            let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
-            a.tenants.insert(name, share);
-        }
-        let reserved: usize = a.tenants.values().map(|t| t.reserve).sum();
-        if reserved > a.slots {
-            return Err(Error::InvalidArgument(format!(
-                "tenants reserve {reserved} slots but the node has {} CPU workers",
-                a.slots
-            )));
-        }
-        Ok(a)
-    }
-}
+use crate::table::TableStore;
 
 /// A running node. Shut it down with [`RunningNode::shutdown`].
 pub struct RunningNode {
@@ -183,9 +77,9 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode> {
 /// [`start`], serving `operators` too.
 pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Result<RunningNode> {
     let spec: DeviceSpec = config.device.parse()?;
-    let capacity = config.capacity.as_deref().map(parse_size).transpose()?;
-    let memory_budget = parse_size(&config.memory)?;
-    let admission = config.admission(memory_budget)?;
+    let capacity = Some(config.capacity.bytes());
+    let memory_budget = config.memory.bytes();
+    let admission = config.admission()?;
     let dev = tokio::task::spawn_blocking({
         let spec = spec.clone();
         move || spec.open(capacity)
@@ -221,7 +115,8 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
     let state = Arc::new(
         NodeState::new(tables, pool, url.clone(), memory_budget)
             .with_operators(operators)
-            .with_admission(Admission::new(admission)),
+            .with_admission(Admission::new(admission))
+            .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes()),
     );
     let (metrics_addr, metrics_task) = match &config.metrics_listen {
         Some(addr) => {
@@ -251,14 +146,14 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
             // The same windows as the client's, for uploads.
-            .initial_stream_window_size(crate::client::STREAM_WINDOW)
-            .initial_connection_window_size(crate::client::CONNECTION_WINDOW)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, async {
                 let _ = stopped.await;
             })
             .await
-            .map_err(|e| Error::External(format!("gRPC server: {e}")))
+            .map_err(|e| Error::external(StatusCode::Internal, "gRPC server", e))
     });
     tracing::info!(%url, device = %spec, "storage node serving");
     Ok(RunningNode {

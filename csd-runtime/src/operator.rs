@@ -1,6 +1,6 @@
 //! The one trait pushed-down work plugs into.
 //!
-//! A `DoGet` whose ticket is [`Ticket::Operator`](crate::ticket::Ticket::Operator)
+//! A `DoGet` whose ticket is [`Ticket::Operator`](crate::protocol::Ticket::Operator)
 //! names an operator (`"sql"`, `"ml"`, …) and carries its arguments as opaque bytes.
 //! The node looks the operator up, calls [`Operator::open`] on the CPU pool (so
 //! validation and planning never run on the RPC threads), then drives the returned
@@ -25,7 +25,8 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::service::NodeState;
+use crate::pool::CpuPool;
+use crate::table::TableStore;
 
 /// A running operator's output.
 pub struct OperatorStream {
@@ -61,31 +62,21 @@ impl RequestMetrics {
     }
 }
 
-/// What the node reports after a pushed-down request (the trailing `app_metadata`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct OperatorReport {
-    /// Operator name.
-    pub operator: String,
-    /// Bytes read from the device.
-    pub bytes_read: u64,
-    /// Bytes of Arrow IPC sent (headers + bodies, after compression).
-    pub bytes_sent: u64,
-    /// Rows examined after pruning.
-    pub rows_scanned: u64,
-    /// Rows returned.
-    pub rows_returned: u64,
-    /// Wall time at the node from ticket arrival to the last batch, in microseconds.
-    pub elapsed_us: u64,
-    /// Operator-specific details (e.g. the plan that ran).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub details: BTreeMap<String, String>,
+/// What an operator may use of its node.
+pub struct NodeResources {
+    /// The node's tables.
+    pub tables: TableStore,
+    /// The CPU pool operator work runs on (`--cpus` workers).
+    pub pool: CpuPool,
+    /// The node's memory budget in bytes (`--memory`).
+    pub memory_budget: u64,
 }
 
 /// What an operator sees of its node and request.
 #[derive(Clone)]
 pub struct OperatorContext {
     /// The node: tables, CPU pool, budgets.
-    pub node: Arc<NodeState>,
+    pub node: Arc<NodeResources>,
     /// Figures of this request.
     pub metrics: Arc<RequestMetrics>,
 }
@@ -243,10 +234,6 @@ fn view_data_bytes(array: &dyn arrow::array::Array) -> usize {
     buffers.iter().map(|b| b.len()).sum()
 }
 
-/// Largest Arrow IPC body a node puts in one Flight message: arrow-flight's own
-/// target, under gRPC's common 4 MiB default message limit.
-pub const WIRE_PIECE_BYTES: usize = 2 << 20;
-
 /// Bytes Arrow IPC writes for `array`: the sliced range of fixed-width and offset
 /// buffers, and every data buffer a view array references.
 fn wire_bytes(array: &dyn arrow::array::Array) -> usize {
@@ -258,17 +245,18 @@ fn wire_bytes(array: &dyn arrow::array::Array) -> usize {
 }
 
 /// `batch` as it goes on the wire: view columns compacted ([`compact_views`]), and cut
-/// into pieces of about [`WIRE_PIECE_BYTES`] whose view columns each get their own
+/// into pieces of about `piece_bytes` whose view columns each get their own
 /// tight buffers. Left to the Flight encoder, a large batch would be sliced with
-/// every slice carrying all of its view data: 8,192 filtered `customer` rows of
-/// TPC-H Q10 crossed the wire as 15.3 MB instead of 9.8 MB. (The encoder measures
+/// every slice carrying all of its view data. (The encoder measures
 /// buffer capacity, so a sliced array looks as large as the whole; encoders fed by
-/// this take a limit well above [`WIRE_PIECE_BYTES`].)
-pub fn wire_pieces(batch: RecordBatch) -> Vec<RecordBatch> {
+/// this take a limit well above `piece_bytes`.)
+pub fn wire_pieces(batch: RecordBatch, piece_bytes: u64) -> Vec<RecordBatch> {
     let batch = compact_views(batch);
     let bytes: usize = batch.columns().iter().map(|c| wire_bytes(c.as_ref())).sum();
     let rows = batch.num_rows();
-    let pieces = bytes.div_ceil(WIRE_PIECE_BYTES).clamp(1, rows.max(1));
+    let pieces = bytes
+        .div_ceil(usize::try_from(piece_bytes.max(1)).unwrap_or(usize::MAX))
+        .clamp(1, rows.max(1));
     if pieces == 1 {
         return vec![batch];
     }
@@ -285,6 +273,8 @@ pub fn wire_pieces(batch: RecordBatch) -> Vec<RecordBatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WIRE_PIECE_BYTES: usize = 2 << 20;
     use arrow::array::{Array, AsArray, StringViewArray};
     use arrow::ipc::writer::StreamWriter;
 
@@ -303,7 +293,7 @@ mod tests {
         let batch =
             RecordBatch::try_from_iter([("s", Arc::new(s) as _), ("n", Arc::new(n) as _)]).unwrap();
         let whole = ipc_len(&batch);
-        let pieces = wire_pieces(batch.clone());
+        let pieces = wire_pieces(batch.clone(), WIRE_PIECE_BYTES as u64);
         assert!(pieces.len() >= 2, "{} pieces", pieces.len());
         let sizes: Vec<usize> = pieces.iter().map(ipc_len).collect();
         // Each piece carries only its own strings: no piece is much over the
@@ -323,7 +313,10 @@ mod tests {
         assert_eq!(joined, batch);
         // A small batch goes as it is.
         let small = batch.slice(0, 100);
-        assert_eq!(wire_pieces(small.clone()), vec![compact_views(small)]);
+        assert_eq!(
+            wire_pieces(small.clone(), WIRE_PIECE_BYTES as u64),
+            vec![compact_views(small)]
+        );
     }
 
     #[test]

@@ -2,10 +2,10 @@
 //!
 //! | RPC | what it does |
 //! |---|---|
-//! | `DoPut` | descriptor path `[table]` or `[table, partition]` (default partition `0`): stores the Arrow stream as one new Parquet object; answers a `PutResult` whose metadata is the JSON [`PutSummary`](crate::table::PutSummary) |
+//! | `DoPut` | descriptor path `[table]` or `[table, partition]` (default partition `0`): stores the Arrow stream as one new Parquet object; answers a `PutResult` whose metadata is the JSON [`PutSummary`](crate::protocol::PutSummary) |
 //! | `ListFlights` | one `FlightInfo` per table (criteria expression: optional name prefix): schema, rows, bytes, one endpoint per partition with its scan ticket; `app_metadata` is JSON [`TableDescription`] |
 //! | `GetFlightInfo` / `GetSchema` | the same for one table (descriptor path `[table]`) |
-//! | `DoGet` | a [`Ticket`]: `Scan` streams Arrow batches; `Range` streams raw object bytes in `data_body` chunks; `Operator` runs a registered [`Operator`](crate::operator::Operator) and streams its batches, then an [`OperatorReport`](crate::operator::OperatorReport) |
+//! | `DoGet` | a [`Ticket`]: `Scan` streams Arrow batches; `Range` streams raw object bytes in `data_body` chunks; `Operator` runs a registered [`Operator`](crate::operator::Operator) and streams its batches, then an [`OperatorReport`](crate::protocol::OperatorReport) |
 //! | `DoAction` | `stats` (JSON node figures), `delete` (body `table` or `table/partition`), `objects` (body: name prefix) |
 //!
 //! Errors become gRPC statuses only through [`Error::to_status`].
@@ -32,22 +32,27 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{Admission, AdmissionConfig, AdmissionStats, Ask, ReadPermit, Refusal};
-use crate::error::{Error, Result};
-use crate::operator::{OperatorContext, OperatorRegistry, OperatorReport, RequestMetrics};
-use crate::pool::{AbortOnDrop, CpuPool};
-use crate::store::ObjectStore;
-use crate::table::{ObjectReader, ParquetObject, Table, TableStore};
-use crate::ticket::{Compression, Ticket};
+use crate::admission::{Ask, ReadPermit, Refusal};
+use crate::error::{Error, Result, truncated};
+use crate::operator::{OperatorContext, RequestMetrics};
+use crate::pool::AbortOnDrop;
+use crate::protocol::OperatorReport;
+use crate::protocol::actions::ACTIONS;
+use crate::protocol::{
+    ActionRequest, Compression, DeleteRequest, DeleteResponse, ObjectDescription, ObjectsRequest,
+    PartitionDescription, StatsRequest, TENANT_METADATA, TableDescription, Ticket,
+};
+use crate::state::NodeState;
+use crate::table::{ObjectReader, ParquetObject, Table};
 
-/// The Flight encoder's own split limit, well above [`crate::operator::WIRE_PIECE_BYTES`]:
+/// The Flight encoder's own split limit, well above the node's `--wire-piece`:
 /// batches arrive already cut by [`crate::operator::wire_pieces`], and the encoder,
 /// which measures buffer capacity, would otherwise cut slices again.
-const ENCODER_LIMIT: usize = crate::node::MAX_MESSAGE_BYTES / 4;
+const ENCODER_LIMIT: usize = crate::protocol::MAX_MESSAGE_BYTES / 4;
 
 /// `stream`, holding `permit` until it ends or is dropped.
 fn holding<S, T>(stream: S, permit: ReadPermit) -> BoxStream<'static, T>
@@ -62,13 +67,10 @@ where
         .boxed()
 }
 
-/// Metadata key naming the tenant of a request (default `default`).
-pub const TENANT_METADATA: &str = "csd-tenant";
-
 /// The tenant a request names: up to 64 of `[A-Za-z0-9_.-]`.
-fn tenant_of(meta: &tonic::metadata::MetadataMap) -> Result<String, Status> {
+fn tenant_of(meta: &tonic::metadata::MetadataMap) -> Result<String> {
     let Some(v) = meta.get(TENANT_METADATA) else {
-        return Ok("default".into());
+        return Ok(crate::admission::DEFAULT_TENANT.into());
     };
     let t = v.to_str().unwrap_or("");
     let ok = !t.is_empty()
@@ -76,195 +78,17 @@ fn tenant_of(meta: &tonic::metadata::MetadataMap) -> Result<String, Status> {
         && t.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
     if !ok {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::InvalidArgument(format!(
             "{TENANT_METADATA} must be 1 to 64 letters, digits, '_', '.' or '-'"
         )));
     }
     Ok(t.to_string())
 }
 
-/// Bytes per `data_body` chunk of a raw range stream.
-pub const RANGE_CHUNK: u64 = 1 << 20;
 /// Chunk reads a range stream keeps in flight.
 const RANGE_READ_AHEAD: usize = 4;
 /// Rows per Arrow batch a scan produces.
 const SCAN_BATCH_ROWS: usize = 8192;
-
-/// Request counters of the service.
-#[derive(Debug, Default)]
-pub struct ServiceCounters {
-    do_get: AtomicU64,
-    do_put: AtomicU64,
-    pub(crate) bytes_sent: Arc<AtomicU64>,
-    bytes_received: AtomicU64,
-    rows_received: AtomicU64,
-}
-
-/// Everything a node's service works with.
-pub struct NodeState {
-    /// Tables.
-    pub tables: TableStore,
-    /// CPU pool for operator work.
-    pub pool: CpuPool,
-    /// The URL clients use to reach this node (`grpc://host:port`).
-    pub location: String,
-    /// Memory budget in bytes.
-    pub memory_budget: u64,
-    /// Counters.
-    pub counters: ServiceCounters,
-    /// Pushed-down operators this node runs.
-    pub operators: OperatorRegistry,
-    /// Admission control for operator requests and raw reads.
-    pub admission: Arc<Admission>,
-    started: Instant,
-}
-
-impl NodeState {
-    /// Assembles a node's state.
-    pub fn new(tables: TableStore, pool: CpuPool, location: String, memory_budget: u64) -> Self {
-        NodeState {
-            tables,
-            location,
-            memory_budget,
-            counters: ServiceCounters::default(),
-            operators: OperatorRegistry::new(),
-            admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
-            pool,
-            started: Instant::now(),
-        }
-    }
-
-    /// Uses `admission` (built from the node's flags) instead of the defaults.
-    pub fn with_admission(mut self, admission: Arc<Admission>) -> Self {
-        self.admission = admission;
-        self
-    }
-
-    /// Serves `operators` too.
-    pub fn with_operators(mut self, operators: OperatorRegistry) -> Self {
-        self.operators = operators;
-        self
-    }
-
-    fn store(&self) -> &ObjectStore {
-        self.tables.object_store()
-    }
-
-    /// The JSON returned by `DoAction stats`.
-    pub async fn stats(&self) -> NodeStats {
-        let dev = self.store().device();
-        let c = &self.counters;
-        NodeStats {
-            location: self.location.clone(),
-            uptime_s: self.started.elapsed().as_secs_f64(),
-            cpus: self.pool.threads(),
-            memory_budget: self.memory_budget,
-            device: DeviceReport {
-                geometry: dev.geometry().clone(),
-                stats: dev.stats(),
-            },
-            store: self.store().stats().await,
-            tables: self.tables.tables().len(),
-            admission: self.admission.stats(),
-            operator_memory_used: self.operators.memory_used(),
-            requests: RequestReport {
-                do_get: c.do_get.load(Ordering::Relaxed),
-                do_put: c.do_put.load(Ordering::Relaxed),
-                bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
-                bytes_received: c.bytes_received.load(Ordering::Relaxed),
-                rows_received: c.rows_received.load(Ordering::Relaxed),
-            },
-        }
-    }
-}
-
-/// Node figures (`DoAction stats`).
-#[derive(Debug, Serialize)]
-pub struct NodeStats {
-    /// Advertised location.
-    pub location: String,
-    /// Seconds since start.
-    pub uptime_s: f64,
-    /// CPU pool size.
-    pub cpus: usize,
-    /// Memory budget in bytes.
-    pub memory_budget: u64,
-    /// Admission control: decisions, queueing delay, learned costs, tenants.
-    pub admission: AdmissionStats,
-    /// Memory held by running operator requests now.
-    pub operator_memory_used: u64,
-    /// Device shape and counters.
-    pub device: DeviceReport,
-    /// Object store figures.
-    pub store: crate::store::StoreStats,
-    /// Number of tables.
-    pub tables: usize,
-    /// Request counters.
-    pub requests: RequestReport,
-}
-
-/// Device part of [`NodeStats`].
-#[derive(Debug, Serialize)]
-pub struct DeviceReport {
-    /// Shape.
-    pub geometry: crate::device::Geometry,
-    /// Counters.
-    pub stats: crate::device::DeviceStats,
-}
-
-/// Request part of [`NodeStats`].
-#[derive(Debug, Serialize)]
-pub struct RequestReport {
-    /// DoGet calls.
-    pub do_get: u64,
-    /// DoPut calls.
-    pub do_put: u64,
-    /// Flight bytes sent (headers + bodies).
-    pub bytes_sent: u64,
-    /// Flight bytes received by DoPut.
-    pub bytes_received: u64,
-    /// Rows received by DoPut.
-    pub rows_received: u64,
-}
-
-/// `app_metadata` of a table's `FlightInfo`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TableDescription {
-    /// Table name.
-    pub table: String,
-    /// Partitions in name order.
-    pub partitions: Vec<PartitionDescription>,
-}
-
-/// One partition in a [`TableDescription`].
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PartitionDescription {
-    /// Partition name.
-    pub name: String,
-    /// Rows.
-    pub rows: u64,
-    /// Stored bytes.
-    pub bytes: u64,
-    /// Parquet objects, readable by `Range` tickets.
-    pub objects: Vec<ObjectDescription>,
-}
-
-/// One Parquet object in a [`PartitionDescription`].
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ObjectDescription {
-    /// Object name.
-    pub name: String,
-    /// Bytes.
-    pub len: u64,
-    /// Rows.
-    pub rows: u64,
-    /// Row groups.
-    pub row_groups: usize,
-    /// Per column: `[min, max]` of a NULL-free integer/date column, from exact
-    /// footer statistics (see [`ParquetObject::int_ranges`]); empty when unknown.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub int_ranges: Vec<Option<[i64; 2]>>,
-}
 
 /// The Flight service.
 #[derive(Clone)]
@@ -342,13 +166,15 @@ impl FlightNode {
         columns: &[String],
         limit: Option<u64>,
     ) -> Result<TaskStream> {
-        let t = self.state.tables.table(table)?;
+        let t = self.state.node.tables.table(table)?;
         let files: Vec<ParquetObject> = match partition {
-            Some(p) => t
-                .partitions
-                .get(p)
-                .cloned()
-                .ok_or_else(|| Error::NotFound(format!("partition {p} of table {table}")))?,
+            Some(p) => t.partitions.get(p).cloned().ok_or_else(|| {
+                Error::NotFound(format!(
+                    "partition {} of table {}",
+                    truncated(p),
+                    truncated(table)
+                ))
+            })?,
             None => t.partitions.values().flatten().cloned().collect(),
         };
         let indices = columns
@@ -403,6 +229,7 @@ impl FlightNode {
             streams.push(b.build()?);
         }
         let mut left = limit.unwrap_or(u64::MAX);
+        let piece = self.state.wire_piece;
         let batches = futures::stream::iter(streams)
             .flatten()
             .try_take_while(move |_| futures::future::ready(Ok(left > 0)))
@@ -412,8 +239,8 @@ impl FlightNode {
                 b.slice(0, take as usize)
             })
             .map_err(|e| FlightError::ExternalError(Box::new(Error::from(e))))
-            .map_ok(|b| {
-                let pieces = crate::operator::wire_pieces(b);
+            .map_ok(move |b| {
+                let pieces = crate::operator::wire_pieces(b, piece);
                 futures::stream::iter(pieces.into_iter().map(Ok::<_, FlightError>))
             })
             .try_flatten();
@@ -442,7 +269,7 @@ impl FlightNode {
         T: FnOnce(u64) -> Option<FlightData> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel(4);
-        let task = self.state.pool.spawn(async move {
+        let task = self.state.node.pool.spawn(async move {
             let mut sent = 0u64;
             while let Some(item) = stream.next().await {
                 let item = item.map_err(|e| Error::from(e).to_status());
@@ -487,13 +314,14 @@ impl FlightNode {
         let started = Instant::now();
         let op = self.state.operators.get(name).cloned().ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "operator {name:?} is not served by this node (it serves: {})",
+                "operator {:?} is not served by this node (it serves: {})",
+                truncated(name),
                 self.state.operators.names().join(", ")
             ))
         })?;
         let metrics = Arc::new(RequestMetrics::default());
         let ctx = OperatorContext {
-            node: self.state.clone(),
+            node: self.state.node.clone(),
             metrics: metrics.clone(),
         };
         // Estimated (and malformed arguments refused) before the request can queue.
@@ -513,8 +341,10 @@ impl FlightNode {
             },
         })?;
         let (waited, estimated) = (permit.waited, permit.estimate);
+        let piece = self.state.wire_piece;
         let opened = self
             .state
+            .node
             .pool
             .spawn(async move { op.open(ctx, args).await })
             .await?;
@@ -531,7 +361,7 @@ impl FlightNode {
                 move |b| match b {
                     Ok(b) => {
                         rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                        let pieces = crate::operator::wire_pieces(b);
+                        let pieces = crate::operator::wire_pieces(b, piece);
                         Ok(futures::stream::iter(pieces.into_iter().map(Ok)))
                     }
                     Err(e) => Err(FlightError::ExternalError(Box::new(e))),
@@ -586,39 +416,43 @@ impl FlightNode {
         let store = self.state.store().clone();
         let info = store
             .get(object)
-            .ok_or_else(|| Error::NotFound(format!("object {object}")))?;
+            .ok_or_else(|| Error::NotFound(format!("object {}", truncated(object))))?;
         let end = offset
             .checked_add(length)
             .filter(|&e| e <= info.len)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "range [{offset}, {offset}+{length}) is beyond the end of {object} ({} bytes)",
+                    "range [{offset}, {offset}+{length}) is beyond the end of {} ({} bytes)",
+                    truncated(object),
                     info.len
                 ))
             })?;
         let sent = self.state.counters.bytes_sent.clone();
+        let chunk = self.state.range_chunk;
         // Up to RANGE_READ_AHEAD chunk reads in flight, sent in order.
-        let s = futures::stream::iter((offset..end).step_by(RANGE_CHUNK as usize))
-            .map(move |pos| {
-                let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
-                async move {
-                    let n = RANGE_CHUNK.min(end - pos);
-                    let body = store
-                        .read_object_range(&info, pos, n)
-                        .await
-                        .map_err(|e| e.to_status())?;
-                    sent.fetch_add(n, Ordering::Relaxed);
-                    Ok(FlightData {
-                        data_body: body,
-                        ..Default::default()
-                    })
-                }
-            })
-            .buffered(RANGE_READ_AHEAD);
+        let s = futures::stream::iter(
+            (offset..end).step_by(usize::try_from(chunk).unwrap_or(usize::MAX)),
+        )
+        .map(move |pos| {
+            let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
+            async move {
+                let n = chunk.min(end - pos);
+                let body = store
+                    .read_object_range(&info, pos, n)
+                    .await
+                    .map_err(|e| e.to_status())?;
+                sent.fetch_add(n, Ordering::Relaxed);
+                Ok(FlightData {
+                    data_body: body,
+                    ..Default::default()
+                })
+            }
+        })
+        .buffered(RANGE_READ_AHEAD);
         Ok(s.boxed())
     }
 
-    async fn put(&self, mut input: Streaming<FlightData>) -> Result<crate::table::PutSummary> {
+    async fn put(&self, mut input: Streaming<FlightData>) -> Result<crate::protocol::PutSummary> {
         let first = input
             .message()
             .await
@@ -643,6 +477,7 @@ impl FlightNode {
             .chain(input)
             .map(move |m| {
                 let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
+                check_ipc(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
                 state.counters.bytes_received.fetch_add(
                     (m.data_body.len() + m.data_header.len()) as u64,
                     Ordering::Relaxed,
@@ -652,7 +487,7 @@ impl FlightNode {
         let mut decoder = FlightDataDecoder::new(incoming);
         // The schema message comes first.
         let schema = loop {
-            match decoder.next().await {
+            match next_decoded(&mut decoder).await {
                 Some(Ok(d)) => match d.payload {
                     DecodedPayload::Schema(s) => break s,
                     DecodedPayload::None => continue,
@@ -662,7 +497,7 @@ impl FlightNode {
                         ));
                     }
                 },
-                Some(Err(e)) => return Err(map_flight(e)),
+                Some(Err(e)) => return Err(e),
                 None => {
                     return Err(Error::InvalidArgument(
                         "DoPut stream ended without a schema".into(),
@@ -673,17 +508,18 @@ impl FlightNode {
         let (tx, rx) = mpsc::channel::<Result<arrow::record_batch::RecordBatch>>(2);
         let state = self.state.clone();
         let (t, p, s) = (table.clone(), partition.clone(), schema.clone());
-        let writer = state.pool.spawn({
+        let writer = state.node.pool.spawn({
             let state = state.clone();
             async move {
                 state
+                    .node
                     .tables
                     .append(&t, &p, s, tokio_stream::wrappers::ReceiverStream::new(rx))
                     .await
             }
         });
         let feed = async {
-            while let Some(d) = decoder.next().await {
+            while let Some(d) = next_decoded(&mut decoder).await {
                 let item = match d {
                     Ok(d) => match d.payload {
                         DecodedPayload::RecordBatch(b) => {
@@ -698,7 +534,7 @@ impl FlightNode {
                             Err(Error::InvalidArgument("DoPut sent a second schema".into()))
                         }
                     },
-                    Err(e) => Err(map_flight(e)),
+                    Err(e) => Err(e),
                 };
                 let stop = item.is_err();
                 if tx.send(item).await.is_err() || stop {
@@ -708,7 +544,80 @@ impl FlightNode {
             drop(tx);
         };
         let (_, summary) = futures::join!(feed, writer);
+        if summary.is_err() {
+            // The upload is abandoned: its space comes back now, not at the next put.
+            if let Err(e) = self.state.store().release_abandoned().await {
+                tracing::warn!("returning an abandoned upload's space: {e}");
+            }
+        }
         summary
+    }
+}
+
+/// Checks that an incoming Arrow IPC message is readable before arrow decodes it:
+/// its header is a valid flatbuffer, and every buffer a record or dictionary batch
+/// declares lies inside the body that came with it (arrow's decoder assumes so and
+/// panics on a short body).
+fn check_ipc(m: &FlightData) -> Result<()> {
+    if m.data_header.is_empty() {
+        return Ok(());
+    }
+    let bad =
+        |why: String| Error::InvalidArgument(format!("DoPut data is not valid Arrow IPC: {why}"));
+    let msg = arrow::ipc::root_as_message(&m.data_header)
+        .map_err(|e| bad(format!("the message header does not parse ({e})")))?;
+    let batch = msg
+        .header_as_record_batch()
+        .or_else(|| msg.header_as_dictionary_batch().and_then(|d| d.data()));
+    let body = m.data_body.len() as u64;
+    if msg.bodyLength() < 0 || msg.bodyLength() as u64 > body {
+        return Err(bad(format!(
+            "the header declares a {} byte body, {body} bytes came",
+            msg.bodyLength()
+        )));
+    }
+    if let Some(b) = batch {
+        if b.length() < 0 {
+            return Err(bad(format!("a batch of {} rows", b.length())));
+        }
+        for buf in b.buffers().iter().flatten() {
+            let end = (buf.offset() as i128) + (buf.length() as i128);
+            if buf.offset() < 0 || buf.length() < 0 || end > body as i128 {
+                return Err(bad(format!(
+                    "a buffer at [{}, {}) lies outside the {body} byte body",
+                    buf.offset(),
+                    end
+                )));
+            }
+        }
+        for node in b.nodes().iter().flatten() {
+            if node.length() < 0 || node.null_count() < 0 || node.null_count() > node.length() {
+                return Err(bad(format!(
+                    "a column of {} rows with {} nulls",
+                    node.length(),
+                    node.null_count()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The next decoded message of a `DoPut` stream. Messages are checked before arrow
+/// decodes them ([`check_ipc`]); should arrow's decoder still panic on one, the put
+/// is refused as malformed rather than its task ending without a status.
+async fn next_decoded(
+    decoder: &mut FlightDataDecoder,
+) -> Option<Result<arrow_flight::decode::DecodedFlightData>> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(decoder.next())
+        .catch_unwind()
+        .await
+    {
+        Ok(next) => next.map(|r| r.map_err(map_flight)),
+        Err(_) => Some(Err(Error::InvalidArgument(
+            "DoPut data is not valid Arrow IPC: a message does not match its header".into(),
+        ))),
     }
 }
 
@@ -753,11 +662,6 @@ impl Stream for TaskStream {
     }
 }
 
-fn parse_json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| Error::InvalidArgument(format!("action body is not the expected JSON: {e}")))
-}
-
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 
 fn one<T: Send + 'static>(item: T) -> Response<FlightStream<T>> {
@@ -783,9 +687,10 @@ impl FlightService for FlightNode {
         &self,
         _: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented(
-            "this node needs no handshake: call the other RPCs directly",
-        ))
+        Err(Error::Unimplemented(
+            "this node needs no handshake: call the other RPCs directly".into(),
+        )
+        .into())
     }
 
     async fn list_flights(
@@ -793,10 +698,11 @@ impl FlightService for FlightNode {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let prefix = String::from_utf8(request.into_inner().expression.to_vec()).map_err(|_| {
-            Status::invalid_argument("criteria expression must be a UTF-8 table-name prefix")
+            Error::InvalidArgument("criteria expression must be a UTF-8 table-name prefix".into())
         })?;
         let infos = self
             .state
+            .node
             .tables
             .tables()
             .iter()
@@ -812,7 +718,7 @@ impl FlightService for FlightNode {
     ) -> Result<Response<FlightInfo>, Status> {
         let table = Self::table_of(request.get_ref())?;
         Ok(Response::new(
-            self.flight_info(&self.state.tables.table(&table)?)?,
+            self.flight_info(&self.state.node.tables.table(&table)?)?,
         ))
     }
 
@@ -820,9 +726,10 @@ impl FlightService for FlightNode {
         &self,
         _: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented(
-            "PollFlightInfo is not supported: use GetFlightInfo",
-        ))
+        Err(
+            Error::Unimplemented("PollFlightInfo is not supported: use GetFlightInfo".into())
+                .into(),
+        )
     }
 
     async fn get_schema(
@@ -830,7 +737,7 @@ impl FlightService for FlightNode {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
         let table = Self::table_of(request.get_ref())?;
-        let t = self.state.tables.table(&table)?;
+        let t = self.state.node.tables.table(&table)?;
         let r: SchemaResult = SchemaAsIpc::new(&t.schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Error::from(e).to_status())?;
@@ -842,7 +749,7 @@ impl FlightService for FlightNode {
         request: Request<FlightTicket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
-        let tenant = tenant_of(request.metadata())?;
+        let tenant = self.state.admission.bucket(&tenant_of(request.metadata())?);
         let stream = match Ticket::decode(&request.get_ref().ticket)? {
             Ticket::Operator {
                 name,
@@ -884,7 +791,8 @@ impl FlightService for FlightNode {
         self.state.counters.do_put.fetch_add(1, Ordering::Relaxed);
         let summary = self.put(request.into_inner()).await?;
         tracing::info!(table = %summary.table, partition = %summary.partition, rows = summary.rows, bytes = summary.bytes, "stored");
-        let meta = serde_json::to_vec(&summary).map_err(|e| Status::internal(e.to_string()))?;
+        let meta = serde_json::to_vec(&summary)
+            .map_err(|e| Error::Internal(format!("put summary: {e}")))?;
         Ok(one(PutResult {
             app_metadata: meta.into(),
         }))
@@ -894,7 +802,7 @@ impl FlightService for FlightNode {
         &self,
         _: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(Status::unimplemented("DoExchange is not supported"))
+        Err(Error::Unimplemented("DoExchange is not supported".into()).into())
     }
 
     async fn do_action(
@@ -902,40 +810,43 @@ impl FlightService for FlightNode {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
+        let body = &action.body;
         let result = match action.r#type.as_str() {
-            "stats" => json_result(&self.state.stats().await)?,
-            "delete" => {
-                let target = std::str::from_utf8(&action.body).map_err(|_| {
-                    Status::invalid_argument(
-                        "delete body must be UTF-8 `table` or `table/partition`",
-                    )
-                })?;
-                let (table, partition) = match target.split_once('/') {
-                    Some((t, p)) => (t, Some(p)),
-                    None => (target, None),
-                };
-                let n = self.state.tables.delete(table, partition).await?;
-                json_result(&serde_json::json!({ "deleted_objects": n }))?
+            StatsRequest::TYPE => {
+                StatsRequest::decode(body)?;
+                json_result(&self.state.stats().await)?
             }
-            "objects" => {
-                let prefix: String = if action.body.is_empty() {
-                    String::new()
-                } else {
-                    parse_json_body(&action.body)?
-                };
-                let list: Vec<_> = self
+            DeleteRequest::TYPE => {
+                let r = DeleteRequest::decode(body)?;
+                let n = self
+                    .state
+                    .node
+                    .tables
+                    .delete(&r.table, r.partition.as_deref())
+                    .await?;
+                json_result(&DeleteResponse {
+                    deleted_objects: n as u64,
+                })?
+            }
+            ObjectsRequest::TYPE => {
+                let r = ObjectsRequest::decode(body)?;
+                let list: <ObjectsRequest as ActionRequest>::Response = self
                     .state
                     .store()
-                    .list(&prefix)
+                    .list(&r.prefix)
                     .iter()
                     .map(|o| (**o).clone())
                     .collect();
                 json_result(&list)?
             }
             other => {
-                return Err(Status::invalid_argument(format!(
-                    "unknown action {other:?}: this node knows stats, delete, objects"
-                )));
+                let known: Vec<&str> = ACTIONS.iter().map(|(t, _)| *t).collect();
+                return Err(Error::InvalidArgument(format!(
+                    "unknown action {:?}: this node knows {}",
+                    crate::error::truncated(other),
+                    known.join(", ")
+                ))
+                .into());
             }
         };
         Ok(one(result))
@@ -945,21 +856,7 @@ impl FlightService for FlightNode {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let actions = [
-            (
-                "stats",
-                "node, device, object-store and request figures as JSON",
-            ),
-            (
-                "delete",
-                "delete a table (body `table`) or a partition (body `table/partition`)",
-            ),
-            (
-                "objects",
-                "list stored objects; body: JSON string name prefix (optional)",
-            ),
-        ]
-        .map(|(t, d)| {
+        let actions = ACTIONS.map(|(t, d)| {
             Ok(ActionType {
                 r#type: t.into(),
                 description: d.into(),

@@ -23,28 +23,33 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataR
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result, to_parquet};
+use crate::error::{Error, Result, to_parquet, truncated};
+use crate::protocol::PutSummary;
 use crate::store::{ObjectInfo, ObjectStore, ObjectWriter};
 
-/// How the node writes Parquet.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// How the node writes Parquet (`[parquet]` in a node's settings file).
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct ParquetOptions {
     /// Rows per row group: the unit of statistics pruning.
+    #[arg(long, env = "CSD_ROW_GROUP_ROWS", default_value_t = 128 * 1024)]
     pub row_group_rows: usize,
     /// Rows per data page: the unit of page-index pruning.
+    #[arg(long, env = "CSD_PAGE_ROWS", default_value_t = 16 * 1024)]
     pub page_rows: usize,
-    /// `zstd`, `lz4`, `snappy` or `none`.
+    /// Compression of stored column chunks: `zstd`, `lz4`, `snappy` or `none`.
+    #[arg(
+        long = "parquet-compression",
+        env = "CSD_PARQUET_COMPRESSION",
+        default_value = "zstd"
+    )]
     pub compression: String,
 }
 
 impl Default for ParquetOptions {
+    /// The flags' defaults.
     fn default() -> Self {
-        ParquetOptions {
-            row_group_rows: 128 * 1024,
-            page_rows: 16 * 1024,
-            compression: "zstd".into(),
-        }
+        crate::config::clap_defaults()
     }
 }
 
@@ -177,23 +182,6 @@ impl Table {
     }
 }
 
-/// What one append stored.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PutSummary {
-    /// Table.
-    pub table: String,
-    /// Partition.
-    pub partition: String,
-    /// The new Parquet object.
-    pub object: String,
-    /// Rows written.
-    pub rows: u64,
-    /// Parquet bytes written.
-    pub bytes: u64,
-    /// Row groups written.
-    pub row_groups: usize,
-}
-
 /// The node's tables.
 pub struct TableStore {
     store: ObjectStore,
@@ -213,7 +201,8 @@ pub fn validate_table_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(
-            "table name {name:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 128 bytes)"
+            "table name {:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 128 bytes)",
+            truncated(name)
         )))
     }
 }
@@ -231,7 +220,8 @@ pub fn validate_partition_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(
-            "partition name {name:?} is invalid (1-128 of A-Z a-z 0-9 _ = . -)"
+            "partition name {:?} is invalid (1-128 of A-Z a-z 0-9 _ = . -)",
+            truncated(name)
         )))
     }
 }
@@ -347,7 +337,7 @@ impl TableStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .cloned()
-            .ok_or_else(|| Error::NotFound(format!("table {name}")))
+            .ok_or_else(|| Error::NotFound(format!("table {}", truncated(name))))
     }
 
     /// Appends `batches` (all of `schema`) to a partition as one new Parquet object.
@@ -428,7 +418,11 @@ impl TableStore {
         let t = self.table(table)?;
         let prefix = match partition {
             Some(p) if !t.partitions.contains_key(p) => {
-                return Err(Error::NotFound(format!("partition {p} of table {table}")));
+                return Err(Error::NotFound(format!(
+                    "partition {} of table {}",
+                    truncated(p),
+                    truncated(table)
+                )));
             }
             Some(p) => format!("{table}/{p}/"),
             None => format!("{table}/"),
@@ -507,9 +501,10 @@ impl ObjectReader {
         ArrowReaderMetadata::load_async(&mut self, opts)
             .await
             .map_err(|e| match Error::from(e) {
-                Error::External(m) => Error::Corrupt(format!(
-                    "object {} is not readable Parquet: {m}",
-                    self.object.name
+                e @ Error::External { .. } => Error::Corrupt(format!(
+                    "object {} is not readable Parquet: {}",
+                    self.object.name,
+                    crate::error::chain(&e)
                 )),
                 other => other,
             })

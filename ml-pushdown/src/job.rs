@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
 use candle_core::Device;
-use csd_runtime::client::{Error as ClientError, NodeClient};
-use csd_runtime::ticket::Compression;
+use csd_runtime::node_client::{Error as ClientError, NodeClient};
+use csd_runtime::protocol::Compression;
 use futures::TryStreamExt;
 
 use crate::dataset::{self, image_folder};
 use crate::model::StagedModel;
-use crate::operator::{self as ml_op};
+use crate::node::{self as ml_op};
 use crate::planner::{self, Plan, PlanInputs, Profile, ProfileCache};
 use crate::request::{FeatureRequest, FeatureType, Mode};
 use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
@@ -258,12 +258,8 @@ pub async fn plan_inputs(
         Ok::<_, Error>(p)
     };
     let (node, compute) = futures::future::try_join(node, compute).await?;
-    let a = &src.client.stats().await?["admission"];
-    let (slots, running, waiting) = (
-        a["slots"].as_u64().unwrap_or(1).max(1) as f64,
-        a["running"].as_u64().unwrap_or(0) as f64,
-        a["waiting"].as_u64().unwrap_or(0) as f64,
-    );
+    let a = src.client.stats().await?.admission;
+    let (slots, running, waiting) = (a.slots.max(1) as f64, a.running as f64, a.waiting as f64);
     Ok(PlanInputs {
         samples,
         stages: arch.stages(),

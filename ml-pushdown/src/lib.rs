@@ -10,7 +10,7 @@
 //! * [`dataset`]: how samples are stored at a node (a table of `id, label, data`).
 //! * [`weights`]: model weights stored at the node as a table, addressed by content.
 //! * [`request`]: the `ml` operator's request, with limits.
-//! * [`operator`]: [`MlOperator`], the storage side: decode, preprocess, run the prefix
+//! * [`node`]: [`MlOperator`], the storage side: decode, preprocess, run the prefix
 //!   with a batch size sized from the node's memory budget, stream features as Arrow.
 //! * [`planner`]: per-split predicted epoch time from FLOPs, measured rates, load and
 //!   link bandwidth; picks the least.
@@ -23,7 +23,7 @@
 pub mod dataset;
 pub mod job;
 pub mod model;
-pub mod operator;
+pub mod node;
 pub mod planner;
 pub mod preprocess;
 pub mod request;
@@ -32,7 +32,7 @@ pub mod train;
 pub mod weights;
 
 pub use model::{Arch, StagedModel};
-pub use operator::MlOperator;
+pub use node::MlOperator;
 pub use request::FeatureRequest;
 
 /// Errors of the ML path.
@@ -52,7 +52,7 @@ pub enum Error {
     Parquet(#[from] parquet::errors::ParquetError),
     /// The node said no, or the link failed.
     #[error(transparent)]
-    Client(#[from] csd_runtime::client::Error),
+    Client(#[from] csd_runtime::node_client::Error),
     /// A node-side error.
     #[error(transparent)]
     Node(#[from] csd_runtime::Error),
@@ -61,12 +61,32 @@ pub enum Error {
 /// Result with the ML [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// What kind of failure this is.
+    pub fn status_code(&self) -> csd_runtime::StatusCode {
+        use csd_runtime::StatusCode;
+        match self {
+            Error::InvalidArgument(_) => StatusCode::InvalidArgument,
+            Error::Client(c) => c.status_code(),
+            Error::Node(n) => n.status_code(),
+            Error::Tensor(_) | Error::Arrow(_) | Error::Parquet(_) => {
+                csd_runtime::Error::code_in(self).unwrap_or(StatusCode::Internal)
+            }
+        }
+    }
+}
+
+/// An ML error as the node reports it: our own node errors as they are, anything
+/// else kept as the cause of one of its kind.
 impl From<Error> for csd_runtime::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::InvalidArgument(m) => csd_runtime::Error::InvalidArgument(m),
             Error::Node(n) => n,
-            other => csd_runtime::Error::Internal(other.to_string()),
+            other => {
+                let code = other.status_code();
+                csd_runtime::Error::external(code, "ml", other)
+            }
         }
     }
 }

@@ -190,9 +190,7 @@ pub fn plan(i: &PlanInputs) -> Plan {
 /// the one that moves the fewest bytes wins. Moving bytes costs more than the link's
 /// time: the sender's serialization and the receiver's decoding take CPU from the
 /// same cores as the model, which the pipeline model (one resource per side) does not
-/// charge, and a shared link carries other traffic too. Measured (one node core, 200
-/// and 1000 Mbit/s): splits 6 and 7 were predicted 0.3–3% apart with 6 ahead; 7, with
-/// half the bytes, ran 3–5% faster in one sweep and within 1.5% of 6 in the next.
+/// charge, and a shared link carries other traffic too.
 pub const NEAR: f64 = 0.03;
 
 impl Plan {

@@ -14,15 +14,15 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Float16Type, Float32Type};
 use arrow::record_batch::RecordBatch;
 use candle_core::{Device, Tensor};
-use csd_runtime::client::{self, NodeClient};
-use csd_runtime::operator::OperatorReport;
-use csd_runtime::ticket::Compression;
+use csd_runtime::node_client::{self, NodeClient};
+use csd_runtime::protocol::Compression;
+use csd_runtime::protocol::OperatorReport;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::dataset::{self, Samples};
 use crate::model::{Arch, StagedModel};
-use crate::operator::inputs;
+use crate::node::inputs;
 use crate::request::{FeatureRequest, FeatureType, Mode};
 use crate::{Error, Result};
 
@@ -119,7 +119,7 @@ async fn local_prefix(
             &[dataset::ID, dataset::LABEL, dataset::DATA],
         )
         .await?
-        .map_err(|e| Error::Client(client::Error::from(e)));
+        .map_err(|e| Error::Client(node_client::Error::from(e)));
     let mut left = job.limit.unwrap_or(u64::MAX);
     let s = raw
         .try_take_while(move |_| futures::future::ready(Ok(left > 0)))
@@ -209,7 +209,7 @@ async fn partition(
         .await
     {
         Ok(r) => r,
-        Err(client::Error::PushedBack(p)) => {
+        Err(node_client::Error::PushedBack(p)) => {
             tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");
             stats.pushed_back.fetch_add(1, Ordering::Relaxed);
             return local_prefix(src, job, model, stats).await;

@@ -16,9 +16,10 @@ use csd_ml_pushdown::model::StagedModel;
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob, Source, TrainBatch};
 use csd_ml_pushdown::{Arch, weights};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig, RunningNode};
-use csd_runtime::ticket::Compression;
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::Compression;
 use futures::TryStreamExt;
 
 fn assets() -> Option<(PathBuf, PathBuf, PathBuf)> {
@@ -178,9 +179,9 @@ async fn ml_node(memory: &str) -> RunningNode {
     node::start_with(
         &NodeConfig {
             device: "emulated:mem".into(),
-            capacity: Some("512MiB".into()),
+            capacity: ByteSize::mib(512),
             listen: "127.0.0.1:0".into(),
-            memory: memory.into(),
+            memory: memory.parse().unwrap(),
             cpus: 2,
             ..NodeConfig::default()
         },
@@ -362,7 +363,7 @@ async fn planning_measures_once_and_reuses_profiles() {
     };
     let a = plan("test").await;
     let n = m.stages().len();
-    let k = csd_ml_pushdown::operator::PROFILE_SAMPLES;
+    let k = csd_ml_pushdown::node::PROFILE_SAMPLES;
     // Both sides profile the partition's first samples.
     let first = image_folder(&tex.join("test"), None).unwrap().samples;
     let mean = first[..k]

@@ -1,70 +1,115 @@
 //! DataFusion errors ↔ node errors (which the service maps to gRPC statuses) and
-//! client errors (which the compute side wraps into DataFusion errors).
+//! client errors (which the compute side wraps into DataFusion errors). Nothing is
+//! flattened to a string: a node error inside a DataFusion error comes back out as
+//! it was, and any other DataFusion error becomes the cause of a node error of its
+//! kind ([`status_code`]).
 
-use csd_runtime::Error;
+use csd_runtime::{Error, StatusCode};
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::DataFusionError;
 use datafusion::parquet::errors::ParquetError;
 
-/// A DataFusion error as the node reports it: bad plans and bad data are the
-/// caller's (`INVALID_ARGUMENT`), memory is `RESOURCE_EXHAUSTED`, our own node errors
-/// keep their kind.
-pub fn to_runtime(e: DataFusionError) -> Error {
-    let msg = e.to_string();
+/// What kind of failure a DataFusion error is: the kind of the first node or client
+/// error among its causes, else by DataFusion's own classification (bad plans and bad
+/// data are the caller's, memory is a resource, the rest internal).
+pub fn status_code(e: &DataFusionError) -> StatusCode {
+    if let Some(code) = ours_in(e) {
+        return code;
+    }
     match e.find_root() {
-        DataFusionError::External(inner) => match inner.downcast_ref::<Error>() {
-            Some(n) => clone_kind(n, msg),
-            None => match inner.downcast_ref::<ParquetError>() {
-                Some(p) => from_parquet(p, msg),
-                None => Error::Internal(msg),
-            },
-        },
-        DataFusionError::ResourcesExhausted(_) => Error::ResourcesExhausted(msg),
+        DataFusionError::ResourcesExhausted(_) => StatusCode::ResourceExhausted,
         DataFusionError::Plan(_)
         | DataFusionError::SchemaError(..)
-        | DataFusionError::NotImplemented(_)
         | DataFusionError::Substrait(_)
-        | DataFusionError::Execution(_) => Error::InvalidArgument(msg),
+        | DataFusionError::Execution(_)
+        | DataFusionError::SQL(..) => StatusCode::InvalidArgument,
+        DataFusionError::NotImplemented(_) => StatusCode::Unimplemented,
         DataFusionError::ArrowError(a, _) => match a.as_ref() {
-            ArrowError::ExternalError(inner) => match inner.downcast_ref::<Error>() {
-                Some(n) => clone_kind(n, msg),
-                None => Error::Internal(msg),
-            },
             ArrowError::DivideByZero
             | ArrowError::CastError(_)
             | ArrowError::ComputeError(_)
             | ArrowError::ArithmeticOverflow(_)
             | ArrowError::InvalidArgumentError(_)
-            | ArrowError::ParseError(_) => Error::InvalidArgument(msg),
-            _ => Error::Internal(msg),
+            | ArrowError::ParseError(_) => StatusCode::InvalidArgument,
+            _ => StatusCode::Internal,
         },
-        DataFusionError::ParquetError(p) => from_parquet(p, msg),
-        _ => Error::Internal(msg),
+        _ => StatusCode::Internal,
     }
 }
 
-fn from_parquet(p: &ParquetError, msg: String) -> Error {
-    match p {
-        ParquetError::External(inner) => match inner.downcast_ref::<Error>() {
-            Some(n) => clone_kind(n, msg),
-            None => Error::Internal(msg),
-        },
-        _ => Error::Internal(msg),
+/// The kind of the first node or client error among `e`'s causes.
+fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c.downcast_ref::<Error>() {
+            return Some(n.status_code());
+        }
+        if let Some(n) = c.downcast_ref::<csd_runtime::node_client::Error>() {
+            return Some(n.status_code());
+        }
+        cur = c.source();
     }
+    None
 }
 
-fn clone_kind(e: &Error, msg: String) -> Error {
+/// A DataFusion error as the node reports it: a node error carried inside comes back
+/// out whole (its kind and pushback details intact); anything else is kept as the
+/// cause of an error of its kind.
+pub fn to_runtime(e: DataFusionError) -> Error {
+    let code = status_code(&e);
     match e {
-        Error::InvalidArgument(_) => Error::InvalidArgument(msg),
-        Error::NotFound(_) => Error::NotFound(msg),
-        Error::ResourcesExhausted(_) => Error::ResourcesExhausted(msg),
-        Error::Corrupt(_) => Error::Corrupt(msg),
-        Error::FailedPrecondition(_) => Error::FailedPrecondition(msg),
-        _ => Error::Internal(msg),
+        DataFusionError::External(inner) => unbox(inner, code),
+        DataFusionError::ParquetError(p) => match *p {
+            ParquetError::External(inner) => unbox(inner, code),
+            other => Error::external(code, "parquet", other),
+        },
+        DataFusionError::ArrowError(a, ctx) => match *a {
+            ArrowError::ExternalError(inner) => unbox(inner, code),
+            other => Error::external(
+                code,
+                "datafusion",
+                DataFusionError::ArrowError(Box::new(other), ctx),
+            ),
+        },
+        other => Error::external(code, "datafusion", other),
+    }
+}
+
+fn unbox(inner: Box<dyn std::error::Error + Send + Sync>, code: StatusCode) -> Error {
+    match inner.downcast::<Error>() {
+        Ok(ours) => *ours,
+        Err(other) => Error::external(code, "datafusion", other),
     }
 }
 
 /// A client-side error inside DataFusion.
-pub fn to_datafusion(e: csd_runtime::client::Error) -> DataFusionError {
+pub fn to_datafusion(e: csd_runtime::node_client::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_causes_survive_datafusion() {
+        let ours = Error::FailedPrecondition("table t changed".into());
+        let df = DataFusionError::Context(
+            "running the fragment".into(),
+            Box::new(DataFusionError::External(Box::new(ours))),
+        );
+        assert_eq!(status_code(&df), StatusCode::FailedPrecondition);
+        let back = to_runtime(df);
+        assert_eq!(back.status_code(), StatusCode::FailedPrecondition);
+        assert!(back.to_string().contains("table t changed"), "{back}");
+
+        let plan = DataFusionError::Plan("no such column x".into());
+        let e = to_runtime(plan);
+        assert_eq!(e.status_code(), StatusCode::InvalidArgument);
+        assert!(std::error::Error::source(&e).is_some(), "the cause is kept");
+
+        let pushed = Error::AlreadyExists("t".into());
+        let df = DataFusionError::External(Box::new(pushed));
+        assert!(matches!(to_runtime(df), Error::AlreadyExists(_)));
+    }
 }

@@ -1,58 +1,69 @@
 //! # csd-query-pushdown: plain SQL, with the data-reducing part run at the storage nodes
 //!
+//! The folders say which side of the wire code runs on:
+//!
+//! | folder | runs on | what |
+//! |---|---|---|
+//! | [`compute`] | the compute tier | the DataFusion session over a cluster, the table provider, the optimizer rules that choose what to push, [`CsdScanExec`](compute::scan::CsdScanExec), join-key collection, the local gate, the no-pushdown baseline |
+//! | [`node`] | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
+//! | [`eval`] | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
+//! | [`wire`] | both (the protocol) | the fragment message and its limits, the join-key filter as it travels, the functions a node may evaluate |
+//!
 //! **Compute side.** [`Cluster::session`] gives a DataFusion session whose tables live
 //! on storage nodes ([`CsdTable`]). Without any hint from the user, projections,
-//! filters the node evaluates exactly ([`pushable`]), LIMIT, ORDER BY … LIMIT (top-k
-//! per node partition, merged here) and partial aggregates (`sum`, `count`, `min`,
-//! `max`, `avg`, `count(*)` with GROUP BY, merged by DataFusion's final aggregate here)
-//! run at the nodes ([`rule`]); an aggregate grouped by a column whose partitions
-//! hold disjoint ranges runs whole at each partition, HAVING included. A hash join's
-//! build keys filter its probe-side scan at the nodes ([`semijoin`]), and `IN`
-//! subqueries move below inner joins to the table their key comes from
-//! ([`semipush`]), as do inner joins with a small filtered input such as a nation
-//! chosen by name ([`joinpush`]). Anything else stays here, so results are the same with pushdown
-//! on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes with
-//! the pushed fragment and its endpoints; `EXPLAIN ANALYZE` adds, per endpoint, bytes
-//! read from the device, bytes sent, rows scanned and returned, and time at the node.
-//! With pushdown off the session is the baseline ([`baseline`]): DataFusion reading
-//! the nodes' Parquet by byte range with all of its own pruning.
+//! filters the node evaluates exactly ([`wire::functions`]), LIMIT, ORDER BY … LIMIT
+//! (top-k per node partition, merged here) and partial aggregates (`sum`, `count`,
+//! `min`, `max`, `avg`, `count(*)` with GROUP BY, merged by DataFusion's final
+//! aggregate here) run at the nodes ([`compute::pushdown`]); an aggregate grouped by
+//! a column whose partitions hold disjoint ranges runs whole at each partition,
+//! HAVING included. A hash join's build keys filter its probe-side scan at the nodes
+//! ([`compute::key_filter_rule`]), and `IN` subqueries move below inner joins to the
+//! table their key comes from ([`compute::semijoin_down`]), as do inner joins with a
+//! small filtered input such as a nation chosen by name
+//! ([`compute::dimension_join_down`]). Anything else stays here, so results are the
+//! same with pushdown on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes
+//! with the pushed fragment and its endpoints; `EXPLAIN ANALYZE` adds, per endpoint,
+//! bytes read from the device, bytes sent, rows scanned and returned, and time at the
+//! node. With pushdown off the session is the baseline ([`compute::range_read`]):
+//! DataFusion reading the nodes' Parquet by byte range with all of its own pruning.
 //!
 //! **On the wire.** The fragment is Substrait inside a Flight ticket; see
-//! [`fragment`] for the message, the supported subset and the limits.
+//! [`wire::fragment`] for the message, the supported subset and the limits.
 //!
 //! **Storage side.** [`SqlOperator`] validates, plans with DataFusion over the node's
-//! own Parquet objects and streams the answer (see [`storage`]). A fragment the node
-//! hands back is evaluated here, oldest first, a core at a time ([`gate`]). A node serves it when
-//! started with `csd_runtime::node::start_with(config, registry())`.
+//! own Parquet objects and streams the answer. A fragment the node hands back is
+//! evaluated on the compute tier, oldest first, a core at a time
+//! ([`compute::gate`]). A node serves SQL when started with
+//! `csd_runtime::node::start_with(config, registry())`.
 
-pub mod baseline;
+pub mod compute;
 pub mod error;
-pub mod exec;
-pub mod fragment;
-pub mod gate;
-pub mod joinpush;
-pub mod keyfilter;
-pub mod like;
-pub mod pushable;
-pub mod rule;
-pub mod scan;
-pub mod semijoin;
-pub mod semipush;
-pub mod session;
-pub mod storage;
-pub mod table;
-pub mod tpch;
+pub mod eval;
+pub mod node;
+pub mod options;
+pub mod wire;
 
-pub use fragment::{Mode, SqlFragment};
-pub use gate::LocalGate;
-pub use pushable::pushable;
-pub use session::{Cluster, CsdSession, QueryRun, SessionOptions};
-pub use storage::{Parallelism, SqlOperator};
-pub use table::CsdTable;
+pub use compute::gate::LocalGate;
+pub use compute::provider::CsdTable;
+pub use compute::session::{Cluster, CsdSession, QueryRun, SessionOptions};
+pub use eval::Parallelism;
+pub use node::{SqlNodeOptions, SqlOperator};
+pub use wire::fragment::{Mode, SqlFragment};
+pub use wire::functions::pushable;
 
 use std::sync::Arc;
 
-/// The operators a storage node needs for SQL pushdown.
+/// The operators a storage node needs for SQL pushdown, with default settings.
 pub fn registry() -> csd_runtime::operator::OperatorRegistry {
     csd_runtime::operator::OperatorRegistry::new().with(Arc::new(SqlOperator::new()))
+}
+
+/// [`registry`], with the `"sql"` operator's settings from `config`
+/// (`[operators.sql]`, `--set sql.KEY=VALUE`; see [`SqlNodeOptions`]).
+pub fn registry_with(
+    config: &csd_runtime::config::NodeConfig,
+) -> csd_runtime::Result<csd_runtime::operator::OperatorRegistry> {
+    let options: SqlNodeOptions = config.operator_options(wire::fragment::OPERATOR_NAME)?;
+    Ok(csd_runtime::operator::OperatorRegistry::new()
+        .with(Arc::new(SqlOperator::new().with_options(options))))
 }

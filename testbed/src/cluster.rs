@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use csd_runtime::admission::Policy;
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_runtime::config::NodeConfig;
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
 use serde::Serialize;
 
 use crate::link::{LinkSpec, ThrottledLink};
@@ -89,14 +90,14 @@ impl Cluster {
         for i in 0..s.nodes.count {
             let config = NodeConfig {
                 device: key.device.clone(),
-                capacity: Some(s.nodes.capacity.clone()),
+                capacity: s.nodes.capacity.parse()?,
                 listen: "127.0.0.1:0".into(),
                 cpus: s.nodes.cpus,
                 cpu_set: plan.as_ref().map(|p| {
                     let cores: Vec<String> = p.nodes[i].iter().map(usize::to_string).collect();
                     cores.join(",")
                 }),
-                memory: s.nodes.memory.clone(),
+                memory: s.nodes.memory.parse()?,
                 format: true,
                 policy: key.policy,
                 queue_target_ms: s.nodes.queue_target_ms,
@@ -106,7 +107,10 @@ impl Cluster {
                 csd_query_pushdown::registry().with(Arc::new(csd_ml_pushdown::MlOperator::new()));
             let n = node::start_with(&config, operators)
                 .await
-                .map_err(|e| Error::Cluster(format!("starting node {i}: {e}")))?;
+                .map_err(|source| Error::Cluster {
+                    context: format!("starting node {i}"),
+                    source,
+                })?;
             direct.push(NodeClient::connect(&n.url).await?);
             nodes.push(n);
         }
@@ -116,7 +120,7 @@ impl Cluster {
         let loaded = match &s.data {
             DataSpec::Tpch { scale, .. } => {
                 let mut rows = 0;
-                csd_query_pushdown::tpch::load_parts(&direct, *scale, parts, |table, r| {
+                crate::tpch::load_parts(&direct, *scale, parts, |table, r| {
                     if table == "lineitem" {
                         rows += r;
                     }
@@ -144,7 +148,7 @@ impl Cluster {
                 let mut n = 0u64;
                 let (count, _) = csd_ml_pushdown::job::put_images(
                     &direct,
-                    crate::features::DATASET,
+                    crate::feature_runs::DATASET,
                     &dir,
                     labels.as_deref(),
                     parts,
@@ -155,7 +159,7 @@ impl Cluster {
                     },
                 )
                 .await?;
-                let (arch, weights) = crate::features::model(s)?;
+                let (arch, weights) = crate::feature_runs::model(s)?;
                 for c in &direct {
                     csd_ml_pushdown::weights::ensure(c, &weights).await?;
                 }
@@ -186,7 +190,10 @@ impl Cluster {
             links.push(
                 ThrottledLink::start(spec, n.addr)
                     .await
-                    .map_err(|e| Error::Cluster(format!("link to node {i}: {e}")))?,
+                    .map_err(|e| Error::Cluster {
+                        context: format!("link to node {i}"),
+                        source: csd_runtime::Error::io("starting the link", e),
+                    })?,
             );
         }
         Ok(Links { links })

@@ -11,14 +11,15 @@
 //! baseline's, and writes a [`report`] (Markdown, JSON, SVG plots).
 //!
 //! * [`link`]: throttled TCP links; the SQL benchmark uses them too.
-//! * [`sql`], [`features`]: the two workload kinds.
+//! * [`sql`], [`feature_runs`]: the two workload kinds.
 
 pub mod cluster;
-pub mod features;
+pub mod feature_runs;
 pub mod link;
 pub mod report;
 pub mod scenario;
 pub mod sql;
+pub mod tpch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,11 +38,20 @@ pub enum Error {
     #[error("bad scenario: {0}")]
     Scenario(String),
     /// Starting nodes or links failed.
-    #[error("cluster: {0}")]
-    Cluster(String),
+    #[error("cluster: {context}: {source}")]
+    Cluster {
+        /// What was being started.
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: csd_runtime::Error,
+    },
+    /// A node setting of the scenario is invalid.
+    #[error(transparent)]
+    Node(#[from] csd_runtime::Error),
     /// A node call failed (set-up, not a measured query).
     #[error(transparent)]
-    Client(#[from] csd_runtime::client::Error),
+    Client(#[from] csd_runtime::node_client::Error),
     /// The ML path failed.
     #[error(transparent)]
     Ml(#[from] csd_ml_pushdown::Error),
@@ -52,8 +62,26 @@ pub enum Error {
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
     /// Writing the report failed.
-    #[error("report: {0}")]
-    Report(String),
+    #[error("report: {context}: {source}")]
+    Report {
+        /// What was being written.
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl Error {
+    fn report(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Report {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Result with the testbed's [`Error`].
@@ -104,7 +132,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
     let mut cluster: Option<Cluster> = None;
     let mut capacity: Option<f64> = None;
     let mut sql_refs: HashMap<String, sql::References> = HashMap::new();
-    let mut ml_refs: HashMap<String, features::References> = HashMap::new();
+    let mut ml_refs: HashMap<String, feature_runs::References> = HashMap::new();
     let mut runs = Vec::new();
     let mut load_s = Vec::new();
     for policy in order {
@@ -122,7 +150,10 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                 cluster = Some(c);
             }
             let Some(c) = cluster.as_ref() else {
-                return Err(Error::Cluster("no cluster".into()));
+                return Err(Error::Cluster {
+                    context: "running a point".into(),
+                    source: csd_runtime::Error::Internal("no cluster was started".into()),
+                });
             };
             bar.set_message(format!("{policy} at {}", label(pt)));
             let links = c.links(&at).await?;
@@ -140,7 +171,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                     .await
                 }
                 WorkloadSpec::Features { .. } => {
-                    features::run(
+                    feature_runs::run(
                         &at,
                         c,
                         &links,

@@ -132,10 +132,11 @@ impl RunResult {
         }
     }
 
-    /// Mean busy fraction of the storage CPUs over the run.
-    pub fn cpu_mean(&self) -> f64 {
+    /// Mean busy fraction of the storage CPUs over the run; `None` when no sample
+    /// was taken (a run shorter than the sampling interval).
+    pub fn cpu_mean(&self) -> Option<f64> {
         let v: Vec<f64> = self.cpu.iter().map(|s| mean(&s.busy)).collect();
-        mean(&v)
+        (!v.is_empty()).then(|| mean(&v))
     }
 }
 
@@ -294,23 +295,28 @@ impl Report {
     /// Writes report.json, report.md and the plots into `dir`.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Report(format!("creating {}: {e}", dir.display())))?;
+            .map_err(|e| Error::report(format!("creating {}", dir.display()), e))?;
         let mut written = Vec::new();
         let json = dir.join("report.json");
-        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Report(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::report("report.json", e))?;
         std::fs::write(&json, text)
-            .map_err(|e| Error::Report(format!("writing {}: {e}", json.display())))?;
+            .map_err(|e| Error::report(format!("writing {}", json.display()), e))?;
         written.push(json);
         let plots = self.plots(dir)?;
         let md = dir.join("report.md");
         std::fs::write(&md, self.markdown(&plots))
-            .map_err(|e| Error::Report(format!("writing {}: {e}", md.display())))?;
+            .map_err(|e| Error::report(format!("writing {}", md.display()), e))?;
         written.push(md);
-        written.extend(plots.into_iter().map(|(_, p)| dir.join(p)));
+        written.extend(
+            plots
+                .into_iter()
+                .filter_map(|f| f.file)
+                .map(|p| dir.join(p)),
+        );
         Ok(written)
     }
 
-    fn markdown(&self, plots: &[(String, String)]) -> String {
+    fn markdown(&self, plots: &[Figure]) -> String {
         let s = &self.scenario;
         let mut m = String::new();
         let _ = writeln!(m, "# Testbed: {}\n", s.name);
@@ -418,7 +424,7 @@ impl Report {
                 };
                 let _ = writeln!(
                     m,
-                    "| {} | {:.2} | {} / {} / {} | {:.2} | {:.1} | {:.1} | {:.3} | {} | {} | {}/{} | {:.0}% |{}",
+                    "| {} | {:.2} | {} / {} / {} | {:.2} | {:.1} | {:.1} | {:.3} | {} | {} | {}/{} | {} |{}",
                     r.policy,
                     r.wall_s,
                     r.completed,
@@ -432,7 +438,8 @@ impl Report {
                     tx,
                     r.pushed_back,
                     r.fragments,
-                    r.cpu_mean() * 100.0,
+                    r.cpu_mean()
+                        .map_or("not sampled".to_string(), |c| format!("{:.0}%", c * 100.0)),
                     if features {
                         format!(
                             " {} |",
@@ -460,8 +467,15 @@ impl Report {
             }
         }
         let _ = writeln!(m, "\n## Plots\n");
-        for (title, file) in plots {
-            let _ = writeln!(m, "### {title}\n\n![{title}]({file})\n");
+        for f in plots {
+            match &f.file {
+                Some(file) => {
+                    let _ = writeln!(m, "### {}\n\n![{}]({file})\n", f.title, f.title);
+                }
+                None => {
+                    let _ = writeln!(m, "### {}\n\nNot drawn: {}\n", f.title, f.missing);
+                }
+            }
         }
         let _ = writeln!(
             m,
@@ -470,8 +484,8 @@ impl Report {
         m
     }
 
-    /// Draws the plots; returns (title, file name).
-    fn plots(&self, dir: &Path) -> Result<Vec<(String, String)>> {
+    /// Draws the plots; returns each figure's title and file, or why there is none.
+    fn plots(&self, dir: &Path) -> Result<Vec<Figure>> {
         let mut out = Vec::new();
         let points = self.points();
         let axes = &self.scenario.sweep;
@@ -562,7 +576,7 @@ impl Report {
                 ticks.as_deref(),
                 axes.get(1).map_or(1, |a| a.values.len()),
             )?;
-            out.push((ydesc.to_string(), name));
+            out.push(Figure::drawn(ydesc, name));
         }
         for (i, pt) in points.iter().enumerate() {
             let suffix = if points.len() == 1 {
@@ -591,18 +605,44 @@ impl Report {
                 })
                 .collect();
             let name = format!("latency{suffix}.svg");
-            line_chart(
-                &dir.join(&name),
-                &format!("Latency distribution ({})", label(pt)),
-                "latency (ms)",
-                "fraction completed within",
-                &lat,
-                false,
-                false,
-                None,
-                1,
-            )?;
-            out.push((format!("Latency CDF, {}", label(pt)), name));
+            let title = format!("Latency CDF, {}", label(pt));
+            if lat.iter().all(|(_, pts)| pts.len() < MIN_DISTRIBUTION) {
+                let each: Vec<String> = lat
+                    .iter()
+                    .map(|(p, pts)| {
+                        let ms: Vec<String> =
+                            pts.iter().map(|(l, _)| format!("{l:.1} ms")).collect();
+                        format!(
+                            "{p}: {}",
+                            if ms.is_empty() {
+                                "none".into()
+                            } else {
+                                ms.join(", ")
+                            }
+                        )
+                    })
+                    .collect();
+                out.push(Figure::missing(
+                    title,
+                    format!(
+                        "fewer than {MIN_DISTRIBUTION} completed queries per policy, too few for a distribution ({})",
+                        each.join("; ")
+                    ),
+                ));
+            } else {
+                line_chart(
+                    &dir.join(&name),
+                    &format!("Latency distribution ({})", label(pt)),
+                    "latency (ms)",
+                    "fraction completed within",
+                    &lat,
+                    false,
+                    false,
+                    None,
+                    1,
+                )?;
+                out.push(Figure::drawn(title, name));
+            }
             let cpu: Vec<(String, Vec<(f64, f64)>)> = runs
                 .iter()
                 .map(|r| {
@@ -616,20 +656,78 @@ impl Report {
                 })
                 .collect();
             let name = format!("cpu{suffix}.svg");
-            line_chart(
-                &dir.join(&name),
-                &format!("Storage CPU use ({})", label(pt)),
-                "seconds into the run",
-                "CPU workers busy (%)",
-                &cpu,
-                false,
-                false,
-                None,
-                1,
-            )?;
-            out.push((format!("Storage CPU over time, {}", label(pt)), name));
+            let title = format!("Storage CPU over time, {}", label(pt));
+            if cpu.iter().all(|(_, pts)| pts.is_empty()) {
+                out.push(Figure::missing(
+                    title,
+                    "no CPU sample was taken: every run ended within the 100 ms sampling interval",
+                ));
+            } else {
+                line_chart(
+                    &dir.join(&name),
+                    &format!("Storage CPU use ({})", label(pt)),
+                    "seconds into the run",
+                    "CPU workers busy (%)",
+                    &cpu,
+                    false,
+                    false,
+                    None,
+                    1,
+                )?;
+                out.push(Figure::drawn(title, name));
+            }
         }
         Ok(out)
+    }
+}
+
+/// Fewest points a latency CDF is drawn from.
+const MIN_DISTRIBUTION: usize = 2;
+
+/// One figure of a report: drawn into `file`, or not drawn for the reason `missing`.
+#[derive(Debug)]
+struct Figure {
+    title: String,
+    file: Option<String>,
+    missing: String,
+}
+
+impl Figure {
+    fn drawn(title: impl Into<String>, file: String) -> Self {
+        Figure {
+            title: title.into(),
+            file: Some(file),
+            missing: String::new(),
+        }
+    }
+
+    fn missing(title: impl Into<String>, why: impl Into<String>) -> Self {
+        Figure {
+            title: title.into(),
+            file: None,
+            missing: why.into(),
+        }
+    }
+}
+
+/// A tick label: `v` to six significant digits, without float noise
+/// (`0.060000000000000005` is `0.06`).
+pub fn tick(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_finite() {
+            "0".into()
+        } else {
+            format!("{v}")
+        };
+    }
+    let digits = 6 - 1 - v.abs().log10().floor() as i32;
+    let scale = 10f64.powi(digits.clamp(-300, 300));
+    let r = (v * scale).round() / scale;
+    let text = format!("{r}");
+    if text.len() > 12 {
+        format!("{r:.3e}")
+    } else {
+        text
     }
 }
 
@@ -659,7 +757,7 @@ pub fn line_chart(
         ticks,
         shades.max(1),
     )
-    .map_err(|e| Error::Report(format!("drawing {}: {e}", path.display())))
+    .map_err(|e| Error::report(format!("drawing {}", path.display()), e.to_string()))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -732,9 +830,11 @@ fn draw(
                     t.get(*x as usize).cloned().unwrap_or_default()
                 }
                 Some(_) => String::new(),
-                None => format!("{x}"),
+                None => tick(*x),
             };
+            let yfmt = |y: &f64| tick(*y);
             mesh.x_label_formatter(&fmt);
+            mesh.y_label_formatter(&yfmt);
             mesh.draw()?;
             for (i, (name, pts)) in series.iter().enumerate() {
                 if pts.is_empty() {
@@ -773,4 +873,18 @@ fn draw(
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_carry_no_float_noise() {
+        assert_eq!(tick(0.060000000000000005), "0.06");
+        assert_eq!(tick(0.09999999999), "0.1");
+        assert_eq!(tick(1500.0), "1500");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(-2.5), "-2.5");
+    }
 }

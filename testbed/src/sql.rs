@@ -6,11 +6,12 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::tpch;
 use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use csd_query_pushdown::{CsdSession, SessionOptions, tpch};
+use csd_query_pushdown::{CsdSession, SessionOptions};
 use indicatif::ProgressBar;
 
 use crate::cluster::{Cluster, Links};

@@ -270,6 +270,13 @@ batch = 16
     assert_clean(&r);
     let md = std::fs::read_to_string(dir.path().join("report.md")).expect("report.md");
     assert_eq!(md.contains("Pinned (`nodes.pin`)"), pin, "{md}");
+    // One job per policy is not a distribution: the report says so instead of
+    // drawing a lone dot.
+    assert!(
+        md.contains("Not drawn: fewer than 2 completed queries per policy"),
+        "{md}"
+    );
+    assert!(!dir.path().join("latency.svg").exists());
     let at = |p: PolicyName| r.runs.iter().find(|x| x.policy == p).expect("run");
     let (raw, full, five) = (
         at(PolicyName::ComputeOnly),

@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use csd_benches::{default_json_path, write_json};
-use csd_query_pushdown::{Cluster, CsdSession, SessionOptions, tpch};
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
 use csd_runtime::admission::Policy;
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig};
-use csd_runtime::ticket::Compression;
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node;
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::Compression;
+use csd_testbed::tpch;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -185,7 +187,7 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .count() as u64;
             // Whether the compute tier asked the node to queue a fragment (patient:
             // that tier was saturated itself).
-            let patient = |r: &&csd_query_pushdown::exec::EndpointRun| {
+            let patient = |r: &&csd_query_pushdown::compute::scan::EndpointRun| {
                 r.report
                     .details
                     .get("patient")
@@ -278,10 +280,10 @@ async fn node_for(policy: Policy, args: &Args) -> (Node, Arc<CsdSession>) {
         None => {
             let config = NodeConfig {
                 device: "emulated:mem".into(),
-                capacity: Some(format!("{}MiB", (2000.0 * args.scale).max(256.0) as u64)),
+                capacity: ByteSize::mib((2000.0 * args.scale).max(256.0) as u64),
                 listen: "127.0.0.1:0".into(),
                 cpus: 1,
-                memory: "1GiB".into(),
+                memory: ByteSize::gib(1),
                 policy,
                 queue_target_ms: args.queue_target_ms,
                 ..NodeConfig::default()

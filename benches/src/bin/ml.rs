@@ -24,10 +24,11 @@ use csd_benches::{default_json_path, write_json};
 use csd_ml_pushdown::model::{Arch, ImageSpec};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node;
+use csd_runtime::node_client::NodeClient;
 use csd_runtime::pool::{available_cores, parse_core_list};
-use csd_runtime::ticket::Compression;
+use csd_runtime::protocol::Compression;
 use csd_testbed::scenario::{PolicyName, Scenario};
 use futures::TryStreamExt;
 use serde::Serialize;
@@ -302,7 +303,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     )
     .unwrap_or_else(|e| die(e));
     let profile = pool
-        .install(|| csd_ml_pushdown::operator::profile(model.as_ref(), &[batch]))
+        .install(|| csd_ml_pushdown::node::profile(model.as_ref(), &[batch]))
         .unwrap_or_else(|e| die(e));
 
     println!("rate: the storage-side operator end to end (node pinned to cores {list}) ...");
@@ -334,11 +335,11 @@ async fn operator_rate(
     let list: Vec<String> = cores.iter().map(usize::to_string).collect();
     let config = NodeConfig {
         device: "emulated:mem".into(),
-        capacity: Some("2GiB".into()),
+        capacity: ByteSize::gib(2),
         listen: "127.0.0.1:0".into(),
         cpus,
         cpu_set: Some(list.join(",")),
-        memory: "2GiB".into(),
+        memory: ByteSize::gib(2),
         format: true,
         policy: csd_runtime::admission::Policy::Always,
         ..NodeConfig::default()

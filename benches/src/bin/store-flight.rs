@@ -15,9 +15,10 @@ use clap::Parser;
 use csd_benches::{default_json_path, mbps, scratch_dir, write_json};
 use csd_client::NodeClient;
 use csd_client::demo::lineitem;
+use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::device::uring::UringDevice;
 use csd_runtime::device::{BlockDevice, DmaBuf};
-use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::node;
 use csd_runtime::store::{ObjectStore, StoreOptions};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
@@ -179,7 +180,7 @@ async fn main() {
     // 2. Flight on loopback.
     let node = node::start(&NodeConfig {
         device: dir.path().join("node.img").display().to_string(),
-        capacity: Some("8GiB".into()),
+        capacity: ByteSize::gib(8),
         listen: "127.0.0.1:0".into(),
         cpus: 2,
         format: true,
@@ -243,9 +244,7 @@ async fn main() {
         );
     }
     for conc in [1usize, 4] {
-        let before = client.stats().await.expect("stats")["requests"]["bytes_sent"]
-            .as_u64()
-            .unwrap_or(0);
+        let before = client.stats().await.expect("stats").requests.bytes_sent;
         let t0 = Instant::now();
         let nrows: u64 = futures::stream::iter(table.description.partitions.clone())
             .map(|p| {
@@ -254,7 +253,7 @@ async fn main() {
                     let s = c.scan("lineitem", Some(&p.name), &[]).await?;
                     s.try_fold(0u64, |a, b| async move { Ok(a + b.num_rows() as u64) })
                         .await
-                        .map_err(csd_client::Error::from)
+                        .map_err(csd_runtime::node_client::Error::from)
                 }
             })
             .buffer_unordered(conc)
@@ -262,10 +261,7 @@ async fn main() {
             .await
             .expect("scan");
         let secs = t0.elapsed().as_secs_f64();
-        let sent = client.stats().await.expect("stats")["requests"]["bytes_sent"]
-            .as_u64()
-            .unwrap_or(0)
-            - before;
+        let sent = client.stats().await.expect("stats").requests.bytes_sent - before;
         row(
             "DoGet Scan: Arrow batches (Flight bytes)",
             conc,

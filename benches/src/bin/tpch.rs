@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use csd_benches::{cpu_seconds, default_json_path, scratch_dir, write_json};
-use csd_query_pushdown::{Cluster, CsdSession, QueryRun, SessionOptions, tpch};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig, RunningNode};
-use csd_runtime::ticket::Compression;
+use csd_query_pushdown::{Cluster, CsdSession, QueryRun, SessionOptions};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::Compression;
 use csd_testbed::link::{LinkSpec, ThrottledLink};
+use csd_testbed::tpch;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -168,13 +170,10 @@ async fn main() {
         });
         let config = NodeConfig {
             device,
-            capacity: Some(format!(
-                "{}MiB",
-                (1500.0 * args.scale / args.nodes as f64).max(256.0) as u64
-            )),
+            capacity: ByteSize::mib((1500.0 * args.scale / args.nodes as f64).max(256.0) as u64),
             listen: "127.0.0.1:0".into(),
             cpus: args.cpus,
-            memory: "4GiB".into(),
+            memory: ByteSize::gib(4),
             format: true,
             ..NodeConfig::default()
         };

@@ -7,13 +7,14 @@ use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket as FlightTicket};
 use csd_client::{NodeClient, demo::lineitem};
-use csd_runtime::node::{self, NodeConfig};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node;
 use futures::TryStreamExt;
 use tonic::Code;
 
 fn stream(
     batches: Vec<RecordBatch>,
-) -> impl futures::Stream<Item = csd_client::Result<RecordBatch>> + Send + 'static {
+) -> impl futures::Stream<Item = csd_runtime::node_client::Result<RecordBatch>> + Send + 'static {
     futures::stream::iter(batches.into_iter().map(Ok))
 }
 
@@ -140,14 +141,14 @@ async fn put_list_scan_range_delete_round_trip() {
             .len(),
         2
     );
-    assert_eq!(c.delete("lineitem/p1").await.unwrap(), 2);
+    assert_eq!(c.delete("lineitem", Some("p1")).await.unwrap(), 2);
     assert_eq!(
         c.table("lineitem").await.unwrap().rows as usize,
         parts[0].iter().map(|b| b.num_rows()).sum::<usize>()
     );
     let stats = c.stats().await.unwrap();
-    assert_eq!(stats["store"]["objects"], 1);
-    assert!(stats["device"]["stats"]["bytes_read"].as_u64().unwrap() > 0);
+    assert_eq!(stats.store.objects, 1);
+    assert!(stats.device.stats.bytes_read > 0);
     node.shutdown().await.unwrap();
 }
 
@@ -222,7 +223,7 @@ async fn bad_input_gets_clear_statuses_and_the_node_survives() {
         "{e}"
     );
     assert_eq!(
-        c.delete("nope").await.unwrap_err().code(),
+        c.delete("nope", None).await.unwrap_err().code(),
         Some(Code::NotFound)
     );
     // Wrong schema on append.
@@ -271,7 +272,7 @@ async fn bad_input_gets_clear_statuses_and_the_node_survives() {
     // An oversized message.
     let huge = FlightData {
         flight_descriptor: Some(FlightDescriptor::new_path(vec!["t".into()])),
-        data_body: vec![0u8; (node::MAX_MESSAGE_BYTES) + 1024].into(),
+        data_body: vec![0u8; (csd_runtime::protocol::MAX_MESSAGE_BYTES) + 1024].into(),
         ..Default::default()
     };
     let s = raw
@@ -330,7 +331,7 @@ async fn tables_survive_a_restart_on_an_io_uring_device() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let config = NodeConfig {
         device: dir.path().join("dev.img").display().to_string(),
-        capacity: Some("128MiB".into()),
+        capacity: ByteSize::mib(128),
         listen: "127.0.0.1:0".into(),
         cpus: 1,
         ..NodeConfig::default()
@@ -371,7 +372,7 @@ async fn config_files_are_checked() {
     assert!(e.contains("unknown field `cpu`"), "{e}");
     let bad = NodeConfig {
         device: "emulated:mem,latency_us=-1".into(),
-        capacity: Some("64MiB".into()),
+        capacity: ByteSize::mib(64),
         listen: "127.0.0.1:0".into(),
         ..NodeConfig::default()
     };

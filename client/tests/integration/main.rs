@@ -1,15 +1,17 @@
 //! csd-client integration tests: real nodes on 127.0.0.1:0, real Flight clients.
 #![allow(clippy::unwrap_used)]
 
+mod cli;
 mod flight;
 
-use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
 
 /// A node on an emulated in-memory device.
 pub async fn mem_node() -> RunningNode {
     node::start(&NodeConfig {
         device: "emulated:mem".into(),
-        capacity: Some("256MiB".into()),
+        capacity: ByteSize::mib(256),
         listen: "127.0.0.1:0".into(),
         cpus: 2,
         ..NodeConfig::default()

@@ -3,7 +3,7 @@
 //! the same ticket.
 #![no_main]
 
-use csd_runtime::ticket::Ticket;
+use csd_runtime::protocol::Ticket;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -88,6 +88,13 @@ impl DmaBuf {
             std::alloc::handle_alloc_error(layout)
         };
         DmaBuf { ptr, len }
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    pub fn from_slice(bytes: &[u8]) -> Self {
+        let mut b = Self::recycled(bytes.len());
+        b.copy_from_slice(bytes);
+        b
     }
 
     fn layout(len: usize) -> Layout {
@@ -162,7 +169,7 @@ impl fmt::Debug for DmaBuf {
 }
 
 /// Shape of a device: what an NVMe namespace's identify data would tell.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Geometry {
     /// Backend and target, for humans (e.g. `io_uring:/data/csd.img`).
     pub name: String,
@@ -192,7 +199,7 @@ pub struct DeviceCounters {
 }
 
 /// A snapshot of [`DeviceCounters`].
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeviceStats {
     /// Read commands completed.
     pub reads: u64,

@@ -5,10 +5,12 @@
 //! * CRC32C per `chunk_size` bytes (64 KiB default), verified on every read: a
 //!   mismatch is an [`Error::Corrupt`] naming the object and byte range, never bytes.
 //! * Crash-atomic put, replace and delete: data is written to free extents and
-//!   flushed, then the whole catalog is written to the slot that does *not* hold the
-//!   live catalog and flushed. A torn catalog write fails its checksum and open falls
-//!   back to the other slot, so after a kill at any instant each object is whole or
-//!   absent. Extents of deleted or replaced objects are reused only after the commit
+//!   flushed, then the whole catalog is written to one catalog slot and flushed, then
+//!   to the other and flushed; only then is the change acknowledged. A torn catalog
+//!   write fails its checksum and open uses the other slot, so after a kill at any
+//!   instant each object is whole or absent; and since every acknowledged catalog is
+//!   in both slots, corruption of one slot loses nothing (open says so, and rewrites
+//!   it from the other). Extents of deleted or replaced objects are reused only after the commit
 //!   that dropped them, and only once no reader still holds the object.
 //! * Ranged reads, for Parquet footers and column chunks.
 //!
@@ -26,7 +28,7 @@ use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use prost::Message;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::device::{BlockDevice, DmaBuf};
 use crate::error::{Error, Result};
@@ -71,7 +73,7 @@ impl Default for StoreOptions {
 }
 
 /// A committed object.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ObjectInfo {
     /// Full name.
     pub name: String,
@@ -88,7 +90,7 @@ pub struct ObjectInfo {
 }
 
 /// Store figures for `DoAction stats`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoreStats {
     /// Committed objects.
     pub objects: usize,
@@ -100,6 +102,9 @@ pub struct StoreStats {
     pub free_blocks: u64,
     /// Free runs (fragmentation).
     pub free_runs: usize,
+    /// Blocks of abandoned uploads not yet returned to the free map.
+    #[serde(default)]
+    pub abandoned_blocks: u64,
     /// Block size.
     pub block_size: u32,
     /// Checksum chunk size.
@@ -182,7 +187,8 @@ pub fn validate_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(
-            "object name {name:?} is invalid: use 1-512 characters of A-Z a-z 0-9 . _ = - in /-separated parts"
+            "object name {:?} is invalid: use 1-512 characters of A-Z a-z 0-9 . _ = - in /-separated parts",
+            crate::error::truncated(name)
         )))
     }
 }
@@ -215,6 +221,7 @@ impl ObjectStore {
         };
         let (generation, live_slot, catalog, catalog_bytes) =
             Self::load_catalog(dev.as_ref(), &sb).await?;
+        Self::mirror_catalog(dev.as_ref(), &sb, generation, live_slot, &catalog).await?;
         let mut alloc = Allocator::new(sb.data_start(), sb.num_blocks);
         let mut objects = BTreeMap::new();
         for o in catalog.objects {
@@ -348,6 +355,38 @@ impl ObjectStore {
         }
     }
 
+    /// Makes the slot other than `live` a copy of the live catalog, when it is not
+    /// already (a torn last commit, or a slot corrupted at rest), and says so.
+    async fn mirror_catalog(
+        dev: &dyn BlockDevice,
+        sb: &Superblock,
+        generation: u64,
+        live: usize,
+        catalog: &CatalogProto,
+    ) -> Result<()> {
+        let other = 1 - live;
+        match Self::read_slot(dev, sb, other).await? {
+            Some((g, ..)) if g == generation => return Ok(()),
+            Some((g, ..)) => tracing::warn!(
+                device = %dev.geometry().name,
+                "catalog slot {other} holds generation {g}, slot {live} generation {generation}: \
+                 the last commit was cut short; copying generation {generation} into slot {other}"
+            ),
+            None => tracing::warn!(
+                device = %dev.geometry().name,
+                "catalog slot {other} is not readable (torn or corrupt); slot {live} holds \
+                 generation {generation}; rewriting slot {other} from it"
+            ),
+        }
+        let bytes = catalog.encode_to_vec();
+        let bs = sb.block_size as usize;
+        let mut buf = DmaBuf::zeroed((SLOT_HEADER + bytes.len()).div_ceil(bs) * bs);
+        encode_slot_header(&mut buf, generation, &bytes);
+        buf[SLOT_HEADER..SLOT_HEADER + bytes.len()].copy_from_slice(&bytes);
+        dev.write(sb.slot_lba(other), buf).await?;
+        dev.flush().await
+    }
+
     async fn load_catalog(
         dev: &dyn BlockDevice,
         sb: &Superblock,
@@ -392,7 +431,7 @@ impl ObjectStore {
 
     fn require(&self, name: &str) -> Result<Arc<ObjectInfo>> {
         self.get(name)
-            .ok_or_else(|| Error::NotFound(format!("object {name}")))
+            .ok_or_else(|| Error::NotFound(format!("object {}", crate::error::truncated(name))))
     }
 
     /// Objects whose names start with `prefix`, in name order.
@@ -416,6 +455,7 @@ impl ObjectStore {
             self.reclaim(&mut a);
             (a.free_blocks(), a.free_runs())
         };
+        let abandoned_blocks = lock(&self.inner.quarantine).iter().map(|e| e.blocks).sum();
         let c = self.inner.commit.lock().await;
         let sb = &self.inner.sb;
         StoreStats {
@@ -424,6 +464,7 @@ impl ObjectStore {
             data_blocks: sb.num_blocks - sb.data_start(),
             free_blocks,
             free_runs,
+            abandoned_blocks,
             block_size: sb.block_size,
             chunk_size: sb.chunk_size,
             catalog_generation: c.generation,
@@ -604,7 +645,7 @@ impl ObjectStore {
             .commit_change(|objects| Ok(objects.remove(&name).into_iter().collect()))
             .await?;
         gone.pop()
-            .ok_or_else(|| Error::NotFound(format!("object {name}")))
+            .ok_or_else(|| Error::NotFound(format!("object {}", crate::error::truncated(&name))))
     }
 
     /// Deletes every object whose name starts with `prefix`, atomically.
@@ -673,9 +714,14 @@ impl ObjectStore {
         let generation = c.generation + 1;
         encode_slot_header(&mut buf, generation, &catalog);
         buf[SLOT_HEADER..SLOT_HEADER + catalog.len()].copy_from_slice(&catalog);
+        // The slot not holding the live catalog first: should this write tear, the
+        // other still holds the last acknowledged one. Then the mirror.
         let slot = 1 - c.live_slot;
+        let mirror = DmaBuf::from_slice(&buf);
         let written = async {
             inner.dev.write(inner.sb.slot_lba(slot), buf).await?;
+            inner.dev.flush().await?;
+            inner.dev.write(inner.sb.slot_lba(1 - slot), mirror).await?;
             inner.dev.flush().await
         }
         .await;
@@ -713,6 +759,27 @@ impl ObjectStore {
                 true
             }
         });
+    }
+
+    /// Returns the blocks of abandoned writers (uploads whose client went away) to
+    /// the free map now, after a flush barrier so that none of their writes is still
+    /// queued; returns how many blocks came back.
+    pub async fn release_abandoned(&self) -> Result<u64> {
+        let inner = &self.inner;
+        let taken = std::mem::take(&mut *lock(&inner.quarantine));
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        if let Err(e) = inner.dev.flush().await {
+            lock(&inner.quarantine).extend(taken);
+            return Err(e);
+        }
+        let mut a = lock(&inner.alloc);
+        let blocks = taken.iter().map(|e| e.blocks).sum();
+        for e in taken {
+            a.free(e);
+        }
+        Ok(blocks)
     }
 
     fn allocate(&self, blocks: u64, hint: Option<u64>) -> Result<Vec<Extent>> {
@@ -789,7 +856,15 @@ impl ObjectWriter {
         let bs = self.store.inner.sb.block_size as usize;
         let blocks = (buf.len() / bs) as u64;
         let hint = self.extents.last().map(|e| e.end());
-        let got = self.store.allocate(blocks, hint).map_err(|e| match e {
+        let got = match self.store.allocate(blocks, hint) {
+            // Abandoned uploads may hold the space: free it (after a flush barrier)
+            // and try once more.
+            Err(Error::ResourcesExhausted(_)) if self.store.release_abandoned().await? > 0 => {
+                self.store.allocate(blocks, hint)
+            }
+            r => r,
+        }
+        .map_err(|e| match e {
             Error::ResourcesExhausted(m) => {
                 Error::ResourcesExhausted(format!("storing object {}: {m}", self.name))
             }

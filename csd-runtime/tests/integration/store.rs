@@ -154,33 +154,85 @@ async fn bit_flips_are_detected_never_returned() {
     assert!(e.to_string().contains("checksum table"), "{e}");
 }
 
+/// First block of catalog slot `slot` on a 16 MiB device (4096 blocks: 64-block slots).
+fn slot_lba(slot: u64) -> u64 {
+    let slot_blocks = (4096u64 / 256).clamp(64, 16384);
+    1 + slot * slot_blocks
+}
+
+async fn flip(dev: &Arc<dyn BlockDevice>, lba: u64, at: &[usize]) {
+    let mut b = dev.read(lba, DmaBuf::zeroed(4096)).await.unwrap();
+    for &i in at {
+        b[i] ^= 0x5A;
+    }
+    dev.write(lba, b).await.unwrap();
+}
+
 #[tokio::test]
-async fn torn_catalog_falls_back_to_previous_commit() {
+async fn a_corrupt_catalog_slot_loses_nothing_acknowledged() {
+    for slot in [0, 1] {
+        let dev = mem_device(16 << 20);
+        let store = open(&dev).await;
+        store.put("a", b"first").await.unwrap();
+        store.put("b", b"second").await.unwrap();
+        drop(store);
+        // Three flipped bytes in one slot's catalog (header and body).
+        flip(&dev, slot_lba(slot), &[10, 40, 41]).await;
+        let store = open(&dev).await;
+        assert_eq!(&store.get_all("a").await.unwrap()[..], b"first");
+        assert_eq!(
+            &store.get_all("b").await.unwrap()[..],
+            b"second",
+            "slot {slot} corrupt: the acknowledged put must survive"
+        );
+        assert_consistent(&store).await;
+        drop(store);
+        // Opening repaired the slot: now the other one may fail too.
+        flip(&dev, slot_lba(1 - slot), &[12, 50]).await;
+        let store = open(&dev).await;
+        assert_eq!(&store.get_all("b").await.unwrap()[..], b"second");
+        store.put("c", b"third").await.unwrap();
+        drop(store);
+        let store = open(&dev).await;
+        assert_eq!(&store.get_all("c").await.unwrap()[..], b"third");
+    }
+}
+
+#[tokio::test]
+async fn a_torn_commit_is_invisible() {
     let dev = mem_device(16 << 20);
     let store = open(&dev).await;
     store.put("a", b"first").await.unwrap();
-    let gen_before = store.stats().await.catalog_generation;
-    store.put("b", b"second").await.unwrap();
+    let generation = store.stats().await.catalog_generation;
     drop(store);
-    // The newest commit went to slot (gen % 2 == 0 ? A : B); smash its header.
-    let sb_slot_blocks = (4096u64 / 256).clamp(64, 16384);
-    let newest_slot = (gen_before + 1) % 2; // gen 1 lives in slot 0, gen 2 in slot 1, ...
-    let lba = 1 + (1 - newest_slot) * sb_slot_blocks;
-    let mut b = dev.read(lba, DmaBuf::zeroed(4096)).await.unwrap();
-    b[40] ^= 0xFF;
-    dev.write(lba, b).await.unwrap();
+    // A crash while the next commit was written: one slot holds the header of a newer
+    // generation over a body that does not match it.
+    let mut b = dev.read(slot_lba(0), DmaBuf::zeroed(4096)).await.unwrap();
+    b[8..16].copy_from_slice(&(generation + 1).to_le_bytes());
+    dev.write(slot_lba(0), b).await.unwrap();
     let store = open(&dev).await;
     assert_eq!(&store.get_all("a").await.unwrap()[..], b"first");
-    assert!(
-        store.get("b").is_none(),
-        "the torn commit must not be visible"
-    );
+    assert_eq!(store.stats().await.catalog_generation, generation);
     assert_consistent(&store).await;
-    // And the store keeps working, committing over the torn slot.
-    store.put("c", b"third").await.unwrap();
+    store.put("b", b"second").await.unwrap();
     drop(store);
     let store = open(&dev).await;
-    assert_eq!(&store.get_all("c").await.unwrap()[..], b"third");
+    assert_eq!(&store.get_all("b").await.unwrap()[..], b"second");
+}
+
+#[tokio::test]
+async fn both_slots_corrupt_is_refused_loudly() {
+    let dev = mem_device(16 << 20);
+    let store = open(&dev).await;
+    store.put("a", b"first").await.unwrap();
+    drop(store);
+    flip(&dev, slot_lba(0), &[40]).await;
+    flip(&dev, slot_lba(1), &[40]).await;
+    let Err(e) = ObjectStore::open(dev.clone(), StoreOptions::default()).await else {
+        panic!("a store with no valid catalog slot opened");
+    };
+    assert!(e.to_string().contains("neither catalog slot"), "{e}");
+    assert_eq!(e.to_status().code(), tonic::Code::DataLoss);
 }
 
 #[tokio::test]

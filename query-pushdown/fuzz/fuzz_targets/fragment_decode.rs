@@ -4,8 +4,8 @@
 #![no_main]
 
 use arrow::datatypes::DataType;
-use csd_query_pushdown::fragment::{NodeError, SqlFragment, validate};
-use csd_query_pushdown::keyfilter::KeyFilter;
+use csd_query_pushdown::wire::fragment::{NodeError, SqlFragment, validate};
+use csd_query_pushdown::wire::keyfilter::KeyFilter;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

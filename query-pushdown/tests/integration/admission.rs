@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use csd_query_pushdown::{Cluster, SessionOptions, tpch};
+use csd_query_pushdown::{Cluster, SessionOptions};
 use csd_runtime::admission::Policy;
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::NodeConfig;
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::NodeStats;
+use csd_testbed::tpch;
 use datafusion::prelude::SessionContext;
 
 use crate::{assert_same, canonical, register_local, sql_node_with};
@@ -24,7 +26,7 @@ fn local() -> SessionContext {
     ctx
 }
 
-async fn stats(url: &str) -> serde_json::Value {
+async fn stats(url: &str) -> NodeStats {
     NodeClient::connect(url)
         .await
         .unwrap()
@@ -58,8 +60,8 @@ async fn pushed_back_fragments_give_the_same_answers() {
         "EXPLAIN ANALYZE names the pushed-back partitions:\n{plan}"
     );
     let s = stats(&node.url).await;
-    assert_eq!(s["admission"]["counters"]["admitted"], 0, "{s}");
-    assert!(s["admission"]["counters"]["pushed_back"].as_u64().unwrap() > 22);
+    assert_eq!(s.admission.counters.admitted, 0, "{s:?}");
+    assert!(s.admission.counters.pushed_back > 22);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -67,7 +69,7 @@ async fn a_request_too_big_for_memory_is_pushed_back_not_failed() {
     // 17 MiB: below the operator's smallest estimate (16 MiB + 4x a row group).
     let node = sql_node_with(NodeConfig {
         cpus: 1,
-        memory: "17MiB".into(),
+        memory: ByteSize::mib(17),
         metrics_listen: Some("127.0.0.1:0".into()),
         ..NodeConfig::default()
     })
@@ -120,7 +122,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 async fn overloaded_node_answers_every_query_correctly() {
     let node = sql_node_with(NodeConfig {
         cpus: 1,
-        memory: "256MiB".into(),
+        memory: ByteSize::mib(256),
         queue_target_ms: 5.0,
         ..NodeConfig::default()
     })
@@ -177,8 +179,8 @@ async fn overloaded_node_answers_every_query_correctly() {
             let c = NodeClient::connect(&url).await.unwrap();
             while !finished.load(std::sync::atomic::Ordering::Relaxed) {
                 let s = c.stats().await.unwrap();
-                reserved = reserved.max(s["admission"]["memory_reserved"].as_u64().unwrap());
-                used = used.max(s["operator_memory_used"].as_u64().unwrap());
+                reserved = reserved.max(s.admission.memory_reserved);
+                used = used.max(s.operator_memory_used);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             (reserved, used)
@@ -197,14 +199,14 @@ async fn overloaded_node_answers_every_query_correctly() {
     );
     assert!(used <= budget, "used peak {used}");
     let s = stats(&node.url).await;
-    let c = &s["admission"]["counters"];
+    let c = &s.admission.counters;
     assert!(total >= clients, "{total} queries ran");
-    assert!(c["admitted"].as_u64().unwrap() > 0, "{s}");
+    assert!(c.admitted > 0, "{s:?}");
     assert!(
-        c["pushed_back"].as_u64().unwrap() > 0,
-        "12 clients on one CPU with a 5 ms target must push some work back: {s}"
+        c.pushed_back > 0,
+        "12 clients on one CPU with a 5 ms target must push some work back: {s:?}"
     );
-    assert_eq!(c["rejected"], 0, "{s}");
-    assert_eq!(s["admission"]["running"], 0);
-    assert_eq!(s["admission"]["memory_reserved"], 0);
+    assert_eq!(c.rejected, 0, "{s:?}");
+    assert_eq!(s.admission.running, 0);
+    assert_eq!(s.admission.memory_reserved, 0);
 }

@@ -13,7 +13,7 @@ use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
 use datafusion::prelude::SessionContext;
 
 use csd_query_pushdown::{Cluster, SessionOptions};
-use csd_runtime::ticket::Compression;
+use csd_runtime::protocol::Compression;
 
 use crate::{assert_same, nodes, register_local, sessions};
 

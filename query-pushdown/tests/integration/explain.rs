@@ -3,8 +3,9 @@
 use arrow::util::pretty::pretty_format_batches;
 use std::sync::Arc;
 
-use csd_query_pushdown::exec::{CsdScanExec, EndpointRun};
-use csd_query_pushdown::{CsdSession, Mode, QueryRun, tpch};
+use csd_query_pushdown::compute::scan::{CsdScanExec, EndpointRun};
+use csd_query_pushdown::{CsdSession, Mode, QueryRun};
+use csd_testbed::tpch;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::{nodes, sessions};

@@ -7,6 +7,7 @@ mod admission;
 mod edge;
 mod explain;
 mod hostile;
+mod plans;
 mod tpch;
 
 use std::sync::Arc;
@@ -15,8 +16,9 @@ use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
@@ -34,7 +36,7 @@ pub async fn sql_node_with(config: NodeConfig) -> RunningNode {
     node::start_with(
         &NodeConfig {
             device: "emulated:mem".into(),
-            capacity: Some("512MiB".into()),
+            capacity: ByteSize::mib(512),
             listen: "127.0.0.1:0".into(),
             ..config
         },

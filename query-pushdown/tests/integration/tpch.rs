@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
-use csd_query_pushdown::{Parallelism, SqlOperator, tpch};
-use csd_runtime::client::NodeClient;
-use csd_runtime::node::{self, NodeConfig, RunningNode};
+use csd_query_pushdown::{Parallelism, SqlOperator};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
 use csd_runtime::operator::OperatorRegistry;
 use csd_runtime::table::ParquetOptions;
+use csd_testbed::tpch;
 use datafusion::prelude::SessionContext;
 
 use crate::{assert_same, nodes, register_local, sessions};
@@ -78,7 +80,7 @@ async fn tpch_fragments_in_two_streams() {
     let node = node::start_with(
         &NodeConfig {
             device: "emulated:mem".into(),
-            capacity: Some("512MiB".into()),
+            capacity: ByteSize::mib(512),
             listen: "127.0.0.1:0".into(),
             cpus: 2,
             parquet: ParquetOptions {

@@ -1,0 +1,139 @@
+//! The `csd` binary as a user runs it: a separate process against a node.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+
+async fn sql_node() -> RunningNode {
+    let config = NodeConfig {
+        device: "emulated:mem".into(),
+        capacity: ByteSize::mib(256),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        ..NodeConfig::default()
+    };
+    let operators = csd_query_pushdown::registry_with(&config).unwrap();
+    node::start_with(&config, operators).await.unwrap()
+}
+
+/// Runs `csd args…` off the runtime's threads (the node serves on them).
+async fn csd(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_csd"))
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn args(a: &[&str], node: &str) -> Vec<String> {
+    let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+    v.extend(["--node".to_string(), node.to_string()]);
+    v
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn write_csv(path: &Path) -> Vec<(String, String, i64)> {
+    let mut rows = Vec::new();
+    let mut csv = String::from("name,city,amount\n");
+    for i in 0..300i64 {
+        let name = format!("n{}", i % 7);
+        let city = ["oslo", "lima", "pune"][(i % 3) as usize].to_string();
+        let amount = (i * 37) % 101;
+        writeln!(csv, "{name},{city},{amount}").unwrap();
+        rows.push((name, city, amount));
+    }
+    std::fs::write(path, csv).unwrap();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_scripts_with_comments_and_concatenation_answer_as_without_pushdown() {
+    let node = sql_node().await;
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let rows = write_csv(&csv);
+    let put = csd(args(
+        &[
+            "put",
+            csv.to_str().unwrap(),
+            "--table",
+            "t",
+            "--partition",
+            "0",
+        ],
+        &node.url,
+    ))
+    .await;
+    assert!(put.status.success(), "{:?}", text(&put));
+
+    let script = dir.path().join("q.sql");
+    std::fs::write(
+        &script,
+        "-- totals by city; pushed down\n\
+         select city, sum(amount) as total from t where name <> 'x;y' group by city order by city;\n\
+         /* concatenation; as a group key */\n\
+         select city || '-' || name as k, count(*) as n from t group by 1 order by 1;\n\
+         -- a trailing comment; with no statement after it\n",
+    )
+    .unwrap();
+    let run = |push: bool| {
+        let mut a = vec!["sql", "--format", "csv", "-f", script.to_str().unwrap()];
+        if !push {
+            a.push("--no-pushdown");
+        }
+        csd(args(&a, &node.url))
+    };
+    let pushed = run(true).await;
+    let local = run(false).await;
+    let (out, err) = text(&pushed);
+    assert!(pushed.status.success(), "{err}");
+    assert!(local.status.success(), "{:?}", text(&local));
+    assert_eq!(out, text(&local).0, "pushdown changed the answer");
+
+    let mut expected = String::from("city,total\n");
+    for city in ["lima", "oslo", "pune"] {
+        let total: i64 = rows.iter().filter(|r| r.1 == city).map(|r| r.2).sum();
+        writeln!(expected, "{city},{total}").unwrap();
+    }
+    assert!(out.starts_with(&expected), "{out}");
+    // 3 cities x 7 names, each group counted.
+    let keys = out.lines().filter(|l| l.contains('-')).count();
+    assert_eq!(keys, 21, "{out}");
+    assert!(out.contains("lima-n0,"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sql_and_unknown_tables_exit_with_a_clear_message() {
+    let node = sql_node().await;
+    let bad = csd(args(&["sql", "selec 1"], &node.url)).await;
+    let (_, err) = text(&bad);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.to_lowercase().contains("sql"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let missing = csd(args(&["sql", "select * from nowhere"], &node.url)).await;
+    let (_, err) = text(&missing);
+    assert_eq!(missing.status.code(), Some(2), "{err}");
+    assert!(err.contains("nowhere"), "{err}");
+
+    let unreachable = csd(vec![
+        "ls".into(),
+        "--node".into(),
+        "grpc://127.0.0.1:1".into(),
+    ])
+    .await;
+    let (_, err) = text(&unreachable);
+    assert_eq!(unreachable.status.code(), Some(3), "{err}");
+}

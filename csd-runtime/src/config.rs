@@ -1,0 +1,365 @@
+//! A node's settings, defined once: [`NodeConfig`] is at the same time the `csd serve`
+//! flags (clap), the `CSD_*` environment variables and the keys of a TOML file
+//! (serde). [`NodeConfig::load`] layers them: defaults < file (`--config`) <
+//! environment < flags. Sizes are typed ([`ByteSize`]) and checked when read.
+//!
+//! Operators take their own options from `[operators.NAME]` tables of the file or
+//! `--set NAME.KEY=VALUE` flags ([`NodeConfig::operator_options`]); each operator
+//! reads its table with its own types, so a misspelt key is an error naming it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, FromArgMatches};
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{AdmissionConfig, Policy, parse_tenant};
+use crate::error::{Error, Result};
+use crate::table::ParquetOptions;
+
+/// A size in bytes, written `4GiB`, `512MiB`, `64KiB` or a plain number of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// `n` KiB.
+    pub const fn kib(n: u64) -> Self {
+        ByteSize(n << 10)
+    }
+
+    /// `n` MiB.
+    pub const fn mib(n: u64) -> Self {
+        ByteSize(n << 20)
+    }
+
+    /// `n` GiB.
+    pub const fn gib(n: u64) -> Self {
+        ByteSize(n << 30)
+    }
+
+    /// The size in bytes.
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        crate::device::parse_size(s).map(ByteSize)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+            if self.0 >= 1 << shift && self.0.is_multiple_of(1 << shift) {
+                return write!(f, "{}{unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A node's settings (see the module docs). Every field is a `csd serve` flag, a
+/// `CSD_*` variable and a TOML key of the same name.
+#[derive(Debug, Clone, Serialize, Deserialize, Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Device: a file or raw device path (io_uring + O_DIRECT), or
+    /// `emulated:mem|file=PATH[,latency_us=..,read_mbps=..,write_mbps=..,queue_depth=..,parallelism=..]`.
+    #[arg(long, env = "CSD_DEVICE", default_value = "csd-device.img")]
+    pub device: String,
+    /// Capacity of a new device file or emulated device.
+    #[arg(long, env = "CSD_CAPACITY", default_value = "4GiB")]
+    pub capacity: ByteSize,
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    #[arg(long, env = "CSD_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: String,
+    /// URL advertised to clients (default: `grpc://` + the bound listen address).
+    #[arg(long, env = "CSD_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// CPU workers for operator work.
+    #[arg(long, env = "CSD_CPUS", default_value_t = 2)]
+    pub cpus: usize,
+    /// Pin the operator workers to these cores (`0-3,6`, as `taskset -c` takes).
+    #[arg(long, env = "CSD_CPU_SET")]
+    pub cpu_set: Option<String>,
+    /// Memory budget for operator work.
+    #[arg(long, env = "CSD_MEMORY", default_value = "2GiB")]
+    pub memory: ByteSize,
+    /// Erase and format the device at start.
+    #[arg(long, env = "CSD_FORMAT")]
+    pub format: bool,
+    /// How tables are written.
+    #[command(flatten)]
+    pub parquet: ParquetOptions,
+    /// Admission policy: adaptive (run, queue or push back), always (run all pushed
+    /// work, queueing), never (push every operator back to the compute tier).
+    #[arg(long, env = "CSD_POLICY", default_value = "adaptive")]
+    pub policy: Policy,
+    /// Queueing-delay target in milliseconds (adaptive): a request predicted to wait
+    /// longer is pushed back.
+    #[arg(long, env = "CSD_QUEUE_TARGET_MS", default_value_t = 50.0)]
+    pub queue_target_ms: f64,
+    /// A tenant's share: `name=weight[:reserved slots]` (repeat for several); others
+    /// get weight 1.
+    #[arg(long = "tenant", env = "CSD_TENANTS", value_delimiter = ',')]
+    pub tenants: Vec<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, env = "CSD_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Raw reads served at once.
+    #[arg(long, env = "CSD_READ_SLOTS", default_value_t = 64)]
+    pub read_slots: usize,
+    /// Raw reads that may wait before the node answers RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CSD_READ_QUEUE", default_value_t = 4096)]
+    pub read_queue: usize,
+    /// Bytes of an object a raw range stream sends per message.
+    #[arg(long, env = "CSD_RANGE_CHUNK", default_value = "1MiB")]
+    pub range_chunk: ByteSize,
+    /// Largest Arrow IPC message an operator answer is cut into (larger batches are
+    /// sliced into pieces of about this size).
+    #[arg(long, env = "CSD_WIRE_PIECE", default_value = "2MiB")]
+    pub wire_piece: ByteSize,
+    /// An operator's option, `OPERATOR.KEY=VALUE` (repeat; e.g. `sql.streams=4`).
+    #[arg(long = "set", value_name = "OPERATOR.KEY=VALUE")]
+    #[serde(skip)]
+    pub set: Vec<String>,
+    /// Operators' options by operator name (`[operators.sql]` in the file).
+    #[arg(skip)]
+    pub operators: BTreeMap<String, toml::Table>,
+}
+
+/// The defaults of `T`'s flags, as clap parses an empty command line without reading
+/// the environment: the one place a setting's default is written is its flag.
+pub(crate) fn clap_defaults<T: Args + FromArgMatches>() -> T {
+    let cmd = T::augment_args(clap::Command::new("defaults")).mut_args(|a| a.env(None::<&str>));
+    cmd.try_get_matches_from(["defaults"])
+        .and_then(|m| T::from_arg_matches(&m))
+        .unwrap_or_else(|e| unreachable!("settings' own defaults do not parse: {e}"))
+}
+
+impl Default for NodeConfig {
+    /// The flags' defaults (environment variables are not read).
+    fn default() -> Self {
+        clap_defaults()
+    }
+}
+
+impl NodeConfig {
+    /// Reads a TOML file over the defaults; unknown keys and bad values are errors
+    /// naming the key.
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        toml::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+    }
+
+    /// The settings `matches` (parsed from [`NodeConfig`]'s flags) describe, layered:
+    /// the defaults, then the TOML file `file` (when given), then what came from
+    /// `CSD_*` variables and flags.
+    pub fn load(matches: &ArgMatches, file: Option<&PathBuf>) -> Result<Self> {
+        let given = NodeConfig::from_arg_matches(matches)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let Some(path) = file else {
+            return given.with_set();
+        };
+        let base = NodeConfig::from_toml_file(path)?;
+        let mut merged = serde_json::to_value(&base).map_err(|e| Error::Internal(e.to_string()))?;
+        let over = serde_json::to_value(&given).map_err(|e| Error::Internal(e.to_string()))?;
+        for id in matches.ids() {
+            let id = id.as_str();
+            let explicit = matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            if explicit {
+                overlay(&mut merged, &over, id);
+            }
+        }
+        let mut config: NodeConfig = serde_json::from_value(merged)
+            .map_err(|e| Error::InvalidArgument(format!("settings: {e}")))?;
+        config.set = given.set;
+        config.with_set()
+    }
+
+    /// Folds the `--set` flags into [`operators`](Self::operators).
+    fn with_set(mut self) -> Result<Self> {
+        for s in std::mem::take(&mut self.set) {
+            let (key, value) = s.split_once('=').ok_or_else(|| {
+                Error::InvalidArgument(format!("--set {s:?}: expected OPERATOR.KEY=VALUE"))
+            })?;
+            let (op, key) = key.split_once('.').ok_or_else(|| {
+                Error::InvalidArgument(format!("--set {s:?}: expected OPERATOR.KEY=VALUE"))
+            })?;
+            // A TOML value (number, boolean, quoted string), or else the text itself.
+            let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(value.to_string()));
+            self.operators
+                .entry(op.trim().to_string())
+                .or_default()
+                .insert(key.trim().to_string(), value);
+        }
+        Ok(self)
+    }
+
+    /// The options of operator `name`, read as `T` (missing keys take `T`'s
+    /// defaults); a bad or unknown key is an error naming it.
+    pub fn operator_options<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        name: &str,
+    ) -> Result<T> {
+        match self.operators.get(name) {
+            None => Ok(T::default()),
+            Some(t) => t
+                .clone()
+                .try_into()
+                .map_err(|e| Error::InvalidArgument(format!("options of operator {name}: {e}"))),
+        }
+    }
+
+    /// The admission settings these describe.
+    pub fn admission(&self) -> Result<AdmissionConfig> {
+        let mut a = AdmissionConfig::new(self.cpus, self.memory.bytes());
+        a.policy = self.policy;
+        if self.read_slots == 0 {
+            return Err(Error::InvalidArgument(
+                "read slots must be at least 1".into(),
+            ));
+        }
+        a.io_in_flight = self.read_slots;
+        a.io_queue = self.read_queue;
+        if !(self.queue_target_ms.is_finite() && self.queue_target_ms >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "queue target {} ms must be a non-negative number",
+                self.queue_target_ms
+            )));
+        }
+        a.queue_target = std::time::Duration::from_secs_f64(self.queue_target_ms / 1e3);
+        for t in &self.tenants {
+            let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
+            a.tenants.insert(name, share);
+        }
+        let reserved: usize = a.tenants.values().map(|t| t.reserve).sum();
+        if reserved > a.slots {
+            return Err(Error::InvalidArgument(format!(
+                "tenants reserve {reserved} slots but the node has {} CPU workers",
+                a.slots
+            )));
+        }
+        Ok(a)
+    }
+}
+
+/// Sets key `id` of `into` (at the top level, or in the nested table holding it) to
+/// its value in `from`.
+fn overlay(into: &mut serde_json::Value, from: &serde_json::Value, id: &str) {
+    let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) else {
+        return;
+    };
+    if let Some(v) = from.get(id) {
+        into.insert(id.to_string(), v.clone());
+        return;
+    }
+    for (k, sub) in from {
+        if sub.as_object().is_some_and(|o| o.contains_key(id))
+            && let Some(target) = into.get_mut(k)
+        {
+            overlay(target, sub, id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn matches(args: &[&str]) -> ArgMatches {
+        NodeConfig::augment_args(clap::Command::new("csd"))
+            .mut_args(|a| a.env(None::<&str>))
+            .try_get_matches_from(args)
+            .unwrap()
+    }
+
+    #[test]
+    fn flags_win_over_the_file_which_wins_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(
+            &file,
+            "cpus = 7\nmemory = \"3GiB\"\npolicy = \"always\"\n[parquet]\npage_rows = 4096\n[operators.sql]\nstreams = 3\n",
+        )
+        .unwrap();
+        let m = matches(&[
+            "csd",
+            "--cpus",
+            "5",
+            "--row-group-rows",
+            "1000",
+            "--set",
+            "sql.split_min_bytes=1",
+        ]);
+        let c = NodeConfig::load(&m, Some(&file)).unwrap();
+        assert_eq!(c.cpus, 5, "flag over file");
+        assert_eq!(c.memory, ByteSize(3 << 30), "file over default");
+        assert_eq!(c.policy, Policy::Always);
+        assert_eq!(c.parquet.page_rows, 4096);
+        assert_eq!(c.parquet.row_group_rows, 1000, "nested flag over file");
+        assert_eq!(c.read_slots, 64, "default");
+        let sql = &c.operators["sql"];
+        assert_eq!(sql["streams"].as_integer(), Some(3));
+        assert_eq!(sql["split_min_bytes"].as_integer(), Some(1));
+
+        let d = NodeConfig::default();
+        assert_eq!(
+            (d.cpus, d.memory, d.capacity),
+            (2, ByteSize(2 << 30), ByteSize(4 << 30))
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "memroy = \"1GiB\"\n").unwrap();
+        let e = NodeConfig::load(&matches(&["csd"]), Some(&file)).unwrap_err();
+        assert!(e.to_string().contains("memroy"), "{e}");
+        std::fs::write(&file, "memory = \"1 parsec\"\n").unwrap();
+        let e = NodeConfig::load(&matches(&["csd"]), Some(&file)).unwrap_err();
+        assert!(e.to_string().contains("parsec"), "{e}");
+        let e = NodeConfig::load(&matches(&["csd", "--set", "sql"]), None).unwrap_err();
+        assert!(e.to_string().contains("OPERATOR.KEY=VALUE"), "{e}");
+        assert_eq!(
+            "1536MiB".parse::<ByteSize>().unwrap().to_string(),
+            "1536MiB"
+        );
+        assert_eq!(ByteSize(1 << 30).to_string(), "1GiB");
+    }
+}

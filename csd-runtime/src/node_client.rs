@@ -1,0 +1,514 @@
+//! [`NodeClient`] talks Arrow Flight to one storage node: store tables
+//! ([`NodeClient::put`]), list them, scan them back, read object bytes by range, run
+//! pushed-down operators ([`NodeClient::operator`]), delete, and read node figures.
+//! It lives here, beside the ticket format and the service, because this crate owns
+//! the wire protocol; the operator crates and `csd-client` use it.
+
+use std::time::Duration;
+
+use crate::protocol::{
+    ActionRequest, DeleteRequest, NodeStats, ObjectsRequest, PutSummary, StatsRequest,
+    TableDescription, Ticket,
+};
+use crate::store::ObjectInfo;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder, FlightRecordBatchStream};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{
+    Criteria, FlightClient, FlightData, FlightDescriptor, FlightInfo, Ticket as FlightTicket,
+};
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::StatusCode;
+use crate::admission::PushBack;
+use crate::protocol::Compression;
+use crate::protocol::OperatorReport;
+use crate::protocol::{PUSHBACK_METADATA, RETRY_AFTER_METADATA};
+use tonic::transport::{Channel, Endpoint};
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The node answered with an error status.
+    #[error("node error ({code:?}): {message}")]
+    Rpc {
+        /// gRPC code.
+        code: tonic::Code,
+        /// The node's message.
+        message: String,
+    },
+    /// The node could not be reached.
+    #[error("cannot reach {url}: {}", crate::error::chain(.source))]
+    Connect {
+        /// Node URL.
+        url: String,
+        /// Why (tonic's transport error and its causes).
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Bad input from the user (file, arguments).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The node sent something we cannot read.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+    /// A Flight stream failed in a way that is not the node's status.
+    #[error("flight stream: {0}")]
+    Flight(#[source] FlightError),
+    /// Arrow data that could not be encoded or decoded.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// From the runtime (embedded node).
+    #[error(transparent)]
+    Runtime(#[from] crate::Error),
+    /// The node's admission control handed the request back: evaluate it here.
+    #[error("pushed back by the storage node: {}", .0.reason)]
+    PushedBack(PushBack),
+    /// The node could not serve even raw reads, and kept refusing for the whole
+    /// retry budget.
+    #[error("storage node overloaded (retry in {} ms): {message}", .retry_after.as_millis())]
+    Busy {
+        /// The node's message.
+        message: String,
+        /// Its last retry hint.
+        retry_after: Duration,
+    },
+}
+
+/// How long a client keeps retrying a request the node refuses with a retry hint.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(60);
+
+/// Client result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        let meta = |k: &str| s.metadata().get(k).and_then(|v| v.to_str().ok());
+        if s.code() == tonic::Code::Unavailable
+            && let Some(p) = meta(PUSHBACK_METADATA).and_then(|j| serde_json::from_str(j).ok())
+        {
+            return Error::PushedBack(p);
+        }
+        if s.code() == tonic::Code::ResourceExhausted
+            && let Some(ms) = meta(RETRY_AFTER_METADATA).and_then(|v| v.parse::<u64>().ok())
+        {
+            return Error::Busy {
+                message: s.message().to_string(),
+                retry_after: Duration::from_millis(ms),
+            };
+        }
+        Error::Rpc {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+impl From<FlightError> for Error {
+    fn from(e: FlightError) -> Self {
+        match e {
+            FlightError::Tonic(s) => (*s).into(),
+            FlightError::Arrow(a) => Error::Arrow(a),
+            FlightError::ExternalError(inner) => match inner.downcast::<Error>() {
+                Ok(ours) => *ours,
+                Err(other) => Error::Flight(FlightError::ExternalError(other)),
+            },
+            other => Error::Flight(other),
+        }
+    }
+}
+
+impl Error {
+    /// The gRPC code, if the node answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Error::Rpc { code, .. } => StatusCode::from_tonic(*code),
+            Error::Connect { .. } | Error::PushedBack(_) => StatusCode::Unavailable,
+            Error::InvalidInput(_) | Error::Arrow(_) => StatusCode::InvalidArgument,
+            Error::Protocol(_) | Error::Flight(_) => StatusCode::Internal,
+            Error::Runtime(e) => e.status_code(),
+            Error::Busy { .. } => StatusCode::ResourceExhausted,
+        }
+    }
+}
+
+/// Largest message the client accepts.
+const MAX_MESSAGE_BYTES: usize = crate::protocol::MAX_MESSAGE_BYTES;
+
+/// A table as a node describes it.
+#[derive(Debug, Clone)]
+pub struct TableInfo {
+    /// Name.
+    pub name: String,
+    /// Arrow schema.
+    pub schema: SchemaRef,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Partitions and their objects.
+    pub description: TableDescription,
+}
+
+impl TryFrom<FlightInfo> for TableInfo {
+    type Error = Error;
+    fn try_from(info: FlightInfo) -> Result<Self> {
+        let schema = std::sync::Arc::new(info.clone().try_decode_schema()?);
+        let description: TableDescription = serde_json::from_slice(&info.app_metadata)
+            .map_err(|e| Error::Protocol(format!("table description: {e}")))?;
+        Ok(TableInfo {
+            name: description.table.clone(),
+            schema,
+            rows: info.total_records.max(0) as u64,
+            bytes: info.total_bytes.max(0) as u64,
+            description,
+        })
+    }
+}
+
+/// A connection to one storage node.
+#[derive(Clone)]
+pub struct NodeClient {
+    url: String,
+    raw: FlightServiceClient<Channel>,
+    tenant: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl NodeClient {
+    /// Connects to `url` (`grpc://host:port`, `http://host:port` or `host:port`).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let http = match url.split_once("://") {
+            Some(("grpc" | "http", rest)) => format!("http://{rest}"),
+            Some((scheme, _)) => {
+                return Err(Error::InvalidInput(format!(
+                    "node URL {url:?}: scheme {scheme} is not grpc or http"
+                )));
+            }
+            None => format!("http://{url}"),
+        };
+        let channel = Endpoint::from_shared(http)
+            .map_err(|e| Error::InvalidInput(format!("node URL {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(crate::protocol::STREAM_WINDOW)
+            .initial_connection_window_size(crate::protocol::CONNECTION_WINDOW)
+            .connect()
+            .await
+            .map_err(|source| Error::Connect {
+                url: url.to_string(),
+                source,
+            })?;
+        let raw = FlightServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(NodeClient {
+            url: url.to_string(),
+            raw,
+            tenant: None,
+        })
+    }
+
+    /// The same connection, sending `tenant` with every request (admission control
+    /// shares the node's CPU between tenants by their weights).
+    pub fn with_tenant(mut self, tenant: &str) -> Result<Self> {
+        let v = tenant
+            .parse()
+            .map_err(|_| Error::InvalidInput(format!("tenant {tenant:?} is not ASCII")))?;
+        self.tenant = Some(v);
+        Ok(self)
+    }
+
+    /// `DoGet` of `ticket`; a refusal with a retry hint (the node is saturated) is
+    /// retried after the hint, for up to [`RETRY_BUDGET`].
+    async fn do_get(&self, ticket: &Ticket) -> Result<tonic::Streaming<FlightData>> {
+        let started = std::time::Instant::now();
+        let bytes = ticket.encode();
+        let mut attempt = 0u32;
+        loop {
+            let mut req = tonic::Request::new(FlightTicket::new(bytes.clone()));
+            if let Some(t) = &self.tenant {
+                req.metadata_mut()
+                    .insert(crate::protocol::TENANT_METADATA, t.clone());
+            }
+            match self.raw.clone().do_get(req).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status) => match Error::from(status) {
+                    Error::Busy {
+                        message,
+                        retry_after,
+                    } if started.elapsed() + retry_after < RETRY_BUDGET => {
+                        attempt += 1;
+                        // The hint, stretched a little per attempt and spread so
+                        // that refused clients do not all come back at once.
+                        let spread = 1.0
+                            + 0.25 * f64::from(attempt.min(8))
+                            + (started.elapsed().subsec_nanos() % 97) as f64 / 400.0;
+                        tracing::debug!(%message, ?retry_after, attempt, "node busy, retrying");
+                        tokio::time::sleep(retry_after.mul_f64(spread)).await;
+                    }
+                    e => return Err(e),
+                },
+            }
+        }
+    }
+
+    /// The node's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn flight(&self) -> FlightClient {
+        FlightClient::new_from_inner(self.raw.clone())
+    }
+
+    /// Stores `batches` as one new object of `table`/`partition`.
+    pub async fn put<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Send + 'static,
+    {
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![
+                table.into(),
+                partition.into(),
+            ])))
+            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))));
+        let mut results = self.flight().do_put(data).await?;
+        let first = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol("DoPut returned no result".into()))?;
+        serde_json::from_slice(&first.app_metadata)
+            .map_err(|e| Error::Protocol(format!("put summary: {e}")))
+    }
+
+    /// All tables (optionally those whose names start with `prefix`).
+    pub async fn list_tables(&self, prefix: &str) -> Result<Vec<TableInfo>> {
+        let infos: Vec<FlightInfo> = self
+            .flight()
+            .list_flights(
+                Criteria {
+                    expression: prefix.to_string().into(),
+                }
+                .expression,
+            )
+            .await?
+            .try_collect()
+            .await?;
+        infos.into_iter().map(TableInfo::try_from).collect()
+    }
+
+    /// One table.
+    pub async fn table(&self, name: &str) -> Result<TableInfo> {
+        self.flight()
+            .get_flight_info(FlightDescriptor::new_path(vec![name.into()]))
+            .await?
+            .try_into()
+    }
+
+    /// Streams a table (or one partition), optionally only some columns.
+    pub async fn scan(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[&str],
+    ) -> Result<FlightRecordBatchStream> {
+        self.scan_limit(table, partition, columns, None).await
+    }
+
+    /// [`scan`](Self::scan), only the first `limit` rows (in storage order) when given.
+    pub async fn scan_limit(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[&str],
+        limit: Option<u64>,
+    ) -> Result<FlightRecordBatchStream> {
+        let ticket = Ticket::Scan {
+            table: table.into(),
+            partition: partition.map(Into::into),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            limit,
+        };
+        let inner = self.do_get(&ticket).await?;
+        Ok(FlightRecordBatchStream::new_from_flight_data(
+            inner.map_err(|s| FlightError::Tonic(Box::new(s))),
+        ))
+    }
+
+    /// Reads `len` raw bytes at `offset` of a stored object.
+    pub async fn read_range(&self, object: &str, offset: u64, len: u64) -> Result<Bytes> {
+        let ticket = Ticket::Range {
+            object: object.into(),
+            offset,
+            length: len,
+        };
+        let mut stream = self.do_get(&ticket).await?;
+        let mut out = BytesMut::with_capacity(len as usize);
+        while let Some(d) = stream.message().await? {
+            out.extend_from_slice(&d.data_body);
+        }
+        if out.len() as u64 != len {
+            return Err(Error::Protocol(format!(
+                "asked for {len} bytes of {object}, got {}",
+                out.len()
+            )));
+        }
+        Ok(out.freeze())
+    }
+
+    /// Runs the pushed-down operator `name` with `args`; the answer's IPC bodies are
+    /// compressed with `compression`. Fails at once if the node refuses the request;
+    /// [`Error::PushedBack`] means the caller should evaluate it itself.
+    pub async fn operator(
+        &self,
+        name: &str,
+        args: Vec<u8>,
+        compression: Compression,
+    ) -> Result<OperatorReply> {
+        self.operator_with(name, args, compression, false).await
+    }
+
+    /// [`operator`](Self::operator); a `patient` request asks the node to queue it
+    /// rather than push it back for queueing delay (send it when this tier's own
+    /// cores are saturated).
+    pub async fn operator_with(
+        &self,
+        name: &str,
+        args: Vec<u8>,
+        compression: Compression,
+        patient: bool,
+    ) -> Result<OperatorReply> {
+        let ticket = Ticket::Operator {
+            name: name.into(),
+            args,
+            compression,
+            patient,
+        };
+        let inner = self.do_get(&ticket).await?;
+        let stats = Arc::new(ReplyStats::default());
+        // The trailing report has no IPC header (arrow-flight's decoder would refuse
+        // it): take it out here.
+        let counted = inner.filter_map({
+            let stats = stats.clone();
+            move |d| {
+                let out = match d {
+                    Ok(d) => {
+                        stats.bytes_received.fetch_add(
+                            (d.data_header.len() + d.data_body.len()) as u64,
+                            Ordering::Relaxed,
+                        );
+                        if d.data_header.is_empty() && !d.app_metadata.is_empty() {
+                            match serde_json::from_slice(&d.app_metadata) {
+                                Ok(r) => {
+                                    if let Ok(mut g) = stats.report.lock() {
+                                        *g = Some(r);
+                                    }
+                                    None
+                                }
+                                Err(e) => Some(Err(FlightError::ProtocolError(format!(
+                                    "request report: {e}"
+                                )))),
+                            }
+                        } else {
+                            Some(Ok(d))
+                        }
+                    }
+                    Err(s) => Some(Err(FlightError::Tonic(Box::new(s)))),
+                };
+                futures::future::ready(out)
+            }
+        });
+        let batches = FlightDataDecoder::new(counted)
+            .filter_map(|d| {
+                futures::future::ready(match d {
+                    Err(e) => Some(Err(Error::from(e))),
+                    Ok(d) => match d.payload {
+                        DecodedPayload::RecordBatch(b) => Some(Ok(b)),
+                        DecodedPayload::Schema(_) | DecodedPayload::None => None,
+                    },
+                })
+            })
+            .boxed();
+        Ok(OperatorReply { batches, stats })
+    }
+
+    /// Runs the typed action `request` (see [`crate::protocol::actions`]).
+    pub async fn action<A: ActionRequest>(&self, request: &A) -> Result<A::Response> {
+        let mut results = self.flight().do_action(request.to_action()?).await?;
+        let r = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol(format!("action {} returned nothing", A::TYPE)))?;
+        serde_json::from_slice(&r)
+            .map_err(|e| Error::Protocol(format!("the answer to action {}: {e}", A::TYPE)))
+    }
+
+    /// Deletes `table`, or one partition of it; returns objects deleted.
+    pub async fn delete(&self, table: &str, partition: Option<&str>) -> Result<u64> {
+        let r = DeleteRequest {
+            table: table.into(),
+            partition: partition.map(Into::into),
+        };
+        Ok(self.action(&r).await?.deleted_objects)
+    }
+
+    /// Node, device, store, admission and request figures.
+    pub async fn stats(&self) -> Result<NodeStats> {
+        self.action(&StatsRequest {}).await
+    }
+
+    /// Stored objects whose names start with `prefix`.
+    pub async fn objects(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        self.action(&ObjectsRequest {
+            prefix: prefix.into(),
+        })
+        .await
+    }
+}
+
+/// The answer of [`NodeClient::operator`]: a stream of batches and, once it has
+/// ended, the node's [`OperatorReport`].
+pub struct OperatorReply {
+    /// The batches.
+    pub batches: BoxStream<'static, Result<RecordBatch>>,
+    /// Bytes received and the node's report (filled as the stream is read).
+    pub stats: Arc<ReplyStats>,
+}
+
+/// What a client learns about one operator request.
+#[derive(Debug, Default)]
+pub struct ReplyStats {
+    /// Bytes of `FlightData` headers and bodies received.
+    pub bytes_received: AtomicU64,
+    /// The node's report, once the stream has ended.
+    pub report: Mutex<Option<OperatorReport>>,
+}
+
+impl ReplyStats {
+    /// The node's report, if it has arrived.
+    pub fn report(&self) -> Option<OperatorReport> {
+        self.report.lock().ok().and_then(|g| g.clone())
+    }
+}

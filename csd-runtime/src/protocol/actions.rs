@@ -1,0 +1,131 @@
+//! `DoAction` requests and their answers. Each request type names its action
+//! ([`ActionRequest::TYPE`]) and its response type; bodies are JSON both ways, an empty
+//! request body meaning `{}`. Any Flight client can call them:
+//!
+//! | action | request body | answer body |
+//! |---|---|---|
+//! | `stats` | `{}` | [`NodeStats`] |
+//! | `delete` | `{"table": "t"}` or `{"table": "t", "partition": "p"}` | `{"deleted_objects": n}` |
+//! | `objects` | `{"prefix": "t/"}` (optional) | a list of [`ObjectInfo`] |
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::messages::NodeStats;
+use crate::error::{Error, Result};
+use crate::store::ObjectInfo;
+
+/// A typed `DoAction` request.
+pub trait ActionRequest: Serialize + DeserializeOwned {
+    /// The action's name (`Action.type`).
+    const TYPE: &'static str;
+    /// What `ListActions` says of it.
+    const DESCRIPTION: &'static str;
+    /// The answer's body.
+    type Response: Serialize + DeserializeOwned;
+
+    /// The request as a Flight action.
+    fn to_action(&self) -> Result<arrow_flight::Action> {
+        let body = serde_json::to_vec(self).map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(arrow_flight::Action::new(Self::TYPE, body))
+    }
+
+    /// Decodes an action body (empty: `{}`).
+    fn decode(body: &[u8]) -> Result<Self> {
+        let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            body
+        };
+        serde_json::from_slice(body).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "the body of action {:?} is not the JSON it takes: {e}",
+                Self::TYPE
+            ))
+        })
+    }
+}
+
+/// `stats`: node, device, object-store, admission and request figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StatsRequest {}
+
+impl ActionRequest for StatsRequest {
+    const TYPE: &'static str = "stats";
+    const DESCRIPTION: &'static str = "node, device, object-store and request figures as JSON";
+    type Response = NodeStats;
+}
+
+/// `delete`: a table, or one partition of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteRequest {
+    /// The table.
+    pub table: String,
+    /// Only this partition (`None`: the whole table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+}
+
+/// The answer to a [`DeleteRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeleteResponse {
+    /// Objects deleted.
+    pub deleted_objects: u64,
+}
+
+impl ActionRequest for DeleteRequest {
+    const TYPE: &'static str = "delete";
+    const DESCRIPTION: &'static str =
+        "delete a table or a partition; body {\"table\": ..., \"partition\": ...}";
+    type Response = DeleteResponse;
+}
+
+/// `objects`: stored objects whose names start with a prefix.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectsRequest {
+    /// Name prefix (empty: all).
+    #[serde(default)]
+    pub prefix: String,
+}
+
+impl ActionRequest for ObjectsRequest {
+    const TYPE: &'static str = "objects";
+    const DESCRIPTION: &'static str = "list stored objects; body {\"prefix\": ...} (optional)";
+    type Response = Vec<ObjectInfo>;
+}
+
+/// Every action a node serves, as `(type, description)` for `ListActions`.
+pub const ACTIONS: [(&str, &str); 3] = [
+    (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
+    (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
+    (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_and_bad_ones_say_what_is_wrong() {
+        let d = DeleteRequest {
+            table: "t".into(),
+            partition: Some("p".into()),
+        };
+        let a = d.to_action().unwrap();
+        assert_eq!(a.r#type, "delete");
+        assert_eq!(DeleteRequest::decode(&a.body).unwrap(), d);
+        assert_eq!(StatsRequest::decode(b"").unwrap(), StatsRequest {});
+        assert_eq!(ObjectsRequest::decode(b" ").unwrap().prefix, "");
+        let e = DeleteRequest::decode(b"orders/2024")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("action \"delete\""), "{e}");
+        let e = DeleteRequest::decode(br#"{"table":"t","partion":"p"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("partion"), "{e}");
+    }
+}

@@ -1,0 +1,115 @@
+//! A running node's shared state: what its operators use ([`NodeResources`]), its
+//! admission control, operators and counters. The service, the metrics endpoint and
+//! the start-up code share it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::admission::{Admission, AdmissionConfig};
+use crate::operator::{NodeResources, OperatorRegistry};
+use crate::pool::CpuPool;
+use crate::protocol::messages::{DeviceReport, NodeStats, RequestReport};
+use crate::store::ObjectStore;
+use crate::table::TableStore;
+
+/// Request counters of the service.
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    pub(crate) do_get: AtomicU64,
+    pub(crate) do_put: AtomicU64,
+    pub(crate) bytes_sent: Arc<AtomicU64>,
+    pub(crate) bytes_received: AtomicU64,
+    pub(crate) rows_received: AtomicU64,
+}
+
+/// Everything a node's service works with.
+pub struct NodeState {
+    /// What operators use: tables, CPU pool, memory budget.
+    pub node: Arc<NodeResources>,
+    /// The URL clients use to reach this node (`grpc://host:port`).
+    pub location: String,
+    /// Counters.
+    pub counters: ServiceCounters,
+    /// Pushed-down operators this node runs.
+    pub operators: OperatorRegistry,
+    /// Admission control for operator requests and raw reads.
+    pub admission: Arc<Admission>,
+    /// Bytes per message of a raw range stream.
+    pub range_chunk: u64,
+    /// Size an operator answer's batches are cut to (see
+    /// [`wire_pieces`](crate::operator::wire_pieces)).
+    pub wire_piece: u64,
+    started: Instant,
+}
+
+impl NodeState {
+    /// Assembles a node's state.
+    pub fn new(tables: TableStore, pool: CpuPool, location: String, memory_budget: u64) -> Self {
+        NodeState {
+            admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
+            node: Arc::new(NodeResources {
+                tables,
+                pool,
+                memory_budget,
+            }),
+            location,
+            counters: ServiceCounters::default(),
+            operators: OperatorRegistry::new(),
+            range_chunk: 1 << 20,
+            wire_piece: 2 << 20,
+            started: Instant::now(),
+        }
+    }
+
+    /// Uses `admission` (built from the node's flags) instead of the defaults.
+    pub fn with_admission(mut self, admission: Arc<Admission>) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// Sends raw ranges in `range_chunk`-byte messages and operator answers in
+    /// pieces of about `wire_piece` bytes.
+    pub fn with_wire(mut self, range_chunk: u64, wire_piece: u64) -> Self {
+        self.range_chunk = range_chunk.max(4096);
+        self.wire_piece = wire_piece.max(64 << 10);
+        self
+    }
+
+    /// Serves `operators` too.
+    pub fn with_operators(mut self, operators: OperatorRegistry) -> Self {
+        self.operators = operators;
+        self
+    }
+
+    pub(crate) fn store(&self) -> &ObjectStore {
+        self.node.tables.object_store()
+    }
+
+    /// The JSON returned by `DoAction stats`.
+    pub async fn stats(&self) -> NodeStats {
+        let dev = self.store().device();
+        let c = &self.counters;
+        NodeStats {
+            location: self.location.clone(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            cpus: self.node.pool.threads(),
+            memory_budget: self.node.memory_budget,
+            device: DeviceReport {
+                geometry: dev.geometry().clone(),
+                stats: dev.stats(),
+            },
+            store: self.store().stats().await,
+            tables: self.node.tables.tables().len(),
+            admission: self.admission.stats(),
+            operator_memory_used: self.operators.memory_used(),
+            requests: RequestReport {
+                do_get: c.do_get.load(Ordering::Relaxed),
+                do_put: c.do_put.load(Ordering::Relaxed),
+                bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+                bytes_received: c.bytes_received.load(Ordering::Relaxed),
+                rows_received: c.rows_received.load(Ordering::Relaxed),
+            },
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Where a table's partitions live and how fragments over it travel: what a
+//! [`CsdScanExec`](crate::compute::scan::CsdScanExec) needs of its table.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::Compression;
+use csd_runtime::protocol::ObjectDescription;
+
+use crate::compute::gate::LocalGate;
+use crate::compute::range_read::{NodeRangeStore, RangeReadTable};
+
+/// One partition of a table on one node.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// The node.
+    pub client: NodeClient,
+    /// Partition name.
+    pub partition: String,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Its Parquet objects.
+    pub objects: Vec<ObjectDescription>,
+    /// The node's index in the cluster (its paths in [`NodeRangeStore`]).
+    pub node: usize,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.client.url(), self.partition)
+    }
+}
+
+/// A table's endpoints, with what its scans share: answer compression, byte-range
+/// reads of the nodes' objects (for fragments handed back), and the gate those run
+/// under here.
+#[derive(Debug)]
+pub struct TableEndpoints {
+    name: String,
+    schema: SchemaRef,
+    endpoints: Vec<Endpoint>,
+    compression: Compression,
+    ranges: Arc<NodeRangeStore>,
+    local: Arc<LocalGate>,
+}
+
+impl TableEndpoints {
+    /// A table called `name` with `schema`, held as `endpoints`; results travel with
+    /// `compression`; `ranges` reads the nodes' objects by byte range; fragments
+    /// handed back run here under `local` (see [`LocalGate`]).
+    pub fn new(
+        name: String,
+        schema: SchemaRef,
+        endpoints: Vec<Endpoint>,
+        compression: Compression,
+        ranges: Arc<NodeRangeStore>,
+        local: Arc<LocalGate>,
+    ) -> Self {
+        TableEndpoints {
+            name,
+            schema,
+            endpoints,
+            compression,
+            ranges,
+            local,
+        }
+    }
+
+    /// Table name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Table schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Where it lives.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// Rows in all its partitions.
+    pub fn rows(&self) -> u64 {
+        self.endpoints.iter().map(|e| e.rows).sum()
+    }
+
+    /// Answer compression.
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    /// Where fragments the nodes hand back wait for a core here.
+    pub fn local_gate(&self) -> &Arc<LocalGate> {
+        &self.local
+    }
+
+    /// The objects of `endpoints` read by byte range, as a table here.
+    pub fn range_table(&self, endpoints: &[Endpoint]) -> RangeReadTable {
+        let files = endpoints
+            .iter()
+            .flat_map(|e| {
+                e.objects.iter().map(|o| {
+                    (
+                        NodeRangeStore::path(e.node, &o.name).to_string(),
+                        o.len,
+                        o.rows,
+                    )
+                })
+            })
+            .collect();
+        RangeReadTable::new(self.schema.clone(), files, self.ranges.clone())
+    }
+}

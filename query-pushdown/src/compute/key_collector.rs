@@ -1,0 +1,311 @@
+//! The keys of a hash join's build side, collected as its partitions run
+//! ([`KeyCollectExec`] passes the rows through unchanged), for the probe side's
+//! [`CsdScanExec`](crate::compute::scan::CsdScanExec) to wait on and send to the
+//! nodes as a [`Bloom`]. Where such filters apply is decided by
+//! [`KeyFilterRule`](crate::compute::key_filter_rule::KeyFilterRule).
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::Result;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, RecordBatchStream,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::Stream;
+use tokio::sync::watch;
+
+use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
+
+/// The keys of one hash join's build side, collected as its partitions run.
+#[derive(Debug)]
+pub struct KeyCollector {
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    parts: usize,
+    wait: Duration,
+    bits_per_key: usize,
+    state: Mutex<Collect>,
+    done: watch::Sender<bool>,
+    built: OnceLock<Option<Arc<Bloom>>>,
+}
+
+#[derive(Debug, Default)]
+struct Collect {
+    hashes: Vec<u64>,
+    finished: usize,
+    abandoned: Option<String>,
+    keys: usize,
+}
+
+impl KeyCollector {
+    /// Collects `exprs` (the join's build-side keys) from `parts` partitions, for a
+    /// filter of `bits_per_key`; a scan waits at most `wait` for it.
+    pub fn new(
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+        parts: usize,
+        wait: Duration,
+        bits_per_key: usize,
+    ) -> Self {
+        KeyCollector {
+            exprs,
+            parts,
+            wait,
+            bits_per_key: bits_per_key.max(1),
+            state: Mutex::new(Collect::default()),
+            done: watch::channel(false).0,
+            built: OnceLock::new(),
+        }
+    }
+
+    fn add(&self, batch: &RecordBatch) -> std::result::Result<(), String> {
+        let cols: Vec<ArrayRef> = self
+            .exprs
+            .iter()
+            .map(|e| {
+                e.evaluate(batch)
+                    .and_then(|v| v.into_array(batch.num_rows()))
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
+        let mut s = self.state.lock().map_err(|_| "key collector poisoned")?;
+        if s.abandoned.is_some() {
+            return Ok(());
+        }
+        s.hashes.extend(
+            hashes
+                .into_iter()
+                .zip(valid)
+                .filter_map(|(h, v)| v.then_some(h)),
+        );
+        let max_keys = self.max_keys();
+        if s.hashes.len() > 2 * max_keys {
+            // Duplicates may still bring it under; check before giving up.
+            s.hashes.sort_unstable();
+            s.hashes.dedup();
+            if s.hashes.len() > max_keys {
+                drop(s);
+                self.abandon(format!("more than {max_keys} distinct build keys"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Most distinct keys a filter is built for: `bits_per_key` each, within
+    /// [`MAX_FILTER_BYTES`].
+    fn max_keys(&self) -> usize {
+        MAX_FILTER_BYTES * 8 / self.bits_per_key
+    }
+
+    fn finish_part(&self) {
+        let all = match self.state.lock() {
+            Ok(mut s) => {
+                s.finished += 1;
+                s.finished >= self.parts
+            }
+            Err(_) => true,
+        };
+        if all {
+            self.done.send_replace(true);
+        }
+    }
+
+    fn abandon(&self, why: String) {
+        if let Ok(mut s) = self.state.lock()
+            && s.abandoned.is_none()
+        {
+            tracing::debug!("join-key filter abandoned: {why}");
+            s.abandoned = Some(why);
+            s.hashes = Vec::new();
+        }
+        self.done.send_replace(true);
+    }
+
+    /// The filter, once every build partition has ended (`None`: no filter, see the
+    /// module docs). Built once, shared by every endpoint of the scan.
+    pub async fn wait(&self) -> Option<Arc<Bloom>> {
+        let mut rx = self.done.subscribe();
+        if tokio::time::timeout(self.wait, rx.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            let wait = self.wait;
+            self.abandon(format!("build side not finished after {wait:?}"));
+        }
+        self.built
+            .get_or_init(|| {
+                let mut s = self.state.lock().ok()?;
+                if s.abandoned.is_some() {
+                    return None;
+                }
+                let mut h = std::mem::take(&mut s.hashes);
+                h.sort_unstable();
+                h.dedup();
+                s.keys = h.len();
+                Bloom::with_bits_per_key(&h, self.bits_per_key).map(Arc::new)
+            })
+            .clone()
+    }
+
+    /// Distinct keys in the built filter (0 before it is built).
+    pub fn keys(&self) -> usize {
+        self.state.lock().map(|s| s.keys).unwrap_or(0)
+    }
+
+    /// Why there is no filter, if there is none.
+    pub fn abandoned(&self) -> Option<String> {
+        self.state.lock().ok().and_then(|s| s.abandoned.clone())
+    }
+}
+
+/// Passes a hash join's build side through unchanged, collecting its keys.
+#[derive(Debug)]
+pub struct KeyCollectExec {
+    input: Arc<dyn ExecutionPlan>,
+    collector: Arc<KeyCollector>,
+}
+
+impl KeyCollectExec {
+    /// Wraps `input`, feeding `collector`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, collector: Arc<KeyCollector>) -> Self {
+        KeyCollectExec { input, collector }
+    }
+}
+
+impl DisplayAs for KeyCollectExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "KeyCollectExec: join keys for the storage nodes")?;
+        let keys = self.collector.keys();
+        if keys > 0 {
+            write!(f, ", keys={keys}")?;
+        }
+        if let Some(why) = self.collector.abandoned() {
+            write!(f, ", no filter ({why})")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for KeyCollectExec {
+    fn name(&self) -> &str {
+        "KeyCollectExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in &self.collector.exprs {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(KeyCollectExec {
+                input,
+                collector: self.collector.clone(),
+            })),
+            _ => Err(datafusion::common::DataFusionError::Internal(
+                "KeyCollectExec takes one child".into(),
+            )),
+        }
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let inner = self.input.execute(partition, context)?;
+        Ok(Box::pin(CollectStream {
+            inner,
+            collector: self.collector.clone(),
+            ended: false,
+        }))
+    }
+}
+
+struct CollectStream {
+    inner: SendableRecordBatchStream,
+    collector: Arc<KeyCollector>,
+    ended: bool,
+}
+
+impl Stream for CollectStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.inner.as_mut().poll_next(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(b))) => {
+                if let Err(e) = self.collector.add(b) {
+                    self.collector.abandon(e);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.collector.abandon(format!("build side failed: {e}"));
+            }
+            Poll::Ready(None) if !self.ended => {
+                self.ended = true;
+                self.collector.finish_part();
+            }
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl RecordBatchStream for CollectStream {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+}
+
+impl Drop for CollectStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.collector
+                .abandon("build side stopped before its end".into());
+        }
+    }
+}

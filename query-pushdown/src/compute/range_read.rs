@@ -1,0 +1,299 @@
+//! The no-pushdown baseline, as strong as we can make it: DataFusion on the compute
+//! tier reads the nodes' Parquet objects by byte range (an `object_store` over the
+//! nodes' `Range` tickets) with all of its own Parquet pruning on (row-group
+//! statistics, page index; the same scan options as the node's, see
+//! [`crate::eval::scan::configure`]) and footers cached across queries.
+//! Nothing runs at the node but reads.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use csd_runtime::node_client::NodeClient;
+use datafusion::catalog::Session;
+use datafusion::common::Result;
+use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+use crate::eval::scan;
+
+/// The URL the baseline's object store is registered under.
+pub const CLUSTER_URL: &str = "csd-cluster://nodes";
+
+/// Reads objects of several nodes by range. Paths are `n{node}/{object name}`.
+pub struct NodeRangeStore {
+    nodes: Vec<NodeClient>,
+    objects: HashMap<Path, u64>,
+    bytes: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for NodeRangeStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "NodeRangeStore({} nodes, {} objects)",
+            self.nodes.len(),
+            self.objects.len()
+        )
+    }
+}
+
+impl fmt::Display for NodeRangeStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl NodeRangeStore {
+    /// A store over `nodes`; `objects` are (node index, object name, length).
+    pub fn new(nodes: Vec<NodeClient>, objects: &[(usize, String, u64)]) -> Self {
+        NodeRangeStore {
+            nodes,
+            objects: objects
+                .iter()
+                .map(|(n, name, len)| (Self::path(*n, name), *len))
+                .collect(),
+            bytes: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    /// The store path of `object` on node `node`.
+    pub fn path(node: usize, object: &str) -> Path {
+        Path::from(format!("n{node}/{object}"))
+    }
+
+    /// Bytes read so far (what crossed the network).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Range requests so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn locate(&self, location: &Path) -> object_store::Result<(&NodeClient, String, u64)> {
+        let not_found = || object_store::Error::NotFound {
+            path: location.to_string(),
+            source: "no such object on the storage nodes".into(),
+        };
+        let len = *self.objects.get(location).ok_or_else(not_found)?;
+        let s = location.as_ref();
+        let (node, name) = s.split_once('/').ok_or_else(not_found)?;
+        let i: usize = node
+            .trim_start_matches('n')
+            .parse()
+            .map_err(|_| not_found())?;
+        let client = self.nodes.get(i).ok_or_else(not_found)?;
+        Ok((client, name.to_string(), len))
+    }
+
+    fn meta(location: &Path, len: u64) -> ObjectMeta {
+        ObjectMeta {
+            location: location.clone(),
+            last_modified: DateTime::<Utc>::UNIX_EPOCH,
+            size: len,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    async fn read(&self, location: &Path, r: Range<u64>) -> object_store::Result<Bytes> {
+        let (client, name, _) = self.locate(location)?;
+        let b = client
+            .read_range(&name, r.start, r.end - r.start)
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "csd-node",
+                source: Box::new(e),
+            })?;
+        self.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(b)
+    }
+}
+
+fn read_only() -> object_store::Error {
+    object_store::Error::NotImplemented {
+        operation: "writing".into(),
+        implementer: "NodeRangeStore (read-only)".into(),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for NodeRangeStore {
+    async fn put_opts(
+        &self,
+        _: &Path,
+        _: PutPayload,
+        _: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        Err(read_only())
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        _: &Path,
+        _: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        Err(read_only())
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let (_, _, len) = self.locate(location)?;
+        let range = match options.range {
+            None => 0..len,
+            Some(GetRange::Bounded(r)) => r.start..r.end.min(len),
+            Some(GetRange::Offset(o)) => o..len,
+            Some(GetRange::Suffix(n)) => len.saturating_sub(n)..len,
+        };
+        let meta = Self::meta(location, len);
+        if options.head {
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(futures::stream::empty().boxed()),
+                meta,
+                range: 0..0,
+                attributes: Default::default(),
+            });
+        }
+        let bytes = self.read(location, range.clone()).await?;
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(
+                futures::stream::once(async move { Ok(bytes) }).boxed(),
+            ),
+            meta,
+            range,
+            attributes: Default::default(),
+        })
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        futures::stream::iter(ranges.iter().cloned())
+            .map(|r| self.read(location, r))
+            .buffered(8)
+            .try_collect()
+            .await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        locations.map(|_| Err(read_only())).boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let prefix = prefix.map(|p| p.to_string()).unwrap_or_default();
+        let mut out: Vec<_> = self
+            .objects
+            .iter()
+            .filter(|(p, _)| p.as_ref().starts_with(&prefix))
+            .map(|(p, len)| Ok(Self::meta(p, *len)))
+            .collect();
+        out.sort_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.location.cmp(&b.location),
+            _ => std::cmp::Ordering::Equal,
+        });
+        futures::stream::iter(out).boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        let objects = self.list(prefix).try_collect().await?;
+        Ok(ListResult {
+            common_prefixes: vec![],
+            objects,
+        })
+    }
+
+    async fn copy_opts(&self, _: &Path, _: &Path, _: CopyOptions) -> object_store::Result<()> {
+        Err(read_only())
+    }
+}
+
+/// A table read by the baseline: its objects on all nodes, scanned by DataFusion here.
+#[derive(Debug, Clone)]
+pub struct RangeReadTable {
+    schema: SchemaRef,
+    files: Vec<(String, u64, u64)>,
+    store: Arc<NodeRangeStore>,
+}
+
+impl RangeReadTable {
+    /// `files` are store paths (see [`NodeRangeStore::path`]), lengths and rows.
+    pub fn new(
+        schema: SchemaRef,
+        files: Vec<(String, u64, u64)>,
+        store: Arc<NodeRangeStore>,
+    ) -> Self {
+        RangeReadTable {
+            schema,
+            files,
+            store,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for RangeReadTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(scan::exact(filters))
+    }
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
+        let reader = Arc::new(CachedParquetFileReaderFactory::new(
+            self.store.clone(),
+            cache,
+        ));
+        scan::parquet_scan(
+            state,
+            &ObjectStoreUrl::parse(CLUSTER_URL)?,
+            &self.schema,
+            self.files.clone(),
+            projection,
+            filters,
+            limit,
+            Some(reader),
+        )
+    }
+}

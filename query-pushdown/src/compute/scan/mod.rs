@@ -1,0 +1,395 @@
+//! `CsdScanExec`: the compute-side leaf that runs a pushed fragment on every endpoint
+//! (one output partition per node partition, read in parallel) and collects what each
+//! node reports, for `EXPLAIN ANALYZE` and the byte counts of `csd sql`.
+//!
+//! As DataFusion's `FileStream`: [`CsdScanExec::execute`] builds an opener
+//! (`opener.rs`: join keys, the node request, pushback to local evaluation) and a
+//! stream state machine (`stream.rs`) over it, with its counters in `metrics.rs`.
+
+mod metrics;
+mod opener;
+mod stream;
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use csd_runtime::protocol::OperatorReport;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, Statistics};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PhysicalExpr, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+
+use crate::compute::endpoints::TableEndpoints;
+use crate::compute::key_collector::KeyCollector;
+use crate::options::CsdOptions;
+use crate::wire::fragment::{Mode, SqlFragment};
+use metrics::ScanMetrics;
+use opener::EndpointOpener;
+use stream::{EndpointStream, RunSlot};
+
+/// What one endpoint did for one execution.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointRun {
+    /// `node-url/partition`.
+    pub endpoint: String,
+    /// Bytes received from the node (Arrow IPC, after compression).
+    pub bytes_received: u64,
+    /// The node's report.
+    pub report: OperatorReport,
+    /// Set when the node handed the fragment back (why): the compute tier read the
+    /// byte ranges and evaluated it here.
+    pub pushed_back: Option<String>,
+    /// A scan that reduces nothing, read here by byte range (see
+    /// [`CsdScanExec::direct`]).
+    pub direct: bool,
+}
+
+impl EndpointRun {
+    /// Whether the node handed back work it was asked to do, which the compute tier
+    /// then did. A direct scan handed back is not: it is read by byte range, as it
+    /// would have been without its join-key filter (the node declines one whose filter
+    /// keeps most rows, whatever its load).
+    pub fn work_pushed_back(&self) -> bool {
+        self.pushed_back.is_some() && !self.direct
+    }
+}
+
+/// Runs a pushed fragment on all endpoints of a table.
+#[derive(Debug)]
+pub struct CsdScanExec {
+    table: Arc<TableEndpoints>,
+    schema: SchemaRef,
+    plan: Arc<Vec<u8>>,
+    mode: Mode,
+    describe: String,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    runs: Arc<Vec<RunSlot>>,
+    row_fraction: Option<f64>,
+    limit: Option<usize>,
+    key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
+    direct: bool,
+    pinned: bool,
+}
+
+impl CsdScanExec {
+    /// A scan of `table` answering `schema`, running Substrait `plan` in `mode`;
+    /// `describe` is what EXPLAIN shows as pushed.
+    pub fn new(
+        table: Arc<TableEndpoints>,
+        schema: SchemaRef,
+        plan: Vec<u8>,
+        mode: Mode,
+        describe: String,
+    ) -> Self {
+        let n = table.endpoints().len();
+        let props = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(n.max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        CsdScanExec {
+            table,
+            schema,
+            plan: Arc::new(plan),
+            mode,
+            describe,
+            props: Arc::new(props),
+            metrics: ExecutionPlanMetricsSet::new(),
+            runs: Arc::new((0..n).map(|_| RunSlot::default()).collect()),
+            row_fraction: None,
+            limit: None,
+            key_filters: Vec::new(),
+            direct: false,
+            pinned: false,
+        }
+    }
+
+    /// Every fragment names its partition's objects as planned, and a node whose
+    /// partition has changed since refuses it (see [`SqlFragment::objects`]): for
+    /// plans that rely on the objects' statistics.
+    pub fn pinned(mut self) -> Self {
+        self.pinned = true;
+        self
+    }
+
+    /// A scan that reduces nothing by itself (no filter, no limit): without a
+    /// join-key filter it reads the Parquet objects by byte range here (compressed
+    /// column chunks are smaller than the same columns as Arrow IPC, and the nodes'
+    /// CPUs are spared); with one, it asks the nodes, which hand it back when the
+    /// filter keeps more than `csd.direct_above` of the rows.
+    pub fn direct(mut self) -> Self {
+        self.direct = true;
+        self
+    }
+
+    /// The same scan, also filtered by the keys `collector` gathers on output
+    /// `columns` (see [`crate::compute::key_filter_rule`]).
+    pub fn with_key_filter(&self, collector: Arc<KeyCollector>, columns: Vec<usize>) -> Self {
+        let mut s = CsdScanExec::new(
+            self.table.clone(),
+            self.schema.clone(),
+            self.plan.as_ref().clone(),
+            self.mode,
+            self.describe.clone(),
+        )
+        .with_estimate(self.row_fraction, self.limit);
+        s.direct = self.direct;
+        s.pinned = self.pinned;
+        s.key_filters = self.key_filters.clone();
+        s.key_filters.push((collector, columns));
+        s
+    }
+
+    /// Whether the scan reduces nothing by itself (see [`CsdScanExec::direct`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Whether a join-key filter is attached.
+    pub fn has_key_filter(&self) -> bool {
+        !self.key_filters.is_empty()
+    }
+
+    /// The output columns of each attached join-key filter.
+    pub fn key_filter_columns(&self) -> Vec<Vec<usize>> {
+        self.key_filters.iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    /// What the nodes return.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Estimates rows as `fraction` of the endpoints' rows, at most `limit` per
+    /// endpoint (for the optimizer; `None` fraction: unknown).
+    pub fn with_estimate(mut self, fraction: Option<f64>, limit: Option<usize>) -> Self {
+        self.row_fraction = fraction;
+        self.limit = limit;
+        self
+    }
+
+    /// What each endpoint did in the last execution (those that finished).
+    pub fn runs(&self) -> Vec<EndpointRun> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.lock().ok().and_then(|g| g.clone()))
+            .collect()
+    }
+
+    /// Table scanned.
+    pub fn table(&self) -> &TableEndpoints {
+        &self.table
+    }
+}
+
+impl DisplayAs for CsdScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let mode = match self.mode {
+            Mode::Complete => "rows",
+            Mode::PartialAggregate => "partial aggregate",
+        };
+        let eps: Vec<String> = self
+            .table
+            .endpoints()
+            .iter()
+            .map(|e| format!("{}/{}", e.client.url(), e.partition))
+            .collect();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", self.table.name())?;
+                writeln!(f, "returns={mode}")?;
+                write!(f, "endpoints={}", eps.len())
+            }
+            _ => {
+                write!(
+                    f,
+                    "CsdScanExec: table={}, returns={mode}, pushed=[{}], endpoints=[{}]",
+                    self.table.name(),
+                    self.describe,
+                    eps.join(", ")
+                )?;
+                if self.direct {
+                    write!(f, ", direct=byte ranges unless a key filter applies")?;
+                }
+                if self.pinned {
+                    write!(f, ", pinned=objects as planned")?;
+                }
+                for (c, cols) in &self.key_filters {
+                    let names: Vec<&str> = cols
+                        .iter()
+                        .map(|&i| self.schema.field(i).name().as_str())
+                        .collect();
+                    write!(
+                        f,
+                        ", key_filter=[{}] from a hash join's build side",
+                        names.join(", ")
+                    )?;
+                    if c.keys() > 0 {
+                        write!(f, " ({} keys)", c.keys())?;
+                    }
+                }
+                let runs = self.runs();
+                if !runs.is_empty() {
+                    let per: Vec<String> = runs
+                        .iter()
+                        .map(|r| {
+                            if let Some(why) = &r.pushed_back {
+                                return format!("{}: pushed_back ({why})", r.endpoint);
+                            }
+                            if r.direct {
+                                return format!("{}: read here by byte range", r.endpoint);
+                            }
+                            format!(
+                                "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
+                                r.endpoint,
+                                r.report.bytes_read,
+                                r.report.bytes_sent,
+                                r.report.rows_scanned,
+                                r.report.rows_returned,
+                                r.report.elapsed_us as f64 / 1000.0
+                            )
+                        })
+                        .collect();
+                    write!(f, ", at_nodes=[{}]", per.join("; "))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for CsdScanExec {
+    fn name(&self) -> &str {
+        "CsdScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.schema.clone();
+        let Some(endpoint) = self.table.endpoints().get(partition).cloned() else {
+            // A table with no partitions anywhere: one empty partition.
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::empty(),
+            )));
+        };
+        let options = CsdOptions::of(context.session_config().options());
+        let fragment = SqlFragment {
+            table: self.table.name().to_string(),
+            partition: Some(endpoint.partition.clone()),
+            plan: self.plan.as_ref().clone(),
+            mode: self.mode as i32,
+            key_filters: vec![],
+            direct_above: self.direct.then_some(options.direct_above as f32),
+            objects: if self.pinned {
+                endpoint.objects.iter().map(|o| o.name.clone()).collect()
+            } else {
+                vec![]
+            },
+        };
+        let opener = EndpointOpener {
+            table: self.table.clone(),
+            endpoint,
+            fragment,
+            key_filters: self.key_filters.clone(),
+            direct: self.direct,
+            context,
+        };
+        let run = self.runs.get(partition).cloned().unwrap_or_default();
+        let metrics = ScanMetrics::new(&self.metrics, partition);
+        let stream = EndpointStream::new(opener, schema.clone(), metrics, run);
+        // Started now, not when first polled: a hash join polls its probe side only
+        // after building, so scans on both sides (and on either side of nested
+        // joins) would otherwise run one after another at the node. At most
+        // `csd.prefetch_batches` wait here; the task ends when the stream is
+        // dropped. A key-filtered scan starts when polled: its keys are complete by
+        // then, and its wait for them (`csd.key_wait_secs`) should not count the
+        // build side's own run time.
+        if !self.key_filters.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+            return Ok(Box::pin(stream));
+        }
+        let mut b = RecordBatchReceiverStream::builder(schema, options.prefetch_batches.max(1));
+        let tx = b.tx();
+        b.spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                if tx.send(item).await.is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        Ok(b.build())
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        // Row estimates let DataFusion order joins: the endpoints' rows scaled by the
+        // same default selectivity its FilterExec assumes; unknown for aggregates.
+        let eps = self.table.endpoints();
+        let rows: u64 = match partition {
+            Some(p) => eps.get(p).map(|e| e.rows).unwrap_or(0),
+            None => eps.iter().map(|e| e.rows).sum(),
+        };
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if let Some(f) = self.row_fraction {
+            let mut n = (rows as f64 * f) as usize;
+            if let Some(l) = self.limit {
+                n = n.min(l);
+            }
+            stats = stats.with_num_rows(Precision::Inexact(n));
+        }
+        Ok(Arc::new(stats))
+    }
+}

@@ -1,0 +1,146 @@
+//! Opening one endpoint's share of a scan: wait for the join keys, ask the node (as
+//! a patient request when this tier is saturated), and evaluate the fragment here
+//! when the node hands it back or runs out of memory before its first batch.
+
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use csd_runtime::node_client::{Error as ClientError, ReplyStats};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::compute::endpoints::{Endpoint, TableEndpoints};
+use crate::compute::key_collector::KeyCollector;
+use crate::error::to_datafusion;
+use crate::eval::keyfilter::filter_stream;
+use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
+use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
+
+/// What opening an endpoint gave.
+pub(crate) enum Opened {
+    /// The node runs the fragment: its batches, and what it reports at their end.
+    Node {
+        batches: BoxStream<'static, csd_runtime::node_client::Result<RecordBatch>>,
+        stats: Arc<ReplyStats>,
+    },
+    /// The fragment runs here over byte-range reads of the endpoint's objects.
+    Here {
+        stream: SendableRecordBatchStream,
+        /// Why the node did not run it (`None`: a direct scan, never asked).
+        pushed_back: Option<String>,
+    },
+}
+
+/// Everything needed to open one endpoint of a scan.
+pub(crate) struct EndpointOpener {
+    pub table: Arc<TableEndpoints>,
+    pub endpoint: Endpoint,
+    /// The fragment as planned, without join-key filters.
+    pub fragment: SqlFragment,
+    pub key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
+    /// A scan that reduces nothing by itself (see `CsdScanExec::direct`).
+    pub direct: bool,
+    pub context: Arc<TaskContext>,
+}
+
+impl EndpointOpener {
+    /// Opens the endpoint (see the module docs).
+    pub async fn open(self) -> Result<Opened> {
+        let mut frag = self.fragment.clone();
+        for (collector, cols) in &self.key_filters {
+            if let Some(bloom) = collector.wait().await {
+                frag.key_filters.push(bloom.to_msg(cols));
+            }
+        }
+        let args = frag.to_bytes();
+        if self.direct && frag.key_filters.is_empty() {
+            let stream = self.evaluate_here(&args, false).await?;
+            return Ok(Opened::Here {
+                stream,
+                pushed_back: None,
+            });
+        }
+        match self.ask_node(&args).await? {
+            Ok(opened) => Ok(opened),
+            Err(why) => {
+                // A direct scan handed back reads as it would have without a filter:
+                // not one of the fragments the gate orders.
+                let stream = self.evaluate_here(&args, !self.direct).await?;
+                Ok(Opened::Here {
+                    stream,
+                    pushed_back: Some(why),
+                })
+            }
+        }
+    }
+
+    /// Sends the fragment to the node: its answer, or why it handed the fragment
+    /// back (pushed back, or out of memory before its first batch).
+    async fn ask_node(&self, args: &[u8]) -> Result<Result<Opened, String>> {
+        let client = &self.endpoint.client;
+        let compression = self.table.compression();
+        // Saturated here too: ask the node to queue it instead of handing it back
+        // (once more if it was handed back and this tier filled up since).
+        let gate = self.table.local_gate();
+        let mut patient = gate.saturated() && !self.direct;
+        let reply = loop {
+            let r = client
+                .operator_with(OPERATOR_NAME, args.to_vec(), compression, patient)
+                .await;
+            match r {
+                Err(ClientError::PushedBack(_)) if !patient && !self.direct && gate.saturated() => {
+                    patient = true;
+                }
+                r => break r,
+            }
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(ClientError::PushedBack(p)) => return Ok(Err(p.reason)),
+            Err(e) => return Err(to_datafusion(e)),
+        };
+        // A node that runs out of memory fails before its first batch: that too is
+        // evaluated here rather than failing the query.
+        let mut batches = reply.batches;
+        let first = batches.next().await;
+        if let Some(Err(e)) = &first
+            && e.code() == Some(tonic::Code::ResourceExhausted)
+        {
+            return Ok(Err(e.to_string()));
+        }
+        Ok(Ok(Opened::Node {
+            batches: futures::stream::iter(first).chain(batches).boxed(),
+            stats: reply.stats,
+        }))
+    }
+
+    /// Evaluates the fragment here: the same plan, run by DataFusion over the
+    /// endpoint's Parquet objects read by byte range (the query's runtime: its
+    /// memory pool, object stores and footer cache); under the local gate when
+    /// `gated`.
+    async fn evaluate_here(&self, args: &[u8], gated: bool) -> Result<SendableRecordBatchStream> {
+        let external = |e: csd_runtime::Error| DataFusionError::External(Box::new(e));
+        let (frag, mode, plan) = SqlFragment::decode_checked(args).map_err(external)?;
+        let provider = Arc::new(self.table.range_table(std::slice::from_ref(&self.endpoint)));
+        let session = fragment_session(
+            self.context.runtime_env(),
+            &frag.table,
+            provider,
+            Parallelism::ONE,
+        )
+        .map_err(external)?;
+        let physical = plan_fragment(&session, &frag.table, &plan, mode)
+            .await
+            .map_err(external)?;
+        let (physical, filters) = key_filtered(&frag, physical).map_err(external)?;
+        let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
+        Ok(if gated {
+            self.table.local_gate().run(stream)
+        } else {
+            stream
+        })
+    }
+}

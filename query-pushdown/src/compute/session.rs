@@ -1,0 +1,281 @@
+//! A SQL session over a cluster's tables, with or without pushdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::protocol::Compression;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::compute::dimension_join_down::DimensionJoinDown;
+use crate::compute::endpoints::{Endpoint, TableEndpoints};
+use crate::compute::gate::LocalGate;
+use crate::compute::key_filter_rule::KeyFilterRule;
+use crate::compute::provider::CsdTable;
+use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
+use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
+use crate::compute::scan::{CsdScanExec, EndpointRun};
+use crate::compute::semijoin_down::SemiJoinDown;
+use crate::error::to_datafusion;
+use crate::eval::scan;
+use crate::options::CsdOptions;
+
+/// How a session reads the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOptions {
+    /// Push work to the nodes (else: the range-read baseline).
+    pub pushdown: bool,
+    /// Compression of pushed-down answers.
+    pub compression: Compression,
+    /// DataFusion partitions on the compute tier (default: its cores).
+    pub target_partitions: Option<usize>,
+    /// With pushdown: read scans that reduce nothing (no filter, no limit) as Parquet
+    /// byte ranges instead of asking the node (the default of `csd.direct_unfiltered`; see [`CsdTable::new`]).
+    pub direct_unfiltered: bool,
+    /// Fragments a node hands back that this session evaluates at once (default:
+    /// this process's cores); the oldest goes first.
+    pub local_slots: Option<usize>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            pushdown: true,
+            compression: Compression::Lz4Frame,
+            target_partitions: None,
+            direct_unfiltered: true,
+            local_slots: None,
+        }
+    }
+}
+
+/// Storage nodes to query together.
+#[derive(Clone)]
+pub struct Cluster {
+    nodes: Vec<NodeClient>,
+}
+
+/// A table as found on the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterTable {
+    /// Schema (the same on every node).
+    pub schema: SchemaRef,
+    /// Partitions on nodes.
+    pub endpoints: Vec<Endpoint>,
+    /// Node index of each endpoint.
+    pub node_of: Vec<usize>,
+}
+
+impl Cluster {
+    /// Connects to every node.
+    pub async fn connect(urls: &[String]) -> Result<Self> {
+        if urls.is_empty() {
+            return Err(DataFusionError::Plan("no storage nodes given".into()));
+        }
+        let mut nodes = Vec::new();
+        for u in urls {
+            nodes.push(NodeClient::connect(u).await.map_err(to_datafusion)?);
+        }
+        Ok(Cluster { nodes })
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[NodeClient] {
+        &self.nodes
+    }
+
+    /// All tables, merged across nodes (a table's schema must agree everywhere).
+    pub async fn tables(&self) -> Result<BTreeMap<String, ClusterTable>> {
+        let mut out: BTreeMap<String, ClusterTable> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for t in n.list_tables("").await.map_err(to_datafusion)? {
+                let entry = out.entry(t.name.clone()).or_insert_with(|| ClusterTable {
+                    schema: t.schema.clone(),
+                    endpoints: vec![],
+                    node_of: vec![],
+                });
+                if entry.schema.fields() != t.schema.fields() {
+                    return Err(DataFusionError::Plan(format!(
+                        "table {} has different schemas on {} and another node",
+                        t.name,
+                        n.url()
+                    )));
+                }
+                for p in &t.description.partitions {
+                    entry.endpoints.push(Endpoint {
+                        client: n.clone(),
+                        partition: p.name.clone(),
+                        rows: p.rows,
+                        bytes: p.bytes,
+                        objects: p.objects.clone(),
+                        node: i,
+                    });
+                    entry.node_of.push(i);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A session with every table of the cluster registered.
+    pub async fn session(&self, opts: SessionOptions) -> Result<CsdSession> {
+        let mut config = SessionConfig::new().with_information_schema(true);
+        if let Some(p) = opts.target_partitions {
+            config = config.with_target_partitions(p);
+        }
+        let config = scan::configure(config).with_option_extension(CsdOptions {
+            direct_unfiltered: opts.direct_unfiltered,
+            ..CsdOptions::default()
+        });
+        let runtime = RuntimeEnvBuilder::new().build_arc()?;
+        let tables = self.tables().await?;
+        // Byte-range reads of the nodes' objects: the whole baseline, and with
+        // pushdown the scans that would reduce nothing.
+        let objects: Vec<(usize, String, u64)> = tables
+            .values()
+            .flat_map(|t| {
+                t.endpoints
+                    .iter()
+                    .zip(&t.node_of)
+                    .flat_map(|(e, n)| e.objects.iter().map(|o| (*n, o.name.clone(), o.len)))
+            })
+            .collect();
+        let ranges = Arc::new(NodeRangeStore::new(self.nodes.clone(), &objects));
+        let url = datafusion::execution::object_store::ObjectStoreUrl::parse(CLUSTER_URL)?;
+        runtime.register_object_store(url.as_ref(), ranges.clone());
+        let mut builder = SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config)
+            .with_runtime_env(runtime);
+        if opts.pushdown {
+            builder = builder
+                .with_query_planner(Arc::new(CsdQueryPlanner))
+                .with_optimizer_rule(Arc::new(SemiJoinDown))
+                .with_optimizer_rule(Arc::new(DimensionJoinDown))
+                .with_optimizer_rule(Arc::new(PushdownRule))
+                .with_physical_optimizer_rule(Arc::new(KeyFilterRule));
+        }
+        let ctx = SessionContext::new_with_state(builder.build());
+        let local = opts
+            .local_slots
+            .map_or_else(LocalGate::per_core, LocalGate::new);
+        for (name, t) in tables {
+            if opts.pushdown {
+                let at = TableEndpoints::new(
+                    name.clone(),
+                    t.schema.clone(),
+                    t.endpoints.clone(),
+                    opts.compression,
+                    ranges.clone(),
+                    local.clone(),
+                );
+                let table = CsdTable::new(at);
+                ctx.register_table(name.as_str(), Arc::new(table))?;
+            } else {
+                let files = t
+                    .endpoints
+                    .iter()
+                    .zip(&t.node_of)
+                    .flat_map(|(e, n)| {
+                        e.objects
+                            .iter()
+                            .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len, o.rows))
+                    })
+                    .collect();
+                let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
+                ctx.register_table(name.as_str(), Arc::new(direct))?;
+            }
+        }
+        Ok(CsdSession {
+            ctx,
+            ranges,
+            pushdown: opts.pushdown,
+        })
+    }
+}
+
+/// A DataFusion session over a cluster.
+pub struct CsdSession {
+    /// The DataFusion context (register more tables, run `sql`, …).
+    pub ctx: SessionContext,
+    ranges: Arc<NodeRangeStore>,
+    pushdown: bool,
+}
+
+/// One query's answer and what it cost.
+#[derive(Debug)]
+pub struct QueryRun {
+    /// Result batches.
+    pub batches: Vec<RecordBatch>,
+    /// Result schema.
+    pub schema: SchemaRef,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Bytes that crossed the network from the nodes (pushed-down answers plus
+    /// Parquet byte ranges; when several queries run at once, theirs are mixed in).
+    pub bytes_moved: u64,
+    /// Per endpoint, what the nodes did (pushdown only).
+    pub node_runs: Vec<EndpointRun>,
+    /// The physical plan that ran, with metrics.
+    pub plan: Arc<dyn ExecutionPlan>,
+}
+
+impl QueryRun {
+    /// Result rows.
+    pub fn rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// The executed plan with its metrics (as EXPLAIN ANALYZE shows it).
+    pub fn plan_with_metrics(&self) -> String {
+        displayable(self.plan.as_ref()).indent(true).to_string()
+    }
+}
+
+impl CsdSession {
+    /// Whether this session pushes work down.
+    pub fn pushdown(&self) -> bool {
+        self.pushdown
+    }
+
+    /// Runs one SQL statement to completion.
+    pub async fn run(&self, sql: &str) -> Result<QueryRun> {
+        let started = Instant::now();
+        let before = self.ranges.bytes_read();
+        let df = self.ctx.sql(sql).await?;
+        let plan = df.create_physical_plan().await?;
+        let batches = collect(plan.clone(), self.ctx.task_ctx()).await?;
+        let elapsed = started.elapsed();
+        let schema = plan.schema();
+        let node_runs = scans_of(&plan);
+        let bytes_moved = self.ranges.bytes_read() - before
+            + node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
+        Ok(QueryRun {
+            batches,
+            schema,
+            elapsed,
+            bytes_moved,
+            node_runs,
+            plan,
+        })
+    }
+}
+
+/// What every `CsdScanExec` in `plan` did.
+fn scans_of(plan: &Arc<dyn ExecutionPlan>) -> Vec<EndpointRun> {
+    let mut out = Vec::new();
+    if let Some(s) = plan.downcast_ref::<CsdScanExec>() {
+        out.extend(s.runs());
+    }
+    for c in plan.children() {
+        out.extend(scans_of(c));
+    }
+    out
+}
