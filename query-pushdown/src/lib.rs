@@ -45,7 +45,7 @@ pub mod wire;
 
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
-pub use compute::session::{Cluster, CsdSession, QueryRun, SessionOptions};
+pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
 pub use eval::Parallelism;
 pub use node::{SqlNodeOptions, SqlOperator};
 pub use wire::fragment::{Mode, SqlFragment};

@@ -1,6 +1,7 @@
 //! csd-client integration tests: real nodes on 127.0.0.1:0, real Flight clients.
 #![allow(clippy::unwrap_used)]
 
+mod careless;
 mod cli;
 mod flight;
 

@@ -17,7 +17,7 @@ use datafusion::common::{
 use datafusion::datasource::{TableProvider, TableType, provider_as_source};
 use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use datafusion::logical_expr::utils::{conjunction, split_conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
 };
@@ -25,13 +25,17 @@ use datafusion::physical_expr::intervals::utils::check_support;
 use datafusion::physical_expr::{AnalysisContext, analyze};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_substrait::logical_plan::producer::to_substrait_plan;
+use datafusion_substrait::substrait::proto::Plan;
 use prost::Message;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::scan::CsdScanExec;
+use crate::eval::scan::balanced_conjunction;
 use crate::options::CsdOptions;
+use crate::wire::connectives::flatten_connectives;
 use crate::wire::fragment::Mode;
-use crate::wire::functions::pushable;
+use crate::wire::fragment::{MAX_PLAN_BYTES, validate};
+use crate::wire::functions::{node_evaluates, pushable};
 
 /// A table spread over storage nodes, with pushdown.
 #[derive(Debug, Clone)]
@@ -61,20 +65,37 @@ impl CsdTable {
     }
 
     /// Encodes `fragment` (a plan over this table) as Substrait, with the table named
-    /// bare as the node knows it.
-    pub fn substrait(&self, fragment: &LogicalPlan, state: &SessionState) -> Result<Vec<u8>> {
+    /// bare as the node knows it and `AND`/`OR` chains flattened; `Ok(Err(why))` when
+    /// a node would not take it (see [`sendable`]).
+    pub fn substrait(
+        &self,
+        fragment: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<std::result::Result<Vec<u8>, String>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
         let bare = fragment
             .clone()
             .transform_up(|p| match p {
                 LogicalPlan::TableScan(mut s) => {
                     s.table_name = TableReference::bare(self.name());
+                    s.filters = balanced_conjunction(std::mem::take(&mut s.filters))
+                        .into_iter()
+                        .collect();
                     Ok(Transformed::yes(LogicalPlan::TableScan(s)))
+                }
+                LogicalPlan::Filter(mut f) => {
+                    let parts = split_conjunction_owned(f.predicate.clone());
+                    if let Some(p) = balanced_conjunction(parts) {
+                        f.predicate = p;
+                    }
+                    Ok(Transformed::yes(LogicalPlan::Filter(f)))
                 }
                 other => Ok(Transformed::no(other)),
             })?
             .data;
-        Ok(to_substrait_plan(&bare, state)?.encode_to_vec())
+        let mut plan = to_substrait_plan(&bare, state)?;
+        flatten_connectives(&mut plan);
+        Ok(sendable(&plan, self.name(), MAX_PLAN_BYTES).map(|()| plan.encode_to_vec()))
     }
 
     /// Rows in all its partitions.
@@ -169,7 +190,9 @@ impl CsdTable {
         if !pushable(e) {
             return false;
         }
-        // Make sure it encodes: a filter over a scan of this table.
+        // Make sure it encodes as a filter over a scan of this table, within the
+        // node's limits and a quarter of its plan budget (so that several such
+        // filters still fit one fragment).
         static STATE: OnceLock<SessionState> = OnceLock::new();
         let state =
             STATE.get_or_init(|| SessionStateBuilder::new().with_default_features().build());
@@ -179,12 +202,28 @@ impl CsdTable {
             None,
         )
         .and_then(|b| b.filter(e.clone()))
-        .and_then(|b| b.build());
+        .and_then(|b| b.build())
+        .and_then(|p| to_substrait_plan(&p, state));
         match plan {
-            Ok(p) => to_substrait_plan(&p, state).is_ok(),
+            Ok(mut p) => {
+                flatten_connectives(&mut p);
+                sendable(&p, self.name(), MAX_PLAN_BYTES / 4).is_ok()
+            }
             Err(_) => false,
         }
     }
+}
+
+/// Whether a node would take `plan` (a fragment over `table`): within `max_bytes`
+/// and the node's limits, calling only functions nodes evaluate. Else why not.
+fn sendable(plan: &Plan, table: &str, max_bytes: usize) -> std::result::Result<(), String> {
+    let len = plan.encoded_len();
+    if len > max_bytes {
+        return Err(format!(
+            "its Substrait plan is {len} bytes, over the {max_bytes} bytes sent to a node"
+        ));
+    }
+    validate(plan, table, &node_evaluates).map_err(|e| e.to_string())
 }
 
 /// `session` as the full state the Substrait producer needs.
@@ -242,7 +281,17 @@ impl TableProvider for CsdTable {
         }
         let fragment = b.build()?;
         let schema = Arc::new(fragment.schema().as_arrow().clone());
-        let plan = self.substrait(&fragment, state)?;
+        let plan = match self.substrait(&fragment, state)? {
+            Ok(plan) => plan,
+            // Legal, but past what a node takes (an IN list of 20,000 items, a plan
+            // over 1 MiB): the compute tier reads the table by byte range and
+            // evaluates it all itself.
+            Err(why) => {
+                tracing::debug!(table = self.name(), "not pushed: {why}");
+                let local = self.inner.range_table(self.inner.endpoints());
+                return local.scan(session, projection, filters, limit).await;
+            }
+        };
         let fraction = self.estimate(session, filters);
         let scan = CsdScanExec::new(
             self.inner.clone(),

@@ -28,6 +28,10 @@ use crate::eval::scan;
 use crate::options::CsdOptions;
 
 /// How a session reads the cluster.
+/// How deep the SQL parser of a [`Cluster::session`] may nest (DataFusion's
+/// `datafusion.sql_parser.recursion_limit`, 50 by default).
+pub const SQL_RECURSION_LIMIT: usize = 10_000;
+
 #[derive(Debug, Clone, Copy)]
 pub struct SessionOptions {
     /// Push work to the nodes (else: the range-read baseline).
@@ -130,6 +134,12 @@ impl Cluster {
         if let Some(p) = opts.target_partitions {
             config = config.with_target_partitions(p);
         }
+        // The parser's default depth (50) refuses machine-written SQL that
+        // DataFusion plans fine; its `recursive` protection grows the stack instead.
+        config.options_mut().set(
+            "datafusion.sql_parser.recursion_limit",
+            &SQL_RECURSION_LIMIT.to_string(),
+        )?;
         let config = scan::configure(config).with_option_extension(CsdOptions {
             direct_unfiltered: opts.direct_unfiltered,
             ..CsdOptions::default()

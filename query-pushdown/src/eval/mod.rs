@@ -28,7 +28,6 @@ use crate::error::to_runtime;
 use crate::eval::keyfilter::below_aggregate;
 use crate::eval::like::FastLike;
 use crate::wire::fragment::{Mode, SqlFragment, validate};
-use crate::wire::functions::node_evaluates;
 use crate::wire::keyfilter::KeyFilter;
 
 /// The physical optimizer rules fragments are planned with: DataFusion's, without
@@ -117,17 +116,20 @@ pub(crate) fn fragment_session(
     Ok(session)
 }
 
-/// Validates `plan` (a fragment over `table` in `mode`) against what a node
-/// evaluates exactly ([`node_evaluates`]), and plans it: the output is one partition, partial aggregate states
-/// in [`Mode::PartialAggregate`].
+/// Validates `plan` (a fragment over `table` in `mode`) against the supported subset
+/// and the functions `runs` accepts (at a node: what it evaluates exactly,
+/// [`node_evaluates`](crate::wire::functions::node_evaluates); on the compute tier, anything its registry has), and plans
+/// it: the output is one partition, partial aggregate states in
+/// [`Mode::PartialAggregate`].
 pub(crate) async fn plan_fragment(
     session: &SessionContext,
     table: &str,
     plan: &Plan,
     mode: Mode,
+    runs: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let state = session.state();
-    validate(plan, table, &node_evaluates)?;
+    validate(plan, table, runs)?;
     // Defence in depth: the checks above bound what reaches DataFusion's consumer;
     // should it still panic on some inconsistent plan, refuse the plan, not the node.
     let logical = std::panic::AssertUnwindSafe(from_substrait_plan(&state, plan))

@@ -41,6 +41,7 @@ use crate::error::to_runtime;
 use crate::eval::keyfilter::filter_stream;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment, scan};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
+use crate::wire::functions::node_evaluates;
 use crate::wire::keyfilter::{self, KeyFilter};
 
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
@@ -48,7 +49,7 @@ const NODE_URL: &str = "csd-node://local";
 
 /// The `"sql"` operator's settings at a node: `[operators.sql]` in its settings
 /// file, or `csd serve --set sql.KEY=VALUE`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SqlNodeOptions {
     /// Streams one fragment's scan is split into (see [`Parallelism`]).
@@ -58,6 +59,10 @@ pub struct SqlNodeOptions {
     /// Rows of a direct scan's first batches its join-key filters are judged on
     /// before the node decides to run it or hand it back.
     pub judge_rows: usize,
+    /// Functions this node will not run (e.g. `["regexp_like"]` on a drive with weak
+    /// cores): a fragment calling one is refused as `UNIMPLEMENTED`, and the compute
+    /// tier evaluates it itself, as it does a fragment handed back.
+    pub refuse_functions: Vec<String>,
 }
 
 impl Default for SqlNodeOptions {
@@ -66,6 +71,7 @@ impl Default for SqlNodeOptions {
             streams: Parallelism::NODE.streams,
             split_min_bytes: ByteSize(Parallelism::NODE.split_min_bytes),
             judge_rows: 8192,
+            refuse_functions: Vec::new(),
         }
     }
 }
@@ -94,9 +100,20 @@ impl SqlOperator {
         let options = SqlNodeOptions {
             streams: parallel.streams,
             split_min_bytes: ByteSize(parallel.split_min_bytes),
-            ..self.options
+            ..self.options.clone()
         };
         self.with_options(options)
+    }
+
+    /// Whether this node runs the Substrait function `name`: one the node evaluates
+    /// exactly ([`node_evaluates`]) that its settings do not refuse.
+    fn runs(&self, name: &str) -> bool {
+        node_evaluates(name)
+            && !self
+                .options
+                .refuse_functions
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(name))
     }
 
     fn parallel(&self) -> Parallelism {
@@ -216,7 +233,7 @@ impl Operator for SqlOperator {
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
         let session = fragment_session(runtime, &frag.table, Arc::new(provider), self.parallel())?;
-        let physical = plan_fragment(&session, &frag.table, &plan, mode).await?;
+        let physical = plan_fragment(&session, &frag.table, &plan, mode, &|f| self.runs(f)).await?;
         let schema: SchemaRef = physical.schema();
         let (physical, filters) = key_filtered(&frag, physical)?;
         ctx.metrics.set_detail("streams", scan_streams(&physical));

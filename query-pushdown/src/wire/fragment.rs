@@ -224,8 +224,8 @@ pub fn validate(
                 } else if functions_ok(&base) {
                     v.functions.insert(f.function_anchor);
                 } else {
-                    return Err(invalid(format!(
-                        "function {:?} cannot run at the storage node (unknown here, or volatile)",
+                    return Err(Error::Unimplemented(format!(
+                        "function {:?} cannot run at this storage node (unknown here, volatile, or refused by its settings); the compute tier evaluates the fragment itself",
                         f.name
                     )));
                 }

@@ -28,7 +28,7 @@ const NAMES: [Option<&str>; 8] = [
     Some("ab"),
 ];
 
-fn schema() -> SchemaRef {
+pub fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("name", DataType::Utf8, true),
@@ -40,7 +40,7 @@ fn schema() -> SchemaRef {
 }
 
 /// `rows` rows starting at id `from`; every column has NULLs somewhere.
-fn batch(from: i64, rows: i64) -> RecordBatch {
+pub fn batch(from: i64, rows: i64) -> RecordBatch {
     let ids: Vec<i64> = (from..from + rows).collect();
     let cols: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(ids.clone())),

@@ -6,6 +6,7 @@
 mod admission;
 mod edge;
 mod explain;
+mod holdout;
 mod hostile;
 mod plans;
 mod tpch;
@@ -33,17 +34,16 @@ pub async fn sql_node() -> RunningNode {
 
 /// [`sql_node`] with other settings (device, capacity and address are set here).
 pub async fn sql_node_with(config: NodeConfig) -> RunningNode {
-    node::start_with(
-        &NodeConfig {
-            device: "emulated:mem".into(),
-            capacity: ByteSize::mib(512),
-            listen: "127.0.0.1:0".into(),
-            ..config
-        },
-        csd_query_pushdown::registry(),
-    )
-    .await
-    .expect("start node")
+    let config = NodeConfig {
+        device: "emulated:mem".into(),
+        capacity: ByteSize::mib(512),
+        listen: "127.0.0.1:0".into(),
+        ..config
+    };
+    let operators = csd_query_pushdown::registry_with(&config).expect("operator settings");
+    node::start_with(&config, operators)
+        .await
+        .expect("start node")
 }
 
 /// `n` nodes and clients to them.

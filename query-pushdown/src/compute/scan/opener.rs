@@ -100,6 +100,11 @@ impl EndpointOpener {
         let reply = match reply {
             Ok(reply) => reply,
             Err(ClientError::PushedBack(p)) => return Ok(Err(p.reason)),
+            // A node that cannot evaluate the fragment (a function it lacks or
+            // refuses, an older node) refuses it as unimplemented: evaluated here.
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+                return Ok(Err(format!("the node cannot evaluate it: {e}")));
+            }
             Err(e) => return Err(to_datafusion(e)),
         };
         // A node that runs out of memory fails before its first batch: that too is
@@ -132,7 +137,9 @@ impl EndpointOpener {
             Parallelism::ONE,
         )
         .map_err(external)?;
-        let physical = plan_fragment(&session, &frag.table, &plan, mode)
+        // Here the compute tier's own registry decides: a function a node refused
+        // runs here if DataFusion has it.
+        let physical = plan_fragment(&session, &frag.table, &plan, mode, &|_| true)
             .await
             .map_err(external)?;
         let (physical, filters) = key_filtered(&frag, physical).map_err(external)?;
