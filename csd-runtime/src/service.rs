@@ -13,10 +13,11 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use crate::protocol::ipc::{check_message, map_incoming, next_decoded};
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -477,7 +478,7 @@ impl FlightNode {
             .chain(input)
             .map(move |m| {
                 let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
-                check_ipc(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+                check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
                 state.counters.bytes_received.fetch_add(
                     (m.data_body.len() + m.data_header.len()) as u64,
                     Ordering::Relaxed,
@@ -506,17 +507,31 @@ impl FlightNode {
             }
         };
         let (tx, rx) = mpsc::channel::<Result<arrow::record_batch::RecordBatch>>(2);
+        // Set when the client's stream ended cleanly. Should this handler be dropped
+        // mid-put (the client reset the stream), the writer sees its channel close
+        // without it and abandons the object rather than storing a partial one.
+        let ended = Arc::new(AtomicBool::new(false));
+        let body = {
+            let ended = ended.clone();
+            tokio_stream::wrappers::ReceiverStream::new(rx)
+                .chain(
+                    futures::stream::once(async move {
+                        (!ended.load(Ordering::Acquire)).then(|| {
+                            Err(Error::InvalidArgument(
+                                "the DoPut stream was cut off before its end; nothing was stored"
+                                    .into(),
+                            ))
+                        })
+                    })
+                    .filter_map(|x| async move { x }),
+                )
+                .boxed()
+        };
         let state = self.state.clone();
         let (t, p, s) = (table.clone(), partition.clone(), schema.clone());
         let writer = state.node.pool.spawn({
             let state = state.clone();
-            async move {
-                state
-                    .node
-                    .tables
-                    .append(&t, &p, s, tokio_stream::wrappers::ReceiverStream::new(rx))
-                    .await
-            }
+            async move { state.node.tables.append(&t, &p, s, body).await }
         });
         let feed = async {
             while let Some(d) = next_decoded(&mut decoder).await {
@@ -538,9 +553,11 @@ impl FlightNode {
                 };
                 let stop = item.is_err();
                 if tx.send(item).await.is_err() || stop {
-                    break;
+                    drop(tx);
+                    return;
                 }
             }
+            ended.store(true, Ordering::Release);
             drop(tx);
         };
         let (_, summary) = futures::join!(feed, writer);
@@ -551,93 +568,6 @@ impl FlightNode {
             }
         }
         summary
-    }
-}
-
-/// Checks that an incoming Arrow IPC message is readable before arrow decodes it:
-/// its header is a valid flatbuffer, and every buffer a record or dictionary batch
-/// declares lies inside the body that came with it (arrow's decoder assumes so and
-/// panics on a short body).
-fn check_ipc(m: &FlightData) -> Result<()> {
-    if m.data_header.is_empty() {
-        return Ok(());
-    }
-    let bad =
-        |why: String| Error::InvalidArgument(format!("DoPut data is not valid Arrow IPC: {why}"));
-    let msg = arrow::ipc::root_as_message(&m.data_header)
-        .map_err(|e| bad(format!("the message header does not parse ({e})")))?;
-    let batch = msg
-        .header_as_record_batch()
-        .or_else(|| msg.header_as_dictionary_batch().and_then(|d| d.data()));
-    let body = m.data_body.len() as u64;
-    if msg.bodyLength() < 0 || msg.bodyLength() as u64 > body {
-        return Err(bad(format!(
-            "the header declares a {} byte body, {body} bytes came",
-            msg.bodyLength()
-        )));
-    }
-    if let Some(b) = batch {
-        if b.length() < 0 {
-            return Err(bad(format!("a batch of {} rows", b.length())));
-        }
-        for buf in b.buffers().iter().flatten() {
-            let end = (buf.offset() as i128) + (buf.length() as i128);
-            if buf.offset() < 0 || buf.length() < 0 || end > body as i128 {
-                return Err(bad(format!(
-                    "a buffer at [{}, {}) lies outside the {body} byte body",
-                    buf.offset(),
-                    end
-                )));
-            }
-        }
-        for node in b.nodes().iter().flatten() {
-            if node.length() < 0 || node.null_count() < 0 || node.null_count() > node.length() {
-                return Err(bad(format!(
-                    "a column of {} rows with {} nulls",
-                    node.length(),
-                    node.null_count()
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The next decoded message of a `DoPut` stream. Messages are checked before arrow
-/// decodes them ([`check_ipc`]); should arrow's decoder still panic on one, the put
-/// is refused as malformed rather than its task ending without a status.
-async fn next_decoded(
-    decoder: &mut FlightDataDecoder,
-) -> Option<Result<arrow_flight::decode::DecodedFlightData>> {
-    use futures::FutureExt;
-    match std::panic::AssertUnwindSafe(decoder.next())
-        .catch_unwind()
-        .await
-    {
-        Ok(next) => next.map(|r| r.map_err(map_flight)),
-        Err(_) => Some(Err(Error::InvalidArgument(
-            "DoPut data is not valid Arrow IPC: a message does not match its header".into(),
-        ))),
-    }
-}
-
-/// Tonic answers an over-limit message with OUT_OF_RANGE; to the user that is an
-/// exhausted resource (the message size limit).
-fn map_incoming(s: Status) -> Error {
-    if s.code() == tonic::Code::OutOfRange && s.message().contains("too large") {
-        Error::ResourcesExhausted(format!("message too large: {}", s.message()))
-    } else {
-        Error::InvalidArgument(format!("DoPut stream failed: {}", s.message()))
-    }
-}
-
-fn map_flight(e: FlightError) -> Error {
-    match e {
-        FlightError::Tonic(s) => map_incoming(*s),
-        FlightError::Arrow(a) => {
-            Error::InvalidArgument(format!("DoPut data is not valid Arrow IPC: {a}"))
-        }
-        other => Error::from(other),
     }
 }
 

@@ -298,9 +298,20 @@ pub fn to_batch(
     )?)
 }
 
-/// Decodes and preprocesses `samples` into `model`'s input tensor.
+/// Decodes and preprocesses `samples` into `model`'s input tensor. A sample that
+/// cannot be decoded is named by its id.
 pub fn inputs(model: &dyn StagedModel, samples: &Samples) -> Result<Tensor> {
-    model.prepare(&samples.bytes()?)
+    let bytes = samples.bytes()?;
+    model.prepare(&bytes).map_err(|e| match e {
+        Error::InvalidArgument(why) => {
+            let bad = bytes.iter().position(|b| model.prepare(&[b]).is_err());
+            match bad.and_then(|i| samples.ids.get(i)) {
+                Some(id) => Error::InvalidArgument(format!("sample id {id}: {why}")),
+                None => Error::InvalidArgument(why),
+            }
+        }
+        e => e,
+    })
 }
 
 impl MlOperator {
@@ -397,6 +408,7 @@ impl Operator for MlOperator {
         let schema = feature_schema(dim, r.dtype);
         let out_schema = schema.clone();
         let metrics = ctx.metrics.clone();
+        let at: Arc<str> = format!("dataset {} partition {}", r.dataset, r.partition).into();
         let batches = read_stream(&ctx, objects, plan.batch, r.limit)?
             .and_then(move |b| {
                 let (pool, model, schema, metrics) = (
@@ -407,13 +419,19 @@ impl Operator for MlOperator {
                 );
                 let _hold = &guard;
                 let split = r.split;
+                let at = at.clone();
                 async move {
                     let samples = Samples::from_batch(&b)?;
                     metrics
                         .rows_scanned
                         .fetch_add(samples.len() as u64, Ordering::Relaxed);
                     let features = pool.install(|| -> Result<Tensor> {
-                        let x = inputs(model.as_ref(), &samples)?;
+                        let x = inputs(model.as_ref(), &samples).map_err(|e| match e {
+                            Error::InvalidArgument(why) => {
+                                Error::InvalidArgument(format!("{at}: {why}"))
+                            }
+                            e => e,
+                        })?;
                         model.forward_range(&x, 0, split)
                     })?;
                     to_batch(&schema, &samples.ids, &samples.labels, &features, r.dtype)

@@ -594,3 +594,52 @@ fn manifest_dir() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// A sample that is not an image fails the job with a message naming its id and
+/// dataset (it used to say only "sample 0 of the batch").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_sample_is_named() {
+    let Some((w, tex, _)) = assets() else { return };
+    let (node, client, m, wt) = textures_node(&w, &tex).await;
+    let png = std::fs::read(
+        image_folder(&tex.join("test"), None).unwrap().samples[0]
+            .0
+            .clone(),
+    )
+    .unwrap();
+    let refs: Vec<&[u8]> = vec![&png, b"not an image at all", &png];
+    let b = dataset::batch(&[1, 4242, 3], &[0, 1, 2], &refs).unwrap();
+    client
+        .put(
+            "broken",
+            "0",
+            dataset::image_schema(),
+            futures::stream::iter([Ok(b)]),
+        )
+        .await
+        .unwrap();
+    let job = FeatureJob {
+        dataset: "broken".into(),
+        arch: m.arch(),
+        weights: wt,
+        split: 3,
+        train_batch: 7,
+        dtype: FeatureType::F32,
+        compression: Compression::Lz4Frame,
+        limit: None,
+        max_node_batch: None,
+        pool: None,
+    };
+    let src = vec![Source {
+        client: client.clone(),
+        partition: "0".into(),
+    }];
+    let (s, _) = stream::open(src, job, m.clone()).expect("open");
+    let Err(e) = s.try_collect::<Vec<_>>().await else {
+        panic!("a job over an undecodable sample succeeded");
+    };
+    let e = e.to_string();
+    assert!(e.contains("sample id 4242"), "{e}");
+    assert!(e.contains("dataset broken"), "{e}");
+    node.shutdown().await.unwrap();
+}

@@ -14,7 +14,7 @@ use arrow_flight::{FlightData, FlightDescriptor};
 use csd_client::NodeClient;
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use tonic::Code;
 
 async fn node_of(capacity: ByteSize) -> RunningNode {
@@ -156,34 +156,48 @@ async fn mangled_put_streams_are_invalid_argument() {
     assert_eq!(free_blocks(&c).await, free);
 }
 
-/// Clients that vanish mid-put leave no space taken: the next put that needs
-/// nearly the whole device succeeds.
+/// Clients killed mid-put (`csd put` of a large file, SIGKILL) leave no space
+/// taken: the next put that needs nearly the whole device succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandoned_uploads_free_their_space() {
+async fn killed_uploads_free_their_space() {
     let node = node_of(ByteSize::mib(64)).await;
     let c = NodeClient::connect(&node.url).await.unwrap();
     let free = free_blocks(&c).await;
-    for k in 0..5u64 {
-        let client = c.clone();
-        // 8 MiB sent, then the client hangs and is killed.
-        let upload = tokio::spawn(async move {
-            let batches =
-                futures::stream::iter((0..8).map(move |i| Ok(noise(k * 100 + i, 1024, 1024))))
-                    .chain(futures::stream::pending());
-            client.put("t", &format!("p{k}"), schema(), batches).await
-        });
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        upload.abort();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.parquet");
+    {
+        let f = std::fs::File::create(&file).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, schema(), None).unwrap();
+        for i in 0..40 {
+            w.write(&noise(i, 1024, 1024)).unwrap();
+        }
+        w.close().unwrap();
+    }
+    for (k, after_ms) in [100u64, 200, 300, 400, 500].into_iter().enumerate() {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_csd"))
+            .args(["put", file.to_str().unwrap(), "--table", "t"])
+            .args(["--partition", &format!("p{k}"), "--node", &node.url])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(after_ms)).await;
+        child.kill().unwrap();
+        let _ = child.wait();
+        // A put that finished before the kill is a stored table: not a leak.
+        let _ = c.delete("t", None).await;
     }
     let mut waited = 0;
     while free_blocks(&c).await < free && waited < 50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = c.delete("t", None).await;
         waited += 1;
     }
+    let st = c.stats().await.unwrap().store;
     assert_eq!(
-        free_blocks(&c).await,
-        free,
-        "abandoned uploads kept their blocks"
+        st.free_blocks, free,
+        "killed uploads kept their blocks: {} objects, {} abandoned blocks",
+        st.objects, st.abandoned_blocks
     );
     // ~40 MiB on a 64 MiB device: fits only if nothing leaked.
     let big: Vec<_> = (0..40).map(|i| Ok(noise(1000 + i, 1024, 1024))).collect();

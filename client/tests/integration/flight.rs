@@ -149,6 +149,10 @@ async fn put_list_scan_range_delete_round_trip() {
     let stats = c.stats().await.unwrap();
     assert_eq!(stats.store.objects, 1);
     assert!(stats.device.stats.bytes_read > 0);
+    // The process's real memory, next to the budget (Linux says it).
+    let rss = stats.resident_bytes.expect("resident memory on Linux");
+    assert!(rss > 1 << 20, "{rss}");
+    assert!(stats.peak_resident_bytes.unwrap() >= rss);
     node.shutdown().await.unwrap();
 }
 

@@ -102,6 +102,15 @@ pub struct NodeStats {
     pub admission: AdmissionStats,
     /// Memory held by running operator requests now.
     pub operator_memory_used: u64,
+    /// The node process's resident memory now (`/proc/self/statm`), to hold against
+    /// [`memory_budget`](Self::memory_budget): the budget counts operators' working
+    /// memory; this also counts decode buffers, the device's caches, the allocator's
+    /// slack and the process itself. `None` where the OS does not say.
+    #[serde(default)]
+    pub resident_bytes: Option<u64>,
+    /// Highest resident memory since start (`VmHWM` of `/proc/self/status`).
+    #[serde(default)]
+    pub peak_resident_bytes: Option<u64>,
     /// Device shape and counters.
     pub device: DeviceReport,
     /// Object store figures.

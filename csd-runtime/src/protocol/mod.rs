@@ -7,9 +7,11 @@
 //! * [`messages`]: the JSON a node puts in `FlightInfo.app_metadata` (table
 //!   descriptions), `PutResult.app_metadata` (what a put stored) and the trailing
 //!   message of an operator answer (its report).
+//! * [`ipc`]: checks on incoming Arrow IPC (`DoPut`) before it is decoded.
 //! * The gRPC metadata keys and message limits below.
 
 pub mod actions;
+pub mod ipc;
 pub mod messages;
 pub mod ticket;
 

@@ -790,7 +790,8 @@ impl ObjectStore {
 }
 
 /// Streams one object onto the device. Dropping it unfinished abandons the object;
-/// its blocks return to the free map after the next commit's flush barrier.
+/// its blocks return to the free map after a flush barrier, at once when dropped
+/// inside a tokio runtime (else at the next commit).
 pub struct ObjectWriter {
     store: ObjectStore,
     name: String,
@@ -940,6 +941,16 @@ impl Drop for ObjectWriter {
     fn drop(&mut self) {
         if !self.done && !self.extents.is_empty() {
             lock(&self.store.inner.quarantine).extend(self.extents.drain(..));
+            // Whoever dropped it (a failed put, a handler dropped when its client
+            // reset the stream), the space comes back now, not at the next put.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let store = self.store.clone();
+                rt.spawn(async move {
+                    if let Err(e) = store.release_abandoned().await {
+                        tracing::warn!("returning an abandoned upload's space: {e}");
+                    }
+                });
+            }
         }
     }
 }
