@@ -242,6 +242,23 @@ async fn features(
     split: usize,
     dtype: FeatureType,
 ) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
+    let (s, stats) = features_stream(dataset, client, m, weights, part, split, dtype);
+    (s.try_collect().await.expect("stream"), stats)
+}
+
+/// The feature stream of `dataset`'s partition `part` (its batches of 7).
+fn features_stream(
+    dataset: &str,
+    client: &NodeClient,
+    m: &Arc<dyn StagedModel>,
+    weights: &str,
+    part: &str,
+    split: usize,
+    dtype: FeatureType,
+) -> (
+    futures::stream::BoxStream<'static, csd_ml_pushdown::Result<TrainBatch>>,
+    Arc<stream::FeatureStats>,
+) {
     let job = FeatureJob {
         dataset: dataset.into(),
         arch: m.arch(),
@@ -258,8 +275,7 @@ async fn features(
         client: client.clone(),
         partition: part.into(),
     }];
-    let (s, stats) = stream::open(src, job, m.clone()).expect("open");
-    (s.try_collect().await.expect("stream"), stats)
+    stream::open(src, job, m.clone()).expect("open")
 }
 
 fn stacked(b: &[TrainBatch]) -> (Vec<u64>, Vec<i64>, Tensor) {
@@ -618,23 +634,7 @@ async fn an_undecodable_sample_is_named() {
         )
         .await
         .unwrap();
-    let job = FeatureJob {
-        dataset: "broken".into(),
-        arch: m.arch(),
-        weights: wt,
-        split: 3,
-        train_batch: 7,
-        dtype: FeatureType::F32,
-        compression: Compression::Lz4Frame,
-        limit: None,
-        max_node_batch: None,
-        pool: None,
-    };
-    let src = vec![Source {
-        client: client.clone(),
-        partition: "0".into(),
-    }];
-    let (s, _) = stream::open(src, job, m.clone()).expect("open");
+    let (s, _) = features_stream("broken", &client, &m, &wt, "0", 3, FeatureType::F32);
     let Err(e) = s.try_collect::<Vec<_>>().await else {
         panic!("a job over an undecodable sample succeeded");
     };

@@ -241,6 +241,15 @@ mod tests {
         assert!(refused > tried / 4, "{refused} of {tried} refused");
     }
 
+    /// Found by the fuzz target in its first second: a schema field of type NONE,
+    /// on which arrow's IPC schema conversion panics. Refused, not a crash.
+    #[tokio::test]
+    async fn a_schema_field_of_no_type_is_refused() {
+        let data = include_bytes!("../../fuzz/seeds/do_put/schema_type_none");
+        let e = decode_put(unframe(data)).await.unwrap_err();
+        assert_eq!(e.status_code(), crate::StatusCode::InvalidArgument, "{e}");
+    }
+
     /// Writes the fuzz target's seed (`cargo test -p csd-runtime -- --ignored`).
     #[tokio::test]
     #[ignore]

@@ -27,11 +27,11 @@ use crate::error::to_datafusion;
 use crate::eval::scan;
 use crate::options::CsdOptions;
 
-/// How a session reads the cluster.
 /// How deep the SQL parser of a [`Cluster::session`] may nest (DataFusion's
 /// `datafusion.sql_parser.recursion_limit`, 50 by default).
 pub const SQL_RECURSION_LIMIT: usize = 10_000;
 
+/// How a session reads the cluster.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionOptions {
     /// Push work to the nodes (else: the range-read baseline).

@@ -13,6 +13,7 @@ use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
 use datafusion::prelude::SessionContext;
 
 use csd_query_pushdown::{Cluster, SessionOptions};
+use csd_runtime::node_client::NodeClient;
 use csd_runtime::protocol::Compression;
 
 use crate::{assert_same, nodes, register_local, sessions};
@@ -37,6 +38,28 @@ pub fn schema() -> SchemaRef {
         Field::new("score", DataType::Float64, true),
         Field::new("flag", DataType::Boolean, true),
     ]))
+}
+
+/// Puts table `t` as four partitions of `batches` x `rows` rows, alternating over
+/// `clients`; returns every row put.
+pub async fn put_t(clients: &[NodeClient], batches: i64, rows: i64) -> Vec<RecordBatch> {
+    let mut all = Vec::new();
+    for p in 0..4i64 {
+        let part: Vec<RecordBatch> = (0..batches)
+            .map(|k| batch((p * batches + k) * rows, rows))
+            .collect();
+        all.extend(part.clone());
+        clients[p as usize % clients.len()]
+            .put(
+                "t",
+                &format!("p{p}"),
+                schema(),
+                futures::stream::iter(part.into_iter().map(Ok)),
+            )
+            .await
+            .unwrap();
+    }
+    all
 }
 
 /// `rows` rows starting at id `from`; every column has NULLs somewhere.
@@ -124,22 +147,8 @@ const QUERIES: &[&str] = &[
 async fn edge_cases_match_local() {
     let (nodes, clients) = nodes(2).await;
     let local = SessionContext::new();
-    let mut all = Vec::new();
     // Two partitions per node, 40k rows in all: several row groups and pages.
-    for p in 0..4i64 {
-        let batches: Vec<RecordBatch> =
-            (0..5).map(|k| batch(p * 10_000 + k * 2000, 2000)).collect();
-        all.extend(batches.clone());
-        clients[(p % 2) as usize]
-            .put(
-                "t",
-                &format!("p{p}"),
-                schema(),
-                futures::stream::iter(batches.into_iter().map(Ok)),
-            )
-            .await
-            .unwrap();
-    }
+    let all = put_t(&clients, 5, 2000).await;
     register_local(&local, "t", schema(), all);
     let (on, off) = sessions(&nodes).await;
     // A compute-side function the nodes do not have.

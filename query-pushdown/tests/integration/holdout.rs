@@ -5,12 +5,12 @@
 
 use std::fmt::Write as _;
 
-use arrow::array::RecordBatch;
 use csd_query_pushdown::{Cluster, CsdSession, SQL_RECURSION_LIMIT, SessionOptions};
 use csd_runtime::config::NodeConfig;
+use csd_runtime::node_client::NodeClient;
 use datafusion::prelude::SessionContext;
 
-use crate::edge::{batch, schema};
+use crate::edge::{put_t, schema};
 use crate::{assert_same, register_local, sql_node_with};
 
 /// Two nodes (the given settings) holding table `t` of the edge tests, 12k rows,
@@ -29,23 +29,11 @@ async fn setup(config: NodeConfig) -> (Vec<csd_runtime::node::RunningNode>, Sess
         )
         .unwrap();
     let local = SessionContext::new_with_config(local_config);
-    let mut all = Vec::new();
-    for p in 0..4i64 {
-        let batches: Vec<RecordBatch> = (0..3).map(|k| batch(p * 3000 + k * 1000, 1000)).collect();
-        all.extend(batches.clone());
-        let client = csd_runtime::node_client::NodeClient::connect(&nodes[(p % 2) as usize].url)
-            .await
-            .unwrap();
-        client
-            .put(
-                "t",
-                &format!("p{p}"),
-                schema(),
-                futures::stream::iter(batches.into_iter().map(Ok)),
-            )
-            .await
-            .unwrap();
+    let mut clients = Vec::new();
+    for n in &nodes {
+        clients.push(NodeClient::connect(&n.url).await.unwrap());
     }
+    let all = put_t(&clients, 3, 1000).await;
     register_local(&local, "t", schema(), all);
     (nodes, local)
 }
