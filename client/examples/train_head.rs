@@ -104,6 +104,7 @@ async fn main() -> Result<(), Error> {
         dtype: FeatureType::F32,
         compression: Compression::None,
         pool: None,
+        skip_bad_samples: false,
     };
     let stages = Arch::EfficientNetLite0.stages();
     let features = stages.last().map(|s| s.out_elems());

@@ -194,6 +194,10 @@ struct FeaturesArgs {
     /// Compression of the node's answers: none, lz4 or zstd.
     #[arg(long, default_value = "lz4")]
     compression: String,
+    /// Leave out samples that cannot be decoded (counted at the end) instead of
+    /// failing on the first.
+    #[arg(long)]
+    skip_bad_samples: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -713,6 +717,7 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         },
         compression: args.compression.parse()?,
         pool: None,
+        skip_bad_samples: args.skip_bad_samples,
     };
     let started = std::time::Instant::now();
     let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
@@ -730,14 +735,14 @@ async fn features(args: FeaturesArgs) -> Result<()> {
     );
     let rows = write_parquet(stream, args.out.as_deref(), &bar).await?;
     bar.finish_and_clear();
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
     eprintln!(
-        "{rows} samples through {arch} with split {} in {:.2} s; {} bytes received; {} partitions pushed back",
+        "{rows} samples through {arch} with split {} in {:.2} s; {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
         run.split,
         started.elapsed().as_secs_f64(),
         received(&run.stats),
-        run.stats
-            .pushed_back
-            .load(std::sync::atomic::Ordering::Relaxed)
+        run.stats.pushed_back.load(relaxed),
+        run.stats.skipped.load(relaxed),
     );
     Ok(())
 }

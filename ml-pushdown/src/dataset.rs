@@ -94,6 +94,24 @@ impl Samples {
         self.ids.is_empty()
     }
 
+    /// The samples whose `keep` is true.
+    pub fn retain(self, keep: &[bool]) -> Result<Samples> {
+        let mask = arrow::array::BooleanArray::from(keep.to_vec());
+        let data = arrow::compute::filter(&self.data, &mask)?;
+        fn pick<T>(v: Vec<T>, keep: &[bool]) -> Vec<T> {
+            v.into_iter()
+                .zip(keep)
+                .filter(|(_, k)| **k)
+                .map(|(x, _)| x)
+                .collect()
+        }
+        Ok(Samples {
+            ids: pick(self.ids, keep),
+            labels: pick(self.labels, keep),
+            data,
+        })
+    }
+
     /// The encoded samples as byte slices.
     pub fn bytes(&self) -> Result<Vec<&[u8]>> {
         let d = &self.data;

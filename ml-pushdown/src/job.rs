@@ -222,6 +222,7 @@ pub async fn plan_inputs(
         max_batch: None,
         limit: None,
         mode: Mode::Profile,
+        skip_bad_samples: false,
     };
     let node = async {
         let reply = src
@@ -352,6 +353,9 @@ pub struct FeaturesOptions {
     /// The compute tier's threads (`None`: rayon's global pool). The planner profiles
     /// the compute side on them too.
     pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// Leave out undecodable samples, counted in [`FeatureStats::skipped`], instead
+    /// of failing the job.
+    pub skip_bad_samples: bool,
 }
 
 /// The outcome of [`features`].
@@ -430,6 +434,7 @@ pub async fn features(
         limit: None,
         max_node_batch: None,
         pool: opts.pool.clone(),
+        skip_bad_samples: opts.skip_bad_samples,
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((

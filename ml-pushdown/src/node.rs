@@ -298,6 +298,36 @@ pub fn to_batch(
     )?)
 }
 
+/// [`inputs`] of the samples that decode: with `skip`, undecodable samples are left
+/// out (and counted) instead of failing the batch. `None` when none is left.
+pub fn decodable(
+    model: &dyn StagedModel,
+    samples: Samples,
+    skip: bool,
+) -> Result<(Samples, Option<Tensor>, u64)> {
+    match inputs(model, &samples) {
+        Ok(x) => Ok((samples, Some(x), 0)),
+        Err(Error::InvalidArgument(why)) if skip => {
+            let keep: Vec<bool> = samples
+                .bytes()?
+                .iter()
+                .map(|b| model.prepare(&[b]).is_ok())
+                .collect();
+            let skipped = keep.iter().filter(|k| !**k).count() as u64;
+            if skipped == 0 {
+                return Err(Error::InvalidArgument(why));
+            }
+            let kept = samples.retain(&keep)?;
+            if kept.is_empty() {
+                return Ok((kept, None, skipped));
+            }
+            let x = inputs(model, &kept)?;
+            Ok((kept, Some(x), skipped))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Decodes and preprocesses `samples` into `model`'s input tensor. A sample that
 /// cannot be decoded is named by its id.
 pub fn inputs(model: &dyn StagedModel, samples: &Samples) -> Result<Tensor> {
@@ -409,6 +439,8 @@ impl Operator for MlOperator {
         let out_schema = schema.clone();
         let metrics = ctx.metrics.clone();
         let at: Arc<str> = format!("dataset {} partition {}", r.dataset, r.partition).into();
+        let skip = r.skip_bad_samples;
+        let skipped = Arc::new(AtomicU64::new(0));
         let batches = read_stream(&ctx, objects, plan.batch, r.limit)?
             .and_then(move |b| {
                 let (pool, model, schema, metrics) = (
@@ -420,21 +452,31 @@ impl Operator for MlOperator {
                 let _hold = &guard;
                 let split = r.split;
                 let at = at.clone();
+                let skipped = skipped.clone();
                 async move {
                     let samples = Samples::from_batch(&b)?;
                     metrics
                         .rows_scanned
                         .fetch_add(samples.len() as u64, Ordering::Relaxed);
-                    let features = pool.install(|| -> Result<Tensor> {
-                        let x = inputs(model.as_ref(), &samples).map_err(|e| match e {
-                            Error::InvalidArgument(why) => {
-                                Error::InvalidArgument(format!("{at}: {why}"))
-                            }
-                            e => e,
-                        })?;
-                        model.forward_range(&x, 0, split)
+                    let (samples, features, bad) = pool.install(|| {
+                        let (samples, x, bad) =
+                            decodable(model.as_ref(), samples, skip).map_err(|e| match e {
+                                Error::InvalidArgument(why) => {
+                                    Error::InvalidArgument(format!("{at}: {why}"))
+                                }
+                                e => e,
+                            })?;
+                        let f = x.map(|x| model.forward_range(&x, 0, split)).transpose()?;
+                        Ok::<_, Error>((samples, f, bad))
                     })?;
-                    to_batch(&schema, &samples.ids, &samples.labels, &features, r.dtype)
+                    if bad > 0 {
+                        let total = skipped.fetch_add(bad, Ordering::Relaxed) + bad;
+                        metrics.set_detail("skipped_samples", total);
+                    }
+                    match features {
+                        Some(f) => to_batch(&schema, &samples.ids, &samples.labels, &f, r.dtype),
+                        None => Ok(RecordBatch::new_empty(schema.clone())),
+                    }
                 }
             })
             .map_err(csd_runtime::Error::from)

@@ -71,6 +71,10 @@ pub struct FeatureRequest {
     /// Features (default) or a profile.
     #[serde(default)]
     pub mode: Mode,
+    /// Leave out samples that cannot be decoded (counted in the report as
+    /// `skipped_samples`) instead of failing the request.
+    #[serde(default)]
+    pub skip_bad_samples: bool,
 }
 
 impl FeatureRequest {
@@ -126,6 +130,7 @@ mod tests {
             max_batch: None,
             limit: None,
             mode: Mode::Features,
+            skip_bad_samples: false,
         }
     }
 

@@ -22,7 +22,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::dataset::{self, Samples};
 use crate::model::{Arch, StagedModel};
-use crate::node::inputs;
+use crate::node::decodable;
 use crate::request::{FeatureRequest, FeatureType, Mode};
 use crate::{Error, Result};
 
@@ -58,6 +58,9 @@ pub struct FeatureJob {
     pub max_node_batch: Option<usize>,
     /// The compute tier's threads for decoding and layers; `None`: rayon's global pool.
     pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// Leave out samples that cannot be decoded (counted in
+    /// [`FeatureStats::skipped`]) instead of failing the job.
+    pub skip_bad_samples: bool,
 }
 
 /// One training batch.
@@ -80,6 +83,9 @@ pub struct FeatureStats {
     pub pushed_back: AtomicU64,
     /// Samples streamed.
     pub samples: AtomicU64,
+    /// Samples left out because they could not be decoded (with
+    /// [`FeatureJob::skip_bad_samples`]), here and at the nodes.
+    pub skipped: AtomicU64,
     /// The nodes' reports.
     pub reports: Mutex<Vec<OperatorReport>>,
 }
@@ -130,22 +136,26 @@ async fn local_prefix(
         })
         .and_then(move |b| {
             let (model, stats, split) = (model.clone(), stats.clone(), job.split);
-            let pool = job.pool.clone();
+            let (pool, skip) = (job.pool.clone(), job.skip_bad_samples);
             async move {
                 blocking(pool, move || {
                     let s = Samples::from_batch(&b)?;
                     let raw: u64 = s.bytes()?.iter().map(|d| d.len() as u64).sum();
                     stats.bytes_received.fetch_add(raw, Ordering::Relaxed);
-                    let x = model.forward_range(&inputs(model.as_ref(), &s)?, 0, split)?;
-                    Ok(Boundary {
+                    let (s, x, bad) = decodable(model.as_ref(), s, skip)?;
+                    stats.skipped.fetch_add(bad, Ordering::Relaxed);
+                    let Some(x) = x else { return Ok(None) };
+                    let x = model.forward_range(&x, 0, split)?;
+                    Ok(Some(Boundary {
                         ids: s.ids,
                         labels: s.labels,
                         x,
-                    })
+                    }))
                 })
                 .await
             }
-        });
+        })
+        .try_filter_map(|b| futures::future::ready(Ok(b)));
     Ok(s.boxed())
 }
 
@@ -202,6 +212,7 @@ async fn partition(
         max_batch: job.max_node_batch,
         limit: job.limit,
         mode: Mode::Features,
+        skip_bad_samples: job.skip_bad_samples,
     };
     let reply = match src
         .client
@@ -234,6 +245,10 @@ async fn partition(
         move |b| {
             count();
             let b = b?;
+            // A node batch whose samples were all skipped.
+            if b.num_rows() == 0 {
+                return Ok(None);
+            }
             let x = features_tensor(&b, &shape)?;
             let (ids, labels) = dataset::ids_labels(&b)?;
             Ok(Some(Boundary { ids, labels, x }))
@@ -245,6 +260,13 @@ async fn partition(
         if let Some(r) = reply_stats.report()
             && let Ok(mut v) = stats.reports.lock()
         {
+            if let Some(n) = r
+                .details
+                .get("skipped_samples")
+                .and_then(|n| n.parse().ok())
+            {
+                stats.skipped.fetch_add(n, Ordering::Relaxed);
+            }
             v.push(r);
         }
         Ok(None)

@@ -242,7 +242,7 @@ async fn features(
     split: usize,
     dtype: FeatureType,
 ) -> (Vec<TrainBatch>, Arc<stream::FeatureStats>) {
-    let (s, stats) = features_stream(dataset, client, m, weights, part, split, dtype);
+    let (s, stats) = features_stream(dataset, client, m, weights, part, (split, dtype, false));
     (s.try_collect().await.expect("stream"), stats)
 }
 
@@ -253,8 +253,7 @@ fn features_stream(
     m: &Arc<dyn StagedModel>,
     weights: &str,
     part: &str,
-    split: usize,
-    dtype: FeatureType,
+    (split, dtype, skip_bad_samples): (usize, FeatureType, bool),
 ) -> (
     futures::stream::BoxStream<'static, csd_ml_pushdown::Result<TrainBatch>>,
     Arc<stream::FeatureStats>,
@@ -270,6 +269,7 @@ fn features_stream(
         limit: None,
         max_node_batch: None,
         pool: None,
+        skip_bad_samples,
     };
     let src = vec![Source {
         client: client.clone(),
@@ -634,12 +634,38 @@ async fn an_undecodable_sample_is_named() {
         )
         .await
         .unwrap();
-    let (s, _) = features_stream("broken", &client, &m, &wt, "0", 3, FeatureType::F32);
+    let (s, _) = features_stream(
+        "broken",
+        &client,
+        &m,
+        &wt,
+        "0",
+        (3, FeatureType::F32, false),
+    );
     let Err(e) = s.try_collect::<Vec<_>>().await else {
         panic!("a job over an undecodable sample succeeded");
     };
     let e = e.to_string();
     assert!(e.contains("sample id 4242"), "{e}");
     assert!(e.contains("dataset broken"), "{e}");
+    // Asked to, both the node (split 3) and the compute tier (split 0) leave it
+    // out, count it, and answer for the rest as the job over the good ones does.
+    let mut answers = Vec::new();
+    for split in [3, 0] {
+        let (s, stats) = features_stream(
+            "broken",
+            &client,
+            &m,
+            &wt,
+            "0",
+            (split, FeatureType::F32, true),
+        );
+        let b: Vec<TrainBatch> = s.try_collect().await.unwrap();
+        let (ids, _, f) = stacked(&b);
+        assert_eq!(ids, vec![1, 3], "split {split}");
+        assert_eq!(stats.skipped.load(std::sync::atomic::Ordering::Relaxed), 1);
+        answers.push(f);
+    }
+    assert!(max_rel_err(&answers[0], &answers[1]) < 1e-4);
     node.shutdown().await.unwrap();
 }

@@ -87,6 +87,7 @@ pub async fn run(
         },
         compression: Compression::None,
         pool: cluster.compute_pool.clone(),
+        skip_bad_samples: false,
     };
     let clients = links.clients().await?;
     let baseline = policy == s.baseline();
