@@ -560,13 +560,8 @@ impl FlightNode {
             ended.store(true, Ordering::Release);
             drop(tx);
         };
+        // A failed upload's writer returns its space itself when dropped.
         let (_, summary) = futures::join!(feed, writer);
-        if summary.is_err() {
-            // The upload is abandoned: its space comes back now, not at the next put.
-            if let Err(e) = self.state.store().release_abandoned().await {
-                tracing::warn!("returning an abandoned upload's space: {e}");
-            }
-        }
         summary
     }
 }
