@@ -9,6 +9,8 @@
 //!   nodes, the rest here).
 //! * [`demo`] is the README's main job. The `csd` binary (`src/main.rs`) wraps them.
 
+#![warn(unreachable_pub)]
+
 pub mod demo;
 pub mod error;
 pub mod features;

@@ -121,7 +121,7 @@ enum TestbedCmd {
     Run {
         /// The scenario file.
         scenario: PathBuf,
-        /// Report folder (default: testbed-out/<scenario name>).
+        /// Report folder (default: `testbed-out/` and the scenario name).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Smaller data, shorter runs, two values per swept axis.

@@ -39,7 +39,7 @@
 //! [`NodeClient`](crate::node_client::NodeClient) honours. An operator request that
 //! would be pushed back while raw reads are saturated is rejected the same way.
 //!
-//! [`Controller`] holds the logic and takes the time as an argument, so tests drive
+//! `Controller` holds the logic and takes the time as an argument, so tests drive
 //! it with a controllable clock; [`Admission`] wraps it for the service.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -96,7 +96,7 @@ impl Default for TenantShare {
 }
 
 /// Parses `name=weight[:reserve]`.
-pub fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
+pub(crate) fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
     let (name, rest) = s
         .split_once('=')
         .ok_or_else(|| format!("tenant {s:?}: expected name=weight[:reserve]"))?;
@@ -132,23 +132,23 @@ pub struct AdmissionConfig {
     /// Memory the running requests may reserve in all.
     pub memory: u64,
     /// The queueing-delay target: a request predicted to wait longer is pushed back.
-    pub queue_target: Duration,
+    pub(crate) queue_target: Duration,
     /// Requests waiting at most (any policy).
-    pub max_queued: usize,
+    pub(crate) max_queued: usize,
     /// Which requests run.
     pub policy: Policy,
     /// Cost per byte before anything was learned.
-    pub prior_ns_per_byte: f64,
+    pub(crate) prior_ns_per_byte: f64,
     /// Fixed cost of a request (decode, plan, open).
     pub overhead: Duration,
     /// Weight of a new sample in the learned cost.
-    pub learning_rate: f64,
+    pub(crate) learning_rate: f64,
     /// Named tenants; others get weight 1, no reserve.
     pub tenants: BTreeMap<String, TenantShare>,
     /// Raw reads served at once.
-    pub io_in_flight: usize,
+    pub(crate) io_in_flight: usize,
     /// Raw reads waiting at most before `RESOURCE_EXHAUSTED`.
-    pub io_queue: usize,
+    pub(crate) io_queue: usize,
 }
 
 impl AdmissionConfig {
@@ -202,7 +202,7 @@ pub struct Reject {
     /// A sentence for a person.
     pub reason: String,
     /// When to retry.
-    pub retry_after: Duration,
+    pub(crate) retry_after: Duration,
 }
 
 /// The controller's answer to an offer.
@@ -210,7 +210,7 @@ pub struct Reject {
 pub enum Offer {
     /// Runs now under this id.
     Run(u64),
-    /// Waits under this id until [`Controller::finish`] dispatches it.
+    /// Waits under this id until `Controller::finish` dispatches it.
     Queued(u64),
     /// The compute tier should do it.
     PushBack(PushBack),
@@ -222,11 +222,11 @@ pub enum Offer {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostModel {
     /// Learned nanoseconds per byte read.
-    pub ns_per_byte: f64,
+    pub(crate) ns_per_byte: f64,
     /// Finished requests learned from.
     pub samples: u64,
     /// Mean absolute relative error of the estimates (weighted like the cost).
-    pub mean_abs_error: f64,
+    pub(crate) mean_abs_error: f64,
 }
 
 #[derive(Debug)]
@@ -262,7 +262,7 @@ pub struct Counters {
     /// Operator requests run (at once or after queueing).
     pub admitted: u64,
     /// Of those, the ones that waited in the queue.
-    pub queued: u64,
+    pub(crate) queued: u64,
     /// Operator requests pushed back to the compute tier.
     pub pushed_back: u64,
     /// Patient requests queued past the delay bound (their asker was saturated).
@@ -272,11 +272,11 @@ pub struct Counters {
     /// Queued requests whose client went away before they ran.
     pub abandoned: u64,
     /// Sum of queueing delays, microseconds.
-    pub queue_delay_us_sum: u64,
+    pub(crate) queue_delay_us_sum: u64,
     /// Largest queueing delay, microseconds.
-    pub queue_delay_us_max: u64,
+    pub(crate) queue_delay_us_max: u64,
     /// Slot-microseconds used by finished requests.
-    pub busy_us: u64,
+    pub(crate) busy_us: u64,
 }
 
 /// A snapshot for `DoAction stats` and the metrics endpoint.
@@ -297,15 +297,15 @@ pub struct AdmissionStats {
     /// Memory reserved by running requests.
     pub memory_reserved: u64,
     /// Raw reads in flight and waiting.
-    pub io_in_flight: usize,
+    pub(crate) io_in_flight: usize,
     /// Raw reads waiting.
-    pub io_waiting: usize,
+    pub(crate) io_waiting: usize,
     /// Totals.
     pub counters: Counters,
     /// Recent queueing delays of admitted requests (ms): p50 and p99 of the last 1024.
-    pub queue_delay_p50_ms: f64,
+    pub(crate) queue_delay_p50_ms: f64,
     /// See `queue_delay_p50_ms`.
-    pub queue_delay_p99_ms: f64,
+    pub(crate) queue_delay_p99_ms: f64,
     /// Learned costs per operator.
     pub costs: BTreeMap<String, CostModel>,
     /// Per tenant: admitted, pushed back, running, waiting.
@@ -327,7 +327,7 @@ pub struct TenantStats {
 
 /// The decision logic, with time passed in (see the module docs).
 #[derive(Debug)]
-pub struct Controller {
+pub(crate) struct Controller {
     cfg: AdmissionConfig,
     next_id: u64,
     running: HashMap<u64, Running>,
@@ -344,7 +344,7 @@ pub struct Controller {
 
 impl Controller {
     /// A controller with `cfg`.
-    pub fn new(cfg: AdmissionConfig) -> Self {
+    pub(crate) fn new(cfg: AdmissionConfig) -> Self {
         Controller {
             cfg,
             next_id: 1,
@@ -362,7 +362,8 @@ impl Controller {
     }
 
     /// The settings.
-    pub fn config(&self) -> &AdmissionConfig {
+    #[cfg(test)]
+    fn config(&self) -> &AdmissionConfig {
         &self.cfg
     }
 
@@ -371,7 +372,7 @@ impl Controller {
     }
 
     /// The estimated run time of `ask` from the learned cost.
-    pub fn estimate(&self, ask: &Ask) -> Duration {
+    pub(crate) fn estimate(&self, ask: &Ask) -> Duration {
         let per_byte = self
             .costs
             .get(&ask.operator)
@@ -397,7 +398,7 @@ impl Controller {
     }
 
     /// Predicted queueing delay for a new request of `tenant` at `now`.
-    pub fn predicted_delay(&self, tenant: &str, now: Duration) -> Duration {
+    pub(crate) fn predicted_delay(&self, tenant: &str, now: Duration) -> Duration {
         let residual: Duration = self
             .running
             .values()
@@ -430,7 +431,7 @@ impl Controller {
     }
 
     /// Decides what happens to `ask` at `now`.
-    pub fn offer(&mut self, ask: Ask, now: Duration) -> Offer {
+    pub(crate) fn offer(&mut self, ask: Ask, now: Duration) -> Offer {
         let estimate = self.estimate(&ask);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let push_back = |this: &mut Self, reason: String, delay: Duration| {
@@ -565,7 +566,7 @@ impl Controller {
 
     /// Moves waiting requests into free slots, fairly; returns the ids started, with
     /// how long each waited.
-    pub fn dispatch(&mut self, now: Duration) -> Vec<(u64, Duration)> {
+    pub(crate) fn dispatch(&mut self, now: Duration) -> Vec<(u64, Duration)> {
         let mut started = Vec::new();
         loop {
             // The backlogged tenant with the smallest virtual time whose head fits.
@@ -598,7 +599,7 @@ impl Controller {
     /// A running request `id` ended at `now` after holding its slot for `busy`;
     /// `learn` says whether it ran to completion (only those teach the cost model).
     /// Returns the queued requests that start now.
-    pub fn finish(
+    pub(crate) fn finish(
         &mut self,
         id: u64,
         now: Duration,
@@ -619,7 +620,7 @@ impl Controller {
     }
 
     /// A queued request `id` whose client went away.
-    pub fn abandon(&mut self, id: u64, now: Duration) -> Vec<(u64, Duration)> {
+    pub(crate) fn abandon(&mut self, id: u64, now: Duration) -> Vec<(u64, Duration)> {
         for t in self.tenants.values_mut() {
             if let Some(i) = t.queue.iter().position(|w| w.id == id) {
                 t.queue.remove(i);
@@ -680,7 +681,7 @@ impl Controller {
 
     /// A raw read arrives: `Ok(true)` go now, `Ok(false)` wait (call
     /// [`io_dispatch`](Self::io_dispatch) later), or a rejection.
-    pub fn io_offer(&mut self) -> Result<bool, Reject> {
+    pub(crate) fn io_offer(&mut self) -> Result<bool, Reject> {
         if self.io_in_flight < self.cfg.io_in_flight && self.io_waiting == 0 {
             self.io_in_flight += 1;
             return Ok(true);
@@ -694,7 +695,7 @@ impl Controller {
     }
 
     /// A waiting raw read may start if a read slot is free.
-    pub fn io_dispatch(&mut self) -> bool {
+    pub(crate) fn io_dispatch(&mut self) -> bool {
         if self.io_in_flight < self.cfg.io_in_flight && self.io_waiting > 0 {
             self.io_waiting -= 1;
             self.io_in_flight += 1;
@@ -704,18 +705,18 @@ impl Controller {
     }
 
     /// A waiting raw read gave up.
-    pub fn io_abandon(&mut self) {
+    pub(crate) fn io_abandon(&mut self) {
         self.io_waiting = self.io_waiting.saturating_sub(1);
     }
 
     /// A raw read that took `took` ended.
-    pub fn io_finish(&mut self, took: Duration) {
+    pub(crate) fn io_finish(&mut self, took: Duration) {
         self.io_in_flight = self.io_in_flight.saturating_sub(1);
         self.io_service = (self.io_service * 4 + took) / 5;
     }
 
     /// A snapshot of the figures.
-    pub fn stats(&self) -> AdmissionStats {
+    pub(crate) fn stats(&self) -> AdmissionStats {
         let mut d: Vec<u32> = self.recent_delays.iter().copied().collect();
         d.sort_unstable();
         let pct = |p: f64| -> f64 {
@@ -758,7 +759,7 @@ impl Controller {
     }
 }
 
-/// The service's admission control: a [`Controller`] on the real clock, with
+/// The service's admission control: a `Controller` on the real clock, with
 /// queued requests woken when a slot frees.
 #[derive(Debug)]
 pub struct Admission {

@@ -6,7 +6,7 @@ use std::fmt::Display;
 use crate::protocol::{PUSHBACK_METADATA, RETRY_AFTER_METADATA};
 
 /// A boxed error from a library, kept as the cause of ours.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What kind of failure an error is, as the caller should read it: each kind is one
 /// gRPC code (GreptimeDB's `StatusCode`, in small). Errors of the other crates say
@@ -39,7 +39,7 @@ pub enum StatusCode {
 
 impl StatusCode {
     /// The gRPC code.
-    pub fn to_tonic(self) -> tonic::Code {
+    pub(crate) fn to_tonic(self) -> tonic::Code {
         use tonic::Code;
         match self {
             StatusCode::InvalidArgument => Code::InvalidArgument,
@@ -57,7 +57,7 @@ impl StatusCode {
     }
 
     /// The kind of a gRPC code (a peer's answer).
-    pub fn from_tonic(code: tonic::Code) -> Self {
+    pub(crate) fn from_tonic(code: tonic::Code) -> Self {
         use tonic::Code;
         match code {
             Code::InvalidArgument | Code::OutOfRange => StatusCode::InvalidArgument,
@@ -149,9 +149,9 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Longest piece of caller input an error message repeats.
-pub const ECHO_LIMIT: usize = 200;
+pub(crate) const ECHO_LIMIT: usize = 200;
 
-/// `s` as an error message may repeat it: at most [`ECHO_LIMIT`] bytes (cut at a
+/// `s` as an error message may repeat it: at most `ECHO_LIMIT` bytes (cut at a
 /// character boundary, with the length said), so that a huge name cannot make an
 /// error larger than a client accepts as metadata.
 pub fn truncated(s: &str) -> std::borrow::Cow<'_, str> {

@@ -7,11 +7,11 @@
 //!   tickets, actions and their bodies, metadata keys, limits.
 //! * [`admission`]: run now, queue, or push back; per-tenant fairness; raw-read limits.
 //! * [`operator`]: the one trait pushed-down work (SQL fragments, DNN prefixes) plugs into.
-//! * [`state`]: a running node's shared state.
-//! * [`service`]: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
+//! * `state`: a running node's shared state.
+//! * `service`: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
 //! * [`node_client`]: [`NodeClient`](node_client::NodeClient), the Rust side of the protocol.
 //! * [`config`] and [`node`]: a node's settings and its start-up.
-//! * [`metrics`]: Prometheus text metrics over HTTP.
+//! * `metrics`: Prometheus text metrics over HTTP.
 //! * [`pool`]: the CPU pool operator work runs on.
 //! * [`timer`]: a microsecond-precision timer for emulation (devices, links).
 //!
@@ -20,18 +20,20 @@
 //! Dependencies point down: this crate knows nothing of SQL or DNNs, and inside it
 //! `protocol` ← `operator` ← `state` ← `service` ← `node`, without cycles.
 
+#![warn(unreachable_pub)]
+
 pub mod admission;
 pub mod config;
 pub mod device;
 pub mod error;
-pub mod metrics;
+mod metrics;
 pub mod node;
 pub mod node_client;
 pub mod operator;
 pub mod pool;
 pub mod protocol;
-pub mod service;
-pub mod state;
+mod service;
+mod state;
 pub mod store;
 pub mod table;
 pub mod timer;

@@ -17,7 +17,10 @@ use crate::error::{Error, Result};
 use crate::state::NodeState;
 
 /// Binds `addr` and serves `/metrics` until the returned task is aborted.
-pub async fn serve(addr: &str, state: Arc<NodeState>) -> Result<(SocketAddr, JoinHandle<()>)> {
+pub(crate) async fn serve(
+    addr: &str,
+    state: Arc<NodeState>,
+) -> Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::io(format!("binding the metrics address {addr}"), e))?;
@@ -67,7 +70,7 @@ fn respond(state: &NodeState, path: &str) -> Response<Full<Bytes>> {
 
 /// The node's figures in the Prometheus text format.
 #[rustfmt::skip]
-pub fn render(state: &NodeState) -> String {
+pub(crate) fn render(state: &NodeState) -> String {
     let a = state.admission.stats();
     let c = &a.counters;
     let mut out = String::new();

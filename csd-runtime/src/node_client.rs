@@ -83,7 +83,7 @@ pub enum Error {
 }
 
 /// How long a client keeps retrying a request the node refuses with a retry hint.
-pub const RETRY_BUDGET: Duration = Duration::from_secs(60);
+pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// Client result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -6,16 +6,16 @@
 //! validation and planning never run on the RPC threads), then drives the returned
 //! batch stream on the same pool and sends it as Arrow IPC (optionally LZ4/ZSTD
 //! compressed). After the last batch the node sends one more `FlightData` whose
-//! `app_metadata` is the JSON [`OperatorReport`] of the request: bytes read from the
+//! `app_metadata` is the JSON [`OperatorReport`](crate::protocol::OperatorReport) of the request: bytes read from the
 //! device, bytes sent, rows scanned and returned, time at the node.
 //!
-//! Operators never see gRPC: they return [`Error`]s, which the service maps to
-//! statuses (bad arguments must be [`Error::InvalidArgument`] with a message a person
+//! Operators never see gRPC: they return [`Error`](crate::Error)s, which the service maps to
+//! statuses (bad arguments must be [`Error::InvalidArgument`](crate::Error::InvalidArgument) with a message a person
 //! understands).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -49,11 +49,6 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
-    /// Adds `n` bytes read from the device.
-    pub fn add_bytes_read(&self, n: u64) {
-        self.bytes_read.fetch_add(n, Ordering::Relaxed);
-    }
-
     /// Sets a detail of the report.
     pub fn set_detail(&self, key: &str, value: impl ToString) {
         if let Ok(mut d) = self.details.lock() {
@@ -179,7 +174,7 @@ impl std::fmt::Debug for OperatorRegistry {
 /// rows can carry megabytes of page data over the wire (and again for every slice
 /// the Flight encoder cuts a large batch into). Arrays already tight are returned
 /// as they are, so this costs one pass over the views.
-pub fn compact_views(batch: RecordBatch) -> RecordBatch {
+pub(crate) fn compact_views(batch: RecordBatch) -> RecordBatch {
     // Re-packed when an array references over twice the bytes it uses.
     gc_views(batch, |buffers, used| buffers > 2 * used + 64 * 1024)
 }
@@ -250,7 +245,7 @@ fn wire_bytes(array: &dyn arrow::array::Array) -> usize {
 /// every slice carrying all of its view data. (The encoder measures
 /// buffer capacity, so a sliced array looks as large as the whole; encoders fed by
 /// this take a limit well above `piece_bytes`.)
-pub fn wire_pieces(batch: RecordBatch, piece_bytes: u64) -> Vec<RecordBatch> {
+pub(crate) fn wire_pieces(batch: RecordBatch, piece_bytes: u64) -> Vec<RecordBatch> {
     let batch = compact_views(batch);
     let bytes: usize = batch.columns().iter().map(|c| wire_bytes(c.as_ref())).sum();
     let rows = batch.num_rows();

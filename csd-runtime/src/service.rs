@@ -93,13 +93,13 @@ const SCAN_BATCH_ROWS: usize = 8192;
 
 /// The Flight service.
 #[derive(Clone)]
-pub struct FlightNode {
+pub(crate) struct FlightNode {
     state: Arc<NodeState>,
 }
 
 impl FlightNode {
     /// Serves `state`.
-    pub fn new(state: Arc<NodeState>) -> Self {
+    pub(crate) fn new(state: Arc<NodeState>) -> Self {
         FlightNode { state }
     }
 

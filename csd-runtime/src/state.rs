@@ -63,21 +63,21 @@ impl NodeState {
     }
 
     /// Uses `admission` (built from the node's flags) instead of the defaults.
-    pub fn with_admission(mut self, admission: Arc<Admission>) -> Self {
+    pub(crate) fn with_admission(mut self, admission: Arc<Admission>) -> Self {
         self.admission = admission;
         self
     }
 
     /// Sends raw ranges in `range_chunk`-byte messages and operator answers in
     /// pieces of about `wire_piece` bytes.
-    pub fn with_wire(mut self, range_chunk: u64, wire_piece: u64) -> Self {
+    pub(crate) fn with_wire(mut self, range_chunk: u64, wire_piece: u64) -> Self {
         self.range_chunk = range_chunk.max(4096);
         self.wire_piece = wire_piece.max(64 << 10);
         self
     }
 
     /// Serves `operators` too.
-    pub fn with_operators(mut self, operators: OperatorRegistry) -> Self {
+    pub(crate) fn with_operators(mut self, operators: OperatorRegistry) -> Self {
         self.operators = operators;
         self
     }

@@ -496,7 +496,7 @@ impl ObjectReader {
     }
 
     /// Loads footer + page index + Arrow schema.
-    pub async fn load_metadata(mut self) -> Result<ArrowReaderMetadata> {
+    pub(crate) async fn load_metadata(mut self) -> Result<ArrowReaderMetadata> {
         let opts = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
         ArrowReaderMetadata::load_async(&mut self, opts)
             .await

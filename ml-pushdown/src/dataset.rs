@@ -12,11 +12,11 @@ use arrow::record_batch::RecordBatch;
 use crate::{Error, Result};
 
 /// Column names of an image dataset.
-pub const ID: &str = "id";
+pub(crate) const ID: &str = "id";
 /// Label column.
-pub const LABEL: &str = "label";
+pub(crate) const LABEL: &str = "label";
 /// Encoded sample column.
-pub const DATA: &str = "data";
+pub(crate) const DATA: &str = "data";
 
 /// The schema `csd put --images` writes.
 pub fn image_schema() -> SchemaRef {
@@ -28,7 +28,7 @@ pub fn image_schema() -> SchemaRef {
 }
 
 /// Checks a stored table can be read as an image dataset.
-pub fn check_schema(table: &str, schema: &Schema) -> Result<()> {
+pub(crate) fn check_schema(table: &str, schema: &Schema) -> Result<()> {
     let want = [
         (ID, &[DataType::UInt64][..]),
         (LABEL, &[DataType::Int64][..]),
@@ -72,7 +72,7 @@ pub struct Samples {
 
 impl Samples {
     /// Takes a batch of a dataset table apart.
-    pub fn from_batch(b: &RecordBatch) -> Result<Self> {
+    pub(crate) fn from_batch(b: &RecordBatch) -> Result<Self> {
         let (ids, labels) = ids_labels(b)?;
         let data = b
             .column_by_name(DATA)
@@ -141,7 +141,7 @@ impl Samples {
 }
 
 /// The `id` (UInt64) and `label` (Int64) columns of a dataset or features batch.
-pub fn ids_labels(b: &RecordBatch) -> Result<(Vec<u64>, Vec<i64>)> {
+pub(crate) fn ids_labels(b: &RecordBatch) -> Result<(Vec<u64>, Vec<i64>)> {
     let ids = b
         .column_by_name(ID)
         .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>());

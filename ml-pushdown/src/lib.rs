@@ -20,6 +20,8 @@
 //! * [`stream`]: the compute side: a feature stream in the training batch size, with
 //!   the remaining layers run here and pushed-back partitions computed here.
 
+#![warn(unreachable_pub)]
+
 pub mod dataset;
 pub mod job;
 pub mod model;

@@ -43,27 +43,27 @@ use crate::{Error, Result};
 
 /// Memory held back per worker for decoding one image (see
 /// [`preprocess::MAX_IMAGE_ALLOC`]).
-pub const DECODE_RESERVE: u64 = 32 << 20;
+pub(crate) const DECODE_RESERVE: u64 = 32 << 20;
 /// Node batch when the request sets no cap.
-pub const DEFAULT_NODE_BATCH: usize = 32;
+pub(crate) const DEFAULT_NODE_BATCH: usize = 32;
 /// Samples a profile request times.
 pub const PROFILE_SAMPLES: usize = 4;
 const CACHED_MODELS: usize = 4;
 
 /// The node batch size and the memory it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchPlan {
+pub(crate) struct BatchPlan {
     /// Samples per node batch.
     pub batch: usize,
     /// Bytes reserved with admission control.
     pub memory: u64,
     /// Bytes per sample in flight.
-    pub per_sample: u64,
+    pub(crate) per_sample: u64,
 }
 
 /// Sizes the node batch: the most samples (≤ `cap`) such that the request fits in half
 /// the node's memory budget; never fewer than one.
-pub fn batch_plan(
+pub(crate) fn batch_plan(
     arch: Arch,
     split: usize,
     weights_len: u64,
@@ -300,7 +300,7 @@ pub fn to_batch(
 
 /// [`inputs`] of the samples that decode: with `skip`, undecodable samples are left
 /// out (and counted) instead of failing the batch. `None` when none is left.
-pub fn decodable(
+pub(crate) fn decodable(
     model: &dyn StagedModel,
     samples: Samples,
     skip: bool,

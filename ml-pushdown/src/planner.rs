@@ -38,18 +38,18 @@ pub struct Profile {
 /// How long a measured profile stands in for a new one. Per-sample stage times depend
 /// on the model, the data and the CPUs, none of which a profile's key lets change; the
 /// node's *load* does change, and the planner reads that afresh each time.
-pub const PROFILE_TTL: Duration = Duration::from_secs(600);
+pub(crate) const PROFILE_TTL: Duration = Duration::from_secs(600);
 
 /// Profiles measured lately, by a key naming what they depend on, each good for
 /// [`PROFILE_TTL`]: a job that plans again (the next epoch, the next job on the same
 /// data and model) gets the figures without paying for them again. The node keeps one,
 /// the compute side another.
 #[derive(Debug, Default)]
-pub struct ProfileCache(Mutex<HashMap<String, (Instant, Profile)>>);
+pub(crate) struct ProfileCache(Mutex<HashMap<String, (Instant, Profile)>>);
 
 impl ProfileCache {
     /// The profile under `key`, unless it is older than [`PROFILE_TTL`].
-    pub fn get(&self, key: &str) -> Option<Profile> {
+    pub(crate) fn get(&self, key: &str) -> Option<Profile> {
         let m = self.0.lock().ok()?;
         m.get(key)
             .filter(|(at, _)| at.elapsed() < PROFILE_TTL)
@@ -57,7 +57,7 @@ impl ProfileCache {
     }
 
     /// Keeps `profile` under `key`, dropping expired ones.
-    pub fn insert(&self, key: String, profile: Profile) {
+    pub(crate) fn insert(&self, key: String, profile: Profile) {
         if let Ok(mut m) = self.0.lock() {
             m.retain(|_, (at, _)| at.elapsed() < PROFILE_TTL);
             m.insert(key, (Instant::now(), profile));
@@ -75,13 +75,13 @@ pub struct PlanInputs {
     /// The node's profile (with all of its CPUs).
     pub node: Profile,
     /// Share of the node's CPUs free for this job (0 < share ≤ 1).
-    pub node_share: f64,
+    pub(crate) node_share: f64,
     /// The compute tier's profile.
     pub compute: Profile,
     /// Link bandwidth, bytes per second.
     pub link_bps: f64,
     /// Bytes per feature element on the wire (4 for f32, 2 for f16).
-    pub feature_bytes: u64,
+    pub(crate) feature_bytes: u64,
     /// Samples per node batch (for the pipeline fill term).
     pub batch: u64,
 }
@@ -94,11 +94,11 @@ pub struct Candidate {
     /// The last stage at the node (`-` for none).
     pub at_node: String,
     /// FLOPs per sample at the node.
-    pub node_flops: u64,
+    pub(crate) node_flops: u64,
     /// FLOPs per sample here.
-    pub compute_flops: u64,
+    pub(crate) compute_flops: u64,
     /// Bytes per sample over the link.
-    pub bytes_per_sample: f64,
+    pub(crate) bytes_per_sample: f64,
     /// Predicted seconds of node work.
     pub node_s: f64,
     /// Predicted seconds on the link.
@@ -110,7 +110,7 @@ pub struct Candidate {
 }
 
 /// All candidates and the chosen one: the fewest bytes among those predicted within
-/// [`NEAR`] of the least epoch time.
+/// `NEAR` of the least epoch time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// One per split, `0..=n`.
@@ -191,7 +191,7 @@ pub fn plan(i: &PlanInputs) -> Plan {
 /// time: the sender's serialization and the receiver's decoding take CPU from the
 /// same cores as the model, which the pipeline model (one resource per side) does not
 /// charge, and a shared link carries other traffic too.
-pub const NEAR: f64 = 0.03;
+pub(crate) const NEAR: f64 = 0.03;
 
 impl Plan {
     /// The chosen split.

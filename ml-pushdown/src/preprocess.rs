@@ -10,14 +10,14 @@ use crate::model::ImageSpec;
 use crate::{Error, Result};
 
 /// Largest image side we decode (a guard against decompression bombs).
-pub const MAX_IMAGE_SIDE: u32 = 16_384;
+pub(crate) const MAX_IMAGE_SIDE: u32 = 16_384;
 /// Most memory one image may decode into.
-pub const MAX_IMAGE_ALLOC: u64 = 256 << 20;
+pub(crate) const MAX_IMAGE_ALLOC: u64 = 256 << 20;
 
 /// Decodes a JPEG or PNG and applies `spec`: resize the shorter side (bilinear),
 /// center crop, scale to [0, 1], normalise; writes `3 × crop × crop` floats (CHW)
 /// into `out`.
-pub fn image_into(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<()> {
+pub(crate) fn image_into(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<()> {
     let side = spec.crop as usize;
     if out.len() != 3 * side * side {
         return Err(Error::InvalidArgument(format!(

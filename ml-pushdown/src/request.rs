@@ -6,9 +6,9 @@ use crate::model::Arch;
 use crate::{Error, Result};
 
 /// Largest request accepted.
-pub const MAX_REQUEST_BYTES: usize = 16 << 10;
+pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 10;
 /// Most samples per node batch a request may ask for.
-pub const MAX_NODE_BATCH: usize = 256;
+pub(crate) const MAX_NODE_BATCH: usize = 256;
 
 /// Element type of the features sent back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,7 +64,7 @@ pub struct FeatureRequest {
     pub dtype: FeatureType,
     /// Cap on the node's batch size (the node may pick fewer to fit its memory).
     #[serde(default)]
-    pub max_batch: Option<usize>,
+    pub(crate) max_batch: Option<usize>,
     /// Only the first `limit` samples.
     #[serde(default)]
     pub limit: Option<u64>,

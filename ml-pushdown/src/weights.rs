@@ -29,7 +29,7 @@ fn schema() -> SchemaRef {
 }
 
 /// `bytes` as batches of the weights table.
-pub fn to_batches(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
+pub(crate) fn to_batches(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     bytes
         .chunks(CHUNK)
         .enumerate()
@@ -47,7 +47,7 @@ pub fn to_batches(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
 }
 
 /// Reassembles weights from the table's batches and checks them against `table`.
-pub fn from_batches(table: &str, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+pub(crate) fn from_batches(table: &str, batches: &[RecordBatch]) -> Result<Vec<u8>> {
     let mut parts: Vec<(u32, &[u8])> = Vec::new();
     for b in batches {
         let seq = b
@@ -102,7 +102,7 @@ pub async fn ensure(client: &NodeClient, bytes: &[u8]) -> Result<String> {
 }
 
 /// The safetensors metadata key that carries a text model's `tokenizer.json`.
-pub const TOKENIZER_KEY: &str = "csd.tokenizer";
+pub(crate) const TOKENIZER_KEY: &str = "csd.tokenizer";
 
 /// Splits a safetensors file into its header (JSON) and the tensor data after it.
 fn header(bytes: &[u8]) -> Result<(serde_json::Map<String, serde_json::Value>, &[u8])> {

@@ -55,7 +55,7 @@ fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
 /// A DataFusion error as the node reports it: a node error carried inside comes back
 /// out whole (its kind and pushback details intact); anything else is kept as the
 /// cause of an error of its kind.
-pub fn to_runtime(e: DataFusionError) -> Error {
+pub(crate) fn to_runtime(e: DataFusionError) -> Error {
     let code = status_code(&e);
     match e {
         DataFusionError::External(inner) => unbox(inner, code),
@@ -83,7 +83,7 @@ fn unbox(inner: Box<dyn std::error::Error + Send + Sync>, code: StatusCode) -> E
 }
 
 /// A client-side error inside DataFusion.
-pub fn to_datafusion(e: csd_runtime::node_client::Error) -> DataFusionError {
+pub(crate) fn to_datafusion(e: csd_runtime::node_client::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 

@@ -4,9 +4,9 @@
 //!
 //! | folder | runs on | what |
 //! |---|---|---|
-//! | [`compute`] | the compute tier | the DataFusion session over a cluster, the table provider, the optimizer rules that choose what to push, [`CsdScanExec`](compute::scan::CsdScanExec), join-key collection, the local gate, the no-pushdown baseline |
-//! | [`node`] | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
-//! | [`eval`] | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
+//! | `compute` | the compute tier | the DataFusion session over a cluster, the table provider, the optimizer rules that choose what to push, [`CsdScanExec`], join-key collection, the local gate, the no-pushdown baseline |
+//! | `node` | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
+//! | `eval` | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
 //! | [`wire`] | both (the protocol) | the fragment message and its limits, the join-key filter as it travels, the functions a node may evaluate |
 //!
 //! **Compute side.** [`Cluster::session`] gives a DataFusion session whose tables live
@@ -14,17 +14,17 @@
 //! filters the node evaluates exactly ([`wire::functions`]), LIMIT, ORDER BY … LIMIT
 //! (top-k per node partition, merged here) and partial aggregates (`sum`, `count`,
 //! `min`, `max`, `avg`, `count(*)` with GROUP BY, merged by DataFusion's final
-//! aggregate here) run at the nodes ([`compute::pushdown`]); an aggregate grouped by
+//! aggregate here) run at the nodes (`compute::pushdown`); an aggregate grouped by
 //! a column whose partitions hold disjoint ranges runs whole at each partition,
 //! HAVING included. A hash join's build keys filter its probe-side scan at the nodes
-//! ([`compute::key_filter_rule`]), and `IN` subqueries move below inner joins to the
-//! table their key comes from ([`compute::semijoin_down`]), as do inner joins with a
+//! (`compute::key_filter_rule`), and `IN` subqueries move below inner joins to the
+//! table their key comes from (`compute::semijoin_down`), as do inner joins with a
 //! small filtered input such as a nation chosen by name
-//! ([`compute::dimension_join_down`]). Anything else stays here, so results are the
+//! (`compute::dimension_join_down`). Anything else stays here, so results are the
 //! same with pushdown on or off. `EXPLAIN` shows `CsdPushdown` / `CsdScanExec` nodes
 //! with the pushed fragment and its endpoints; `EXPLAIN ANALYZE` adds, per endpoint,
 //! bytes read from the device, bytes sent, rows scanned and returned, and time at the
-//! node. With pushdown off the session is the baseline ([`compute::range_read`]):
+//! node. With pushdown off the session is the baseline (`compute::range_read`):
 //! DataFusion reading the nodes' Parquet by byte range with all of its own pruning.
 //!
 //! **On the wire.** The fragment is Substrait inside a Flight ticket; see
@@ -33,21 +33,25 @@
 //! **Storage side.** [`SqlOperator`] validates, plans with DataFusion over the node's
 //! own Parquet objects and streams the answer. A fragment the node hands back is
 //! evaluated on the compute tier, oldest first, a core at a time
-//! ([`compute::gate`]). A node serves SQL when started with
+//! (`compute::gate`). A node serves SQL when started with
 //! `csd_runtime::node::start_with(config, registry())`.
 
-pub mod compute;
+#![warn(unreachable_pub)]
+
+mod compute;
 pub mod error;
-pub mod eval;
-pub mod node;
-pub mod options;
+mod eval;
+mod node;
+mod options;
 pub mod wire;
 
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
+pub use compute::scan::{CsdScanExec, EndpointRun};
 pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
 pub use eval::Parallelism;
 pub use node::{SqlNodeOptions, SqlOperator};
+pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};
 pub use wire::functions::pushable;
 

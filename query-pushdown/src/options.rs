@@ -19,15 +19,15 @@ datafusion::common::extensions_options! {
         pub direct_above: f64, default = 0.3
         /// Batches a scan fetches ahead of its consumer once executed, so that scans
         /// on both sides of a hash join run at the node together.
-        pub prefetch_batches: usize, default = 2
+        pub(crate) prefetch_batches: usize, default = 2
         /// Seconds a probe-side scan waits for its build side's keys before it runs
         /// without a join-key filter (a safeguard: a hash join reads its build side
         /// before it polls the probe side).
-        pub key_wait_secs: f64, default = 30.0
+        pub(crate) key_wait_secs: f64, default = 30.0
         /// Bits per key of a join-key filter: 12 gives about 1% false positives.
-        pub bloom_bits_per_key: usize, default = 12
+        pub(crate) bloom_bits_per_key: usize, default = 12
         /// Most join-key filters sent with one scan (at most the wire's limit, 4).
-        pub max_key_filters: usize, default = 4
+        pub(crate) max_key_filters: usize, default = 4
         /// Scans that reduce nothing (no filter, no limit) read the Parquet objects by
         /// byte range instead of asking the nodes, unless a join-key filter applies.
         pub direct_unfiltered: bool, default = true
@@ -50,7 +50,7 @@ impl CsdOptions {
 
     /// [`key_wait_secs`](Self::key_wait_secs) as a duration (a bad value: the
     /// default).
-    pub fn key_wait(&self) -> Duration {
+    pub(crate) fn key_wait(&self) -> Duration {
         Duration::try_from_secs_f64(self.key_wait_secs).unwrap_or(Duration::from_secs(30))
     }
 }

@@ -62,11 +62,11 @@ pub struct Cluster {
     /// Samples (images) or rows (lineitem) loaded.
     pub loaded: u64,
     /// Seconds spent loading.
-    pub load_s: f64,
+    pub(crate) load_s: f64,
     /// Image data: the model and its weights (stored at every node with the data).
     pub model: Option<(csd_ml_pushdown::Arch, Vec<u8>)>,
     /// With `nodes.pin`: the compute tier's threads, on the cores the nodes do not use.
-    pub compute_pool: Option<Arc<rayon::ThreadPool>>,
+    pub(crate) compute_pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Cluster {
@@ -201,7 +201,7 @@ impl Cluster {
 
     /// Samples every node's busy CPU workers every `every` until the sampler is
     /// stopped.
-    pub fn sample_cpu(&self, every: Duration) -> CpuSampler {
+    pub(crate) fn sample_cpu(&self, every: Duration) -> CpuSampler {
         let admissions: Vec<_> = self
             .nodes
             .iter()
@@ -284,20 +284,20 @@ impl Links {
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct CpuSample {
     /// Seconds since the run started.
-    pub t_s: f64,
+    pub(crate) t_s: f64,
     /// Per node, running requests ÷ CPU workers.
     pub busy: Vec<f64>,
 }
 
 /// A running CPU sampler.
-pub struct CpuSampler {
+pub(crate) struct CpuSampler {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Vec<CpuSample>>,
 }
 
 impl CpuSampler {
     /// Stops and returns the samples.
-    pub async fn finish(self) -> Vec<CpuSample> {
+    pub(crate) async fn finish(self) -> Vec<CpuSample> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap_or_default()
     }

@@ -18,16 +18,16 @@ use crate::scenario::{DataSpec, PolicyName, Scenario, WorkloadSpec};
 use crate::{Error, Result};
 
 /// The table the testbed stores image data sets as.
-pub const DATASET: &str = "tb_images";
+pub(crate) const DATASET: &str = "tb_images";
 
 /// Samples compared with the baseline per run (the first ids).
 const COMPARED: u64 = 256;
 
 /// The baseline's features of the first samples, by id.
-pub type References = HashMap<u64, Vec<f32>>;
+pub(crate) type References = HashMap<u64, Vec<f32>>;
 
 /// The model and its weights for `s`.
-pub fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
+pub(crate) fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
     let DataSpec::Images { model, weights, .. } = &s.data else {
         return Err(Error::Scenario("data.kind: expected \"images\"".into()));
     };
@@ -46,7 +46,7 @@ pub fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
 }
 
 /// Runs the feature job of `s` (one sweep point) under `policy`.
-pub async fn run(
+pub(crate) async fn run(
     s: &Scenario,
     cluster: &Cluster,
     links: &Links,

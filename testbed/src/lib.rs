@@ -6,15 +6,17 @@
 //! queries from clients or at an arrival rate; or a feature-extraction job) and the
 //! policies to compare, optionally swept over link bandwidth, node count, load or
 //! selectivity. [`run`] starts real `csd-runtime` nodes on 127.0.0.1
-//! ([`cluster`]), sends real gRPC traffic through [`link`]s that enforce bandwidth
+//! (`cluster`), sends real gRPC traffic through [`link`]s that enforce bandwidth
 //! and latency, runs the workload under each policy, compares every answer with the
 //! baseline's, and writes a [`report`] (Markdown, JSON, SVG plots).
 //!
 //! * [`link`]: throttled TCP links; the SQL benchmark uses them too.
-//! * [`sql`], [`feature_runs`]: the two workload kinds.
+//! * [`sql`], `feature_runs`: the two workload kinds.
 
-pub mod cluster;
-pub mod feature_runs;
+#![warn(unreachable_pub)]
+
+mod cluster;
+mod feature_runs;
 pub mod link;
 pub mod report;
 pub mod scenario;

@@ -27,7 +27,7 @@ use csd_runtime::timer;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinkSpec {
     /// Bits per second; 0 = unlimited.
-    pub bandwidth_bps: f64,
+    pub(crate) bandwidth_bps: f64,
     /// One-way latency.
     #[serde(with = "micros")]
     pub latency: Duration,
@@ -36,10 +36,10 @@ pub struct LinkSpec {
 mod micros {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(d.as_micros() as u64)
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Ok(Duration::from_micros(u64::deserialize(d)?))
     }
 }
@@ -66,9 +66,9 @@ impl LinkSpec {
 #[derive(Debug, Default)]
 pub struct LinkCounters {
     /// Client → upstream.
-    pub up_bytes: AtomicU64,
+    pub(crate) up_bytes: AtomicU64,
     /// Upstream → client.
-    pub down_bytes: AtomicU64,
+    pub(crate) down_bytes: AtomicU64,
 }
 
 /// Token bucket on a virtual clock.

@@ -17,9 +17,9 @@ pub struct Done {
     /// Query name (`Q6`, `sql1`, `epoch 1`).
     pub query: String,
     /// When it started, seconds into the run.
-    pub start_s: f64,
+    pub(crate) start_s: f64,
     /// How long it took.
-    pub latency_ms: f64,
+    pub(crate) latency_ms: f64,
     /// Whether it succeeded.
     pub ok: bool,
     /// Why not.
@@ -54,13 +54,13 @@ pub struct RunResult {
     /// Latency percentiles of completed work, ms.
     pub p50_ms: f64,
     /// 95th percentile.
-    pub p95_ms: f64,
+    pub(crate) p95_ms: f64,
     /// 99th percentile.
     pub p99_ms: f64,
     /// Bytes from the nodes to the compute node (through the links).
     pub bytes_from_nodes: u64,
     /// Bytes to the nodes.
-    pub bytes_to_nodes: u64,
+    pub(crate) bytes_to_nodes: u64,
     /// Node requests and how many were pushed back.
     pub fragments: u64,
     /// See `fragments`.
@@ -134,7 +134,7 @@ impl RunResult {
 
     /// Mean busy fraction of the storage CPUs over the run; `None` when no sample
     /// was taken (a run shorter than the sampling interval).
-    pub fn cpu_mean(&self) -> Option<f64> {
+    pub(crate) fn cpu_mean(&self) -> Option<f64> {
         let v: Vec<f64> = self.cpu.iter().map(|s| mean(&s.busy)).collect();
         (!v.is_empty()).then(|| mean(&v))
     }
@@ -156,7 +156,7 @@ pub struct Report {
     /// Whether it was shrunk (`--quick`).
     pub quick: bool,
     /// Cores of this machine (everything shares them).
-    pub machine_cores: usize,
+    pub(crate) machine_cores: usize,
     /// The baseline policy.
     pub baseline: PolicyName,
     /// One per (policy, point).
@@ -164,7 +164,7 @@ pub struct Report {
     /// Measured cluster capacity for load sweeps (queries/s).
     pub capacity_qps: Option<f64>,
     /// Seconds spent loading data, per cluster started.
-    pub load_s: Vec<f64>,
+    pub(crate) load_s: Vec<f64>,
     /// The headline, one line per compared policy.
     pub headline: Vec<String>,
 }
@@ -222,7 +222,7 @@ impl Report {
     }
 
     /// Headline lines: each policy against the baseline, as ratios over the sweep.
-    pub fn compute_headline(&mut self) {
+    pub(crate) fn compute_headline(&mut self) {
         let base = self.baseline;
         let metric = self.metric();
         let mut out = Vec::new();

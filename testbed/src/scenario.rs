@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::{Error, Result};
 
 /// Most storage nodes one scenario may start (all on this machine).
-pub const MAX_NODES: usize = 16;
+pub(crate) const MAX_NODES: usize = 16;
 /// Longest a single run (one policy at one sweep point) may take, seconds.
-pub const MAX_TIMEOUT_S: f64 = 1800.0;
+pub(crate) const MAX_TIMEOUT_S: f64 = 1800.0;
 
 /// A whole scenario.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -103,7 +103,7 @@ fn default_queue_target() -> f64 {
 
 /// Which cores each node and the compute tier run on (`nodes.pin`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CorePlan {
+pub(crate) struct CorePlan {
     /// Per node.
     pub nodes: Vec<Vec<usize>>,
     /// The compute tier's ML work.
@@ -353,14 +353,14 @@ impl<'de> Deserialize<'de> for PolicyName {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweepAxis {
-    /// One of [`SWEEPABLE`].
+    /// One of `SWEEPABLE`.
     pub parameter: String,
     /// Its values, in the order to run them.
     pub values: Vec<f64>,
 }
 
 /// Parameters a sweep may vary.
-pub const SWEEPABLE: [&str; 8] = [
+pub(crate) const SWEEPABLE: [&str; 8] = [
     "link.bandwidth_mbit",
     "link.latency_us",
     "nodes.count",
@@ -372,7 +372,7 @@ pub const SWEEPABLE: [&str; 8] = [
 ];
 
 /// One point of a sweep: (parameter, value) per axis.
-pub type Point = Vec<(String, f64)>;
+pub(crate) type Point = Vec<(String, f64)>;
 
 fn bad(field: &str, why: impl std::fmt::Display) -> Error {
     Error::Scenario(format!("{field}: {why}"))
@@ -689,7 +689,7 @@ impl Scenario {
     }
 
     /// With `nodes.pin`: each node's cores and the compute tier's, out of `available`.
-    pub fn core_plan(&self, available: &[usize]) -> Result<Option<CorePlan>> {
+    pub(crate) fn core_plan(&self, available: &[usize]) -> Result<Option<CorePlan>> {
         if !self.nodes.pin {
             return Ok(None);
         }
@@ -716,7 +716,7 @@ impl Scenario {
     }
 
     /// The device spec every node gets (`emulated:mem,...`).
-    pub fn device_spec(&self) -> Result<String> {
+    pub(crate) fn device_spec(&self) -> Result<String> {
         let d = &self.nodes.device;
         let spec = format!(
             "emulated:mem,latency_us={},read_mbps={},write_mbps={},queue_depth={},parallelism={}",
@@ -823,7 +823,7 @@ impl Scenario {
     }
 
     /// The link to node `i`.
-    pub fn link_of(&self, i: usize) -> LinkConf {
+    pub(crate) fn link_of(&self, i: usize) -> LinkConf {
         self.links.get(i).copied().unwrap_or(self.link)
     }
 

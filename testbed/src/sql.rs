@@ -77,7 +77,7 @@ pub async fn capacity(s: &Scenario, links: &Links) -> Result<f64> {
 }
 
 /// Results of the baseline policy per query text: a hash of the sorted rows.
-pub type References = HashMap<String, u64>;
+pub(crate) type References = HashMap<String, u64>;
 
 struct Shared {
     t0: Instant,
@@ -165,7 +165,7 @@ fn check(
 
 /// A hash of the answer's rows, sorted; floats rounded to 9 significant digits
 /// (partial aggregates add in another order).
-pub fn canonical_hash(
+pub(crate) fn canonical_hash(
     batches: &[RecordBatch],
 ) -> std::result::Result<u64, arrow::error::ArrowError> {
     let opts = FormatOptions::default().with_null("NULL");

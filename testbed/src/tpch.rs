@@ -114,7 +114,7 @@ pub async fn load(
 
 /// Like [`load`], with `parts` partitions per table in all, whatever the node count:
 /// the same data on 1 node or 8.
-pub async fn load_parts(
+pub(crate) async fn load_parts(
     nodes: &[NodeClient],
     scale: f64,
     parts: usize,

@@ -187,7 +187,7 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .count() as u64;
             // Whether the compute tier asked the node to queue a fragment (patient:
             // that tier was saturated itself).
-            let patient = |r: &&csd_query_pushdown::compute::scan::EndpointRun| {
+            let patient = |r: &&csd_query_pushdown::EndpointRun| {
                 r.report
                     .details
                     .get("patient")

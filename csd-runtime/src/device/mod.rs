@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 /// Alignment of every [`DmaBuf`]: enough for O_DIRECT on any block device we meet.
 pub const DMA_ALIGN: usize = 4096;
 /// Default logical block size.
-pub const DEFAULT_BLOCK_SIZE: usize = 4096;
+pub(crate) const DEFAULT_BLOCK_SIZE: usize = 4096;
 
 /// A zero-initialised, [`DMA_ALIGN`]-aligned heap buffer. Devices take it by value for
 /// the duration of a command and hand it back on completion, so no I/O ever writes
@@ -190,7 +190,7 @@ impl Geometry {
 
 /// Counters every backend keeps.
 #[derive(Debug, Default)]
-pub struct DeviceCounters {
+pub(crate) struct DeviceCounters {
     reads: AtomicU64,
     writes: AtomicU64,
     flushes: AtomicU64,
@@ -198,7 +198,7 @@ pub struct DeviceCounters {
     bytes_written: AtomicU64,
 }
 
-/// A snapshot of [`DeviceCounters`].
+/// A snapshot of `DeviceCounters`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeviceStats {
     /// Read commands completed.
@@ -206,7 +206,7 @@ pub struct DeviceStats {
     /// Write commands completed.
     pub writes: u64,
     /// Flush commands completed.
-    pub flushes: u64,
+    pub(crate) flushes: u64,
     /// Bytes read.
     pub bytes_read: u64,
     /// Bytes written.
@@ -227,7 +227,7 @@ impl DeviceCounters {
         self.flushes.fetch_add(1, Ordering::Relaxed);
     }
     /// Current values.
-    pub fn snapshot(&self) -> DeviceStats {
+    pub(crate) fn snapshot(&self) -> DeviceStats {
         DeviceStats {
             reads: self.reads.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),

@@ -72,7 +72,7 @@ pub struct DeleteRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeleteResponse {
     /// Objects deleted.
-    pub deleted_objects: u64,
+    pub(crate) deleted_objects: u64,
 }
 
 impl ActionRequest for DeleteRequest {
@@ -98,7 +98,7 @@ impl ActionRequest for ObjectsRequest {
 }
 
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub const ACTIONS: [(&str, &str); 3] = [
+pub(crate) const ACTIONS: [(&str, &str); 3] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// its header is a valid flatbuffer, and every buffer a record or dictionary batch
 /// declares lies inside the body that came with it (arrow's decoder assumes so and
 /// panics on a short body).
-pub fn check_message(m: &FlightData) -> Result<()> {
+pub(crate) fn check_message(m: &FlightData) -> Result<()> {
     if m.data_header.is_empty() {
         return Ok(());
     }
@@ -62,7 +62,7 @@ pub fn check_message(m: &FlightData) -> Result<()> {
 /// The next decoded message of a `DoPut` stream. Messages are checked before arrow
 /// decodes them ([`check_message`]); should arrow's decoder still panic on one, the put
 /// is refused as malformed rather than its task ending without a status.
-pub async fn next_decoded(
+pub(crate) async fn next_decoded(
     decoder: &mut FlightDataDecoder,
 ) -> Option<Result<arrow_flight::decode::DecodedFlightData>> {
     use futures::FutureExt;
@@ -79,7 +79,7 @@ pub async fn next_decoded(
 
 /// Tonic answers an over-limit message with OUT_OF_RANGE; to the user that is an
 /// exhausted resource (the message size limit).
-pub fn map_incoming(s: Status) -> Error {
+pub(crate) fn map_incoming(s: Status) -> Error {
     if s.code() == tonic::Code::OutOfRange && s.message().contains("too large") {
         Error::ResourcesExhausted(format!("message too large: {}", s.message()))
     } else {

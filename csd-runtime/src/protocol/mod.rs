@@ -1,5 +1,5 @@
 //! The node's protocol on top of Arrow Flight, as types both sides use: the service
-//! ([`crate::service`]) answers with them and [`NodeClient`](crate::node_client::NodeClient)
+//! (`crate::service`) answers with them and [`NodeClient`](crate::node_client::NodeClient)
 //! reads them, so a renamed field is a compile error, not a silent default.
 //!
 //! * [`ticket`]: `DoGet` tickets (versioned protobuf: scan, range, operator).
@@ -23,18 +23,18 @@ pub use messages::{
 pub use ticket::{Compression, Ticket};
 
 /// Metadata key naming the tenant of a request (default `default`).
-pub const TENANT_METADATA: &str = "csd-tenant";
+pub(crate) const TENANT_METADATA: &str = "csd-tenant";
 /// Metadata key of a pushed-back request's JSON
 /// [`PushBack`](crate::admission::PushBack), on `UNAVAILABLE`.
-pub const PUSHBACK_METADATA: &str = "csd-pushback";
+pub(crate) const PUSHBACK_METADATA: &str = "csd-pushback";
 /// Metadata key of the retry hint (milliseconds) on `RESOURCE_EXHAUSTED`.
-pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
+pub(crate) const RETRY_AFTER_METADATA: &str = "retry-after-ms";
 
 /// Largest gRPC message a node or client accepts or sends.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// HTTP/2 flow-control window per stream: how far a node may run ahead of a reader
 /// that is busy (h2's default, 64 KiB, stalls a node streaming features after one
 /// message while the compute tier runs its layers, so the two never overlap).
-pub const STREAM_WINDOW: u32 = 8 << 20;
+pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// HTTP/2 flow-control window per connection (all of a node's streams together).
-pub const CONNECTION_WINDOW: u32 = 32 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;

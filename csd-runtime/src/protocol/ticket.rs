@@ -27,9 +27,9 @@ use prost::Message;
 use crate::error::{Error, Result};
 
 /// Current ticket version byte.
-pub const TICKET_VERSION: u8 = 1;
+pub(crate) const TICKET_VERSION: u8 = 1;
 /// Largest ticket accepted (pushed-down plans travel in tickets later).
-pub const MAX_TICKET_BYTES: usize = 4 << 20;
+pub(crate) const MAX_TICKET_BYTES: usize = 4 << 20;
 
 /// A decoded ticket.
 #[derive(Debug, Clone, PartialEq)]

@@ -25,14 +25,14 @@ impl Extent {
 
 /// Free-extent map, coalescing on free.
 #[derive(Debug, Default, Clone)]
-pub struct Allocator {
+pub(crate) struct Allocator {
     free: BTreeMap<u64, u64>,
     free_blocks: u64,
 }
 
 impl Allocator {
     /// All of `[start, end)` free.
-    pub fn new(start: u64, end: u64) -> Self {
+    pub(crate) fn new(start: u64, end: u64) -> Self {
         let mut a = Allocator::default();
         if end > start {
             a.free.insert(start, end - start);
@@ -42,17 +42,17 @@ impl Allocator {
     }
 
     /// Blocks free.
-    pub fn free_blocks(&self) -> u64 {
+    pub(crate) fn free_blocks(&self) -> u64 {
         self.free_blocks
     }
 
     /// Number of free runs (fragmentation).
-    pub fn free_runs(&self) -> usize {
+    pub(crate) fn free_runs(&self) -> usize {
         self.free.len()
     }
 
     /// Marks `e` used; fails if any block of it is not free (a corrupt catalog).
-    pub fn reserve(&mut self, e: Extent) -> Result<()> {
+    pub(crate) fn reserve(&mut self, e: Extent) -> Result<()> {
         let (&start, &len) = self
             .free
             .range(..=e.lba)
@@ -76,7 +76,7 @@ impl Allocator {
 
     /// Allocates `blocks`, contiguous after `hint` if possible, else first fit, else
     /// the largest runs. All or nothing.
-    pub fn allocate(&mut self, blocks: u64, hint: Option<u64>) -> Result<Vec<Extent>> {
+    pub(crate) fn allocate(&mut self, blocks: u64, hint: Option<u64>) -> Result<Vec<Extent>> {
         if blocks == 0 {
             return Ok(Vec::new());
         }
@@ -126,7 +126,7 @@ impl Allocator {
     }
 
     /// Returns `e` to the free map, merging with neighbours.
-    pub fn free(&mut self, e: Extent) {
+    pub(crate) fn free(&mut self, e: Extent) {
         if e.blocks == 0 {
             return;
         }

@@ -28,7 +28,7 @@ pub(crate) struct Superblock {
 }
 
 impl Superblock {
-    pub fn encode(&self, out: &mut [u8]) {
+    pub(super) fn encode(&self, out: &mut [u8]) {
         out[..8].copy_from_slice(SUPER_MAGIC);
         out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out[12..16].copy_from_slice(&self.block_size.to_le_bytes());
@@ -40,7 +40,7 @@ impl Superblock {
     }
 
     /// `Ok(None)` for a blank (all-zero) block.
-    pub fn decode(b: &[u8]) -> Result<Option<Self>> {
+    pub(super) fn decode(b: &[u8]) -> Result<Option<Self>> {
         if b.len() < 40 {
             return Err(Error::Internal("superblock buffer too small".into()));
         }
@@ -69,15 +69,15 @@ impl Superblock {
         }))
     }
 
-    pub fn slot_lba(&self, slot: usize) -> u64 {
+    pub(super) fn slot_lba(&self, slot: usize) -> u64 {
         1 + slot as u64 * self.slot_blocks
     }
 
-    pub fn data_start(&self) -> u64 {
+    pub(crate) fn data_start(&self) -> u64 {
         1 + 2 * self.slot_blocks
     }
 
-    pub fn slot_bytes(&self) -> usize {
+    pub(crate) fn slot_bytes(&self) -> usize {
         self.slot_blocks as usize * self.block_size as usize
     }
 }
@@ -121,7 +121,7 @@ pub(crate) struct CatalogProto {
     #[prost(message, repeated, tag = "1")]
     pub objects: Vec<ObjectProto>,
     #[prost(uint64, tag = "2")]
-    pub next_id: u64,
+    pub(crate) next_id: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -135,9 +135,9 @@ pub(crate) struct ObjectProto {
     #[prost(message, repeated, tag = "4")]
     pub extents: Vec<ExtentProto>,
     #[prost(uint32, tag = "5")]
-    pub table_crc: u32,
+    pub(crate) table_crc: u32,
     #[prost(uint64, tag = "6")]
-    pub created_unix_ms: u64,
+    pub(crate) created_unix_ms: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, prost::Message)]

@@ -84,7 +84,7 @@ pub struct ObjectInfo {
     /// Extents holding data and CRC table.
     pub extents: Vec<Extent>,
     /// Creation time, ms since the Unix epoch.
-    pub created_unix_ms: u64,
+    pub(crate) created_unix_ms: u64,
     #[serde(skip)]
     table_crc: u32,
 }
@@ -95,13 +95,13 @@ pub struct StoreStats {
     /// Committed objects.
     pub objects: usize,
     /// Sum of object lengths.
-    pub bytes_stored: u64,
+    pub(crate) bytes_stored: u64,
     /// Blocks in the data region.
     pub data_blocks: u64,
     /// Of which free.
     pub free_blocks: u64,
     /// Free runs (fragmentation).
-    pub free_runs: usize,
+    pub(crate) free_runs: usize,
     /// Blocks of abandoned uploads not yet returned to the free map.
     #[serde(default)]
     pub abandoned_blocks: u64,
@@ -112,9 +112,9 @@ pub struct StoreStats {
     /// Catalog commit generation.
     pub catalog_generation: u64,
     /// Bytes of the live catalog and the slot capacity.
-    pub catalog_bytes: usize,
+    pub(crate) catalog_bytes: usize,
     /// Slot capacity in bytes.
-    pub catalog_capacity: usize,
+    pub(crate) catalog_capacity: usize,
 }
 
 /// Objects are staged in memory and written in units of this many bytes.
@@ -173,7 +173,7 @@ fn now_ms() -> u64 {
 
 /// Object names: 1..=512 bytes of `[A-Za-z0-9._=-]` in `/`-separated parts, none empty,
 /// `.` or `..`.
-pub fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 512
         && name.split('/').all(|p| {
@@ -764,7 +764,7 @@ impl ObjectStore {
     /// Returns the blocks of abandoned writers (uploads whose client went away) to
     /// the free map now, after a flush barrier so that none of their writes is still
     /// queued; returns how many blocks came back.
-    pub async fn release_abandoned(&self) -> Result<u64> {
+    pub(crate) async fn release_abandoned(&self) -> Result<u64> {
         let inner = &self.inner;
         let taken = std::mem::take(&mut *lock(&inner.quarantine));
         if taken.is_empty() {

@@ -24,9 +24,9 @@ use super::{Arch, StageInfo, StagedModel, Weights, bytes_of};
 use crate::{Error, Result};
 
 /// Tokens per sample (the shipped tokenizer's own truncation length).
-pub const SEQ: usize = 128;
+pub(crate) const SEQ: usize = 128;
 /// Hidden width.
-pub const HIDDEN: usize = 384;
+pub(crate) const HIDDEN: usize = 384;
 const HEADS: usize = 12;
 const HEAD_DIM: usize = HIDDEN / HEADS;
 const FF: usize = 1536;
@@ -35,7 +35,7 @@ const VOCAB: usize = 30522;
 const MAX_POSITIONS: usize = 512;
 const EPS: f32 = 1e-12;
 /// Longest text sample accepted (a guard for the tokenizer's time and memory).
-pub const MAX_TEXT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_TEXT_BYTES: usize = 1 << 20;
 
 /// The stages' shapes, FLOPs (for a full [`SEQ`]-token sample: an upper bound) and
 /// activation sizes.

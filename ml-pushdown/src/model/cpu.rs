@@ -160,7 +160,7 @@ pub(crate) struct Window {
     pub h: usize,
     pub w: usize,
     pub k: usize,
-    pub stride: usize,
+    pub(crate) stride: usize,
 }
 
 impl Window {
@@ -168,7 +168,7 @@ impl Window {
         self.k / 2
     }
     /// Output height and width.
-    pub fn out(&self) -> (usize, usize) {
+    pub(super) fn out(&self) -> (usize, usize) {
         let p = self.pad();
         (
             (self.h + 2 * p - self.k) / self.stride + 1,
@@ -529,7 +529,7 @@ pub(crate) struct MbConv<'a> {
     /// `[mid, cin]` and `[mid]`, when the block expands.
     pub expand: Option<(&'a [f32], &'a [f32])>,
     /// `[mid, k, k]` and `[mid]`.
-    pub dw: (&'a [f32], &'a [f32]),
+    pub(crate) dw: (&'a [f32], &'a [f32]),
     /// `[cout, mid]` and `[cout]`.
     pub project: (&'a [f32], &'a [f32]),
     /// The depthwise window over the block's input plane.
@@ -660,13 +660,13 @@ pub(crate) struct Host<'a> {
 }
 
 impl<'a> Host<'a> {
-    pub fn new(t: &'a Tensor) -> Self {
+    pub(super) fn new(t: &'a Tensor) -> Self {
         let (storage, layout) = t.storage_and_layout();
         Host { storage, layout }
     }
 
     /// The contiguous float32 elements.
-    pub fn slice(&self) -> candle_core::Result<&[f32]> {
+    pub(super) fn slice(&self) -> candle_core::Result<&[f32]> {
         match (&*self.storage, self.layout.contiguous_offsets()) {
             (candle_core::Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Ok(&v[a..b]),
             (candle_core::Storage::Cpu(CpuStorage::F32(_)), None) => {

@@ -45,7 +45,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, for messages.
-    pub const ALL: [Arch; 4] = [
+    pub(crate) const ALL: [Arch; 4] = [
         Arch::EfficientNetLite0,
         Arch::ResNet18,
         Arch::ResNet50,
@@ -163,9 +163,9 @@ impl InputKind {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ImageSpec {
     /// Shorter side after resizing.
-    pub resize: u32,
+    pub(crate) resize: u32,
     /// Side of the center crop.
-    pub crop: u32,
+    pub(crate) crop: u32,
     /// Per-channel mean (RGB).
     pub mean: [f32; 3],
     /// Per-channel standard deviation (RGB).
@@ -193,12 +193,12 @@ pub struct StageInfo {
     /// Name (`stem`, `block3`, `head`, `pool`).
     pub name: String,
     /// Output shape of one sample (no batch dimension).
-    pub out_shape: Vec<usize>,
+    pub(crate) out_shape: Vec<usize>,
     /// Floating-point operations for one sample (a multiply-add counts two).
     pub flops: u64,
     /// Peak bytes of activations alive while the stage runs, for one sample
     /// (input, intermediates and output, float32).
-    pub peak_bytes: u64,
+    pub(crate) peak_bytes: u64,
 }
 
 impl StageInfo {
@@ -207,7 +207,7 @@ impl StageInfo {
         self.out_shape.iter().product()
     }
     /// Bytes of one sample's output as float32.
-    pub fn out_bytes(&self) -> u64 {
+    pub(crate) fn out_bytes(&self) -> u64 {
         self.out_elems() as u64 * 4
     }
 }
@@ -352,7 +352,7 @@ pub(crate) mod testing {
 
     /// He-initialised weights `{conv}.weight` of `shape` (`[out, in, k, k]`) and random
     /// batch-norm parameters and statistics `{bn}.*`.
-    pub fn random_conv_bn(
+    pub(crate) fn random_conv_bn(
         m: &mut HashMap<String, Tensor>,
         conv: &str,
         bn: &str,
@@ -378,7 +378,7 @@ pub(crate) mod testing {
 
     /// Runs `x` through every stage of `fast` and `plain`, feeding `plain`'s output
     /// on, and checks each stage's outputs agree within 1e-5 of their largest value.
-    pub fn assert_stages_match(
+    pub(crate) fn assert_stages_match(
         fast: &dyn StagedModel,
         plain: &dyn StagedModel,
         mut h: Tensor,

@@ -39,7 +39,7 @@ use crate::compute::semijoin_down::{keys_below, rejoin, rewrite_joins};
 
 /// The logical rule (see the module docs).
 #[derive(Debug, Default)]
-pub struct DimensionJoinDown;
+pub(crate) struct DimensionJoinDown;
 
 impl OptimizerRule for DimensionJoinDown {
     fn name(&self) -> &str {

@@ -95,12 +95,12 @@ impl TableEndpoints {
     }
 
     /// Where fragments the nodes hand back wait for a core here.
-    pub fn local_gate(&self) -> &Arc<LocalGate> {
+    pub(crate) fn local_gate(&self) -> &Arc<LocalGate> {
         &self.local
     }
 
     /// The objects of `endpoints` read by byte range, as a table here.
-    pub fn range_table(&self, endpoints: &[Endpoint]) -> RangeReadTable {
+    pub(crate) fn range_table(&self, endpoints: &[Endpoint]) -> RangeReadTable {
         let files = endpoints
             .iter()
             .flat_map(|e| {

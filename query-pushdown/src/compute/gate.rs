@@ -49,7 +49,7 @@ impl LocalGate {
     }
 
     /// One slot per core of this process.
-    pub fn per_core() -> Arc<Self> {
+    pub(crate) fn per_core() -> Arc<Self> {
         Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 

@@ -27,7 +27,7 @@ use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
 
 /// The keys of one hash join's build side, collected as its partitions run.
 #[derive(Debug)]
-pub struct KeyCollector {
+pub(crate) struct KeyCollector {
     exprs: Vec<Arc<dyn PhysicalExpr>>,
     parts: usize,
     wait: Duration,
@@ -48,7 +48,7 @@ struct Collect {
 impl KeyCollector {
     /// Collects `exprs` (the join's build-side keys) from `parts` partitions, for a
     /// filter of `bits_per_key`; a scan waits at most `wait` for it.
-    pub fn new(
+    pub(crate) fn new(
         exprs: Vec<Arc<dyn PhysicalExpr>>,
         parts: usize,
         wait: Duration,
@@ -131,7 +131,7 @@ impl KeyCollector {
 
     /// The filter, once every build partition has ended (`None`: no filter, see the
     /// module docs). Built once, shared by every endpoint of the scan.
-    pub async fn wait(&self) -> Option<Arc<Bloom>> {
+    pub(crate) async fn wait(&self) -> Option<Arc<Bloom>> {
         let mut rx = self.done.subscribe();
         if tokio::time::timeout(self.wait, rx.wait_for(|d| *d))
             .await
@@ -156,26 +156,26 @@ impl KeyCollector {
     }
 
     /// Distinct keys in the built filter (0 before it is built).
-    pub fn keys(&self) -> usize {
+    pub(crate) fn keys(&self) -> usize {
         self.state.lock().map(|s| s.keys).unwrap_or(0)
     }
 
     /// Why there is no filter, if there is none.
-    pub fn abandoned(&self) -> Option<String> {
+    pub(crate) fn abandoned(&self) -> Option<String> {
         self.state.lock().ok().and_then(|s| s.abandoned.clone())
     }
 }
 
 /// Passes a hash join's build side through unchanged, collecting its keys.
 #[derive(Debug)]
-pub struct KeyCollectExec {
+pub(crate) struct KeyCollectExec {
     input: Arc<dyn ExecutionPlan>,
     collector: Arc<KeyCollector>,
 }
 
 impl KeyCollectExec {
     /// Wraps `input`, feeding `collector`.
-    pub fn new(input: Arc<dyn ExecutionPlan>, collector: Arc<KeyCollector>) -> Self {
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, collector: Arc<KeyCollector>) -> Self {
         KeyCollectExec { input, collector }
     }
 }

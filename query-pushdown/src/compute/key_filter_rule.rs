@@ -45,7 +45,7 @@ const PASSES: usize = 3;
 
 /// The physical rule (see the module docs).
 #[derive(Debug, Default)]
-pub struct KeyFilterRule;
+pub(crate) struct KeyFilterRule;
 
 impl PhysicalOptimizerRule for KeyFilterRule {
     fn optimize(

@@ -66,7 +66,7 @@ impl CsdTable {
 
     /// Encodes `fragment` (a plan over this table) as Substrait, with the table named
     /// bare as the node knows it and `AND`/`OR` chains flattened; `Ok(Err(why))` when
-    /// a node would not take it (see [`sendable`]).
+    /// a node would not take it (see `sendable`).
     pub fn substrait(
         &self,
         fragment: &LogicalPlan,
@@ -108,7 +108,7 @@ impl CsdTable {
     /// NULL-free integer/date columns) do not overlap. Then an aggregate grouped by
     /// it is complete at each partition. False when any non-empty endpoint's range
     /// is unknown.
-    pub fn disjoint_on(&self, column: &str) -> bool {
+    pub(crate) fn disjoint_on(&self, column: &str) -> bool {
         let Ok(i) = self.inner.schema().index_of(column) else {
             return false;
         };
@@ -186,7 +186,7 @@ impl CsdTable {
     }
 
     /// Whether `e` can be evaluated exactly at the node and travels as Substrait.
-    pub fn can_push(&self, e: &Expr) -> bool {
+    pub(crate) fn can_push(&self, e: &Expr) -> bool {
         if !pushable(e) {
             return false;
         }
@@ -344,7 +344,7 @@ fn scalar(t: &DataType, v: i64) -> Option<ScalarValue> {
 }
 
 /// A fragment on one line, for EXPLAIN: `Limit: … ← TableScan: …`.
-pub fn describe(fragment: &LogicalPlan) -> String {
+pub(crate) fn describe(fragment: &LogicalPlan) -> String {
     fragment
         .display_indent()
         .to_string()

@@ -49,7 +49,7 @@ use crate::wire::functions::{pushable, pushable_aggregate};
 
 /// What a [`CsdPushdown`] pushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
-pub enum PushKind {
+pub(crate) enum PushKind {
     /// The partial phase of the aggregate at the fragment's root.
     PartialAggregate,
     /// The sort-with-fetch at the fragment's root, per node partition.
@@ -61,7 +61,7 @@ pub enum PushKind {
 
 /// A logical subtree that runs at the storage nodes (shown as its child in EXPLAIN).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
-pub struct CsdPushdown {
+pub(crate) struct CsdPushdown {
     kind: PushKind,
     fragment: LogicalPlan,
     /// The column whose disjoint ranges make the fragment's aggregate complete per
@@ -114,7 +114,7 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
 
 /// The logical rule (see the module docs).
 #[derive(Debug, Default)]
-pub struct PushdownRule;
+pub(crate) struct PushdownRule;
 
 /// The storage-node table under a chain of pushable projections and filters, if any.
 fn csd_source(plan: &LogicalPlan) -> Option<CsdTable> {
@@ -249,7 +249,7 @@ impl OptimizerRule for PushdownRule {
 
 /// Plans [`CsdPushdown`] nodes.
 #[derive(Debug, Default)]
-pub struct CsdExtensionPlanner;
+pub(crate) struct CsdExtensionPlanner;
 
 fn table_of(fragment: &LogicalPlan) -> Result<CsdTable> {
     let mut found = None;
@@ -361,7 +361,7 @@ fn filters_in(plan: &LogicalPlan) -> i32 {
 
 /// DataFusion's planner plus [`CsdExtensionPlanner`].
 #[derive(Debug, Default)]
-pub struct CsdQueryPlanner;
+pub(crate) struct CsdQueryPlanner;
 
 #[async_trait]
 impl QueryPlanner for CsdQueryPlanner {

@@ -34,7 +34,7 @@ use object_store::{
 use crate::eval::scan;
 
 /// The URL the baseline's object store is registered under.
-pub const CLUSTER_URL: &str = "csd-cluster://nodes";
+pub(crate) const CLUSTER_URL: &str = "csd-cluster://nodes";
 
 /// Reads objects of several nodes by range. Paths are `n{node}/{object name}`.
 pub struct NodeRangeStore {
@@ -238,7 +238,7 @@ impl ObjectStore for NodeRangeStore {
 
 /// A table read by the baseline: its objects on all nodes, scanned by DataFusion here.
 #[derive(Debug, Clone)]
-pub struct RangeReadTable {
+pub(crate) struct RangeReadTable {
     schema: SchemaRef,
     files: Vec<(String, u64, u64)>,
     store: Arc<NodeRangeStore>,
@@ -246,7 +246,7 @@ pub struct RangeReadTable {
 
 impl RangeReadTable {
     /// `files` are store paths (see [`NodeRangeStore::path`]), lengths and rows.
-    pub fn new(
+    pub(crate) fn new(
         schema: SchemaRef,
         files: Vec<(String, u64, u64)>,
         store: Arc<NodeRangeStore>,

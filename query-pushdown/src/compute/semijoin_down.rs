@@ -30,7 +30,7 @@ use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 /// The logical rule (see the module docs).
 #[derive(Debug, Default)]
-pub struct SemiJoinDown;
+pub(crate) struct SemiJoinDown;
 
 impl OptimizerRule for SemiJoinDown {
     fn name(&self) -> &str {

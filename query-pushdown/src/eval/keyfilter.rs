@@ -22,13 +22,13 @@ use futures::StreamExt;
 
 use crate::wire::keyfilter::{KeyFilter, mask_all};
 /// Rows per batch of a filtered stream: DataFusion's default batch size.
-pub const BATCH_ROWS: usize = 8192;
+pub(crate) const BATCH_ROWS: usize = 8192;
 
 /// `input` without the rows `filters` rule out, the survivors gathered into batches
 /// of up to [`BATCH_ROWS`] rows: a selective filter would otherwise pass on many
 /// small batches, each costing an IPC message, a compression frame and a hash-join
 /// probe of its own.
-pub fn filter_stream(
+pub(crate) fn filter_stream(
     input: SendableRecordBatchStream,
     filters: Vec<KeyFilter>,
 ) -> SendableRecordBatchStream {
@@ -88,7 +88,7 @@ pub(crate) fn apply_all(
 /// keep, with the same states, and the node aggregates only the rows that can
 /// match (Q17 aggregates 1 in 100 `lineitem` rows). Returns the plan and the
 /// filters still to apply to its output.
-pub fn below_aggregate(
+pub(crate) fn below_aggregate(
     plan: Arc<dyn ExecutionPlan>,
     filters: Vec<KeyFilter>,
 ) -> DfResult<(Arc<dyn ExecutionPlan>, Vec<KeyFilter>)> {
@@ -145,7 +145,7 @@ fn recompute() -> ReplaceChildrenOptions {
 
 /// A plan node dropping the rows of its input that [`KeyFilter`]s rule out.
 #[derive(Debug)]
-pub struct KeyFilterExec {
+pub(crate) struct KeyFilterExec {
     input: Arc<dyn ExecutionPlan>,
     filters: Vec<KeyFilter>,
     props: Arc<PlanProperties>,
@@ -153,7 +153,7 @@ pub struct KeyFilterExec {
 
 impl KeyFilterExec {
     /// `input` filtered by `filters` (over `input`'s columns).
-    pub fn new(input: Arc<dyn ExecutionPlan>, filters: Vec<KeyFilter>) -> Self {
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, filters: Vec<KeyFilter>) -> Self {
         let props = input.properties().clone();
         KeyFilterExec {
             input,

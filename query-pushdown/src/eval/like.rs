@@ -31,7 +31,7 @@ use memchr::memmem::Finder;
 /// A pattern split at its `%`s: `prefix%piece%…%suffix` (prefix and suffix may be
 /// empty; at least one `%`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Pieces {
+pub(crate) struct Pieces {
     prefix: String,
     middle: Vec<String>,
     suffix: String,
@@ -40,7 +40,7 @@ pub struct Pieces {
 impl Pieces {
     /// The pieces of `pattern`, when a regex would otherwise match it and substring
     /// searches can: no `_`, no escape, and more than arrow matches directly.
-    pub fn of(pattern: &str) -> Option<Pieces> {
+    pub(crate) fn of(pattern: &str) -> Option<Pieces> {
         if pattern.contains(['_', '\\']) {
             return None;
         }
@@ -67,7 +67,7 @@ impl Pieces {
 
 /// `expr [NOT] LIKE pattern` for a [`Pieces`] pattern.
 #[derive(Debug, Clone)]
-pub struct PiecesLikeExpr {
+pub(crate) struct PiecesLikeExpr {
     expr: Arc<dyn PhysicalExpr>,
     pieces: Pieces,
     negated: bool,
@@ -76,7 +76,7 @@ pub struct PiecesLikeExpr {
 
 impl PiecesLikeExpr {
     /// `expr [NOT] LIKE` the pattern of `pieces`.
-    pub fn new(expr: Arc<dyn PhysicalExpr>, pieces: Pieces, negated: bool) -> Self {
+    pub(crate) fn new(expr: Arc<dyn PhysicalExpr>, pieces: Pieces, negated: bool) -> Self {
         let finders = pieces
             .middle
             .iter()
@@ -204,7 +204,7 @@ impl PhysicalExpr for PiecesLikeExpr {
 }
 
 /// `e` (over `schema`) with its [`Pieces`] `LIKE`s matched by substring search.
-pub fn rewrite(
+pub(crate) fn rewrite(
     e: Arc<dyn PhysicalExpr>,
     schema: &Schema,
 ) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
@@ -240,7 +240,7 @@ pub fn rewrite(
 
 /// Physical rule: filters' [`Pieces`] `LIKE`s matched by substring search.
 #[derive(Debug, Default)]
-pub struct FastLike;
+pub(crate) struct FastLike;
 
 impl PhysicalOptimizerRule for FastLike {
     fn optimize(

@@ -3,9 +3,9 @@
 //! fragment is planned by DataFusion in a session of its own ([`fragment_session`],
 //! [`plan_fragment`]) and filtered by its join-key filters ([`key_filtered`]).
 
-pub mod keyfilter;
-pub mod like;
-pub mod scan;
+pub(crate) mod keyfilter;
+pub(crate) mod like;
+pub(crate) mod scan;
 
 use std::sync::{Arc, OnceLock};
 
@@ -64,7 +64,7 @@ pub struct Parallelism {
 impl Parallelism {
     /// One stream: what the compute tier uses for fragments a node pushed back,
     /// which its gate runs a core at a time.
-    pub const ONE: Parallelism = Parallelism {
+    pub(crate) const ONE: Parallelism = Parallelism {
         streams: 1,
         split_min_bytes: u64::MAX,
     };

@@ -21,7 +21,9 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 
 /// The session options both sides scan with.
-pub fn configure(config: datafusion::prelude::SessionConfig) -> datafusion::prelude::SessionConfig {
+pub(crate) fn configure(
+    config: datafusion::prelude::SessionConfig,
+) -> datafusion::prelude::SessionConfig {
     let mut config = config;
     let o = config.options_mut();
     // Late materialization (filters evaluated while decoding) stays off, as in
@@ -35,7 +37,7 @@ pub fn configure(config: datafusion::prelude::SessionConfig) -> datafusion::prel
 }
 
 /// All filters are applied exactly by [`parquet_scan`].
-pub fn exact(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
+pub(crate) fn exact(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
     vec![TableProviderFilterPushDown::Exact; filters.len()]
 }
 
@@ -45,7 +47,7 @@ pub fn exact(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
 /// returns `projection`. `limit` applies when there are no filters (callers keep
 /// their own limit above).
 #[allow(clippy::too_many_arguments)]
-pub fn parquet_scan(
+pub(crate) fn parquet_scan(
     state: &dyn Session,
     url: &ObjectStoreUrl,
     schema: &SchemaRef,

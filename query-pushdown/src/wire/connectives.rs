@@ -16,7 +16,7 @@ use datafusion_substrait::substrait::proto::{
 };
 
 /// Flattens every `and`/`or` chain of `plan` into one call per chain.
-pub fn flatten_connectives(plan: &mut Plan) {
+pub(crate) fn flatten_connectives(plan: &mut Plan) {
     let anchors: HashSet<u32> = plan
         .extensions
         .iter()

@@ -257,7 +257,7 @@ pub fn validate(
 }
 
 /// Aggregates a fragment may use.
-pub const AGGREGATES: &[&str] = &["sum", "count", "min", "max", "avg"];
+pub(crate) const AGGREGATES: &[&str] = &["sum", "count", "min", "max", "avg"];
 
 struct Validator<'a> {
     table: &'a str,

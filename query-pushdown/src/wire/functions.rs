@@ -52,7 +52,7 @@ fn registry() -> &'static SessionState {
 /// function of the node's registry. The one definition both sides use: the node
 /// refuses a fragment calling anything else, and the compute tier pushes nothing
 /// that does.
-pub fn node_evaluates(name: &str) -> bool {
+pub(crate) fn node_evaluates(name: &str) -> bool {
     let udf = registry()
         .udf(name)
         .ok()
@@ -64,9 +64,9 @@ pub fn node_evaluates(name: &str) -> bool {
 }
 
 /// True when every part of `e` is of a kind a node evaluates exactly: columns,
-/// literals, the operators and functions of [`node_evaluates`], casts, CASE, IN
+/// literals, the operators and functions of `node_evaluates`, casts, CASE, IN
 /// lists. (Whether the encoded fragment as a whole fits the node's limits is
-/// checked on the fragment: [`crate::wire::fragment::check`].)
+/// checked on the fragment: [`validate`](crate::wire::fragment::validate).)
 pub fn pushable(e: &Expr) -> bool {
     let mut ok = true;
     let _ = e.apply(|x| {
@@ -108,7 +108,7 @@ pub fn pushable(e: &Expr) -> bool {
 
 /// True when `e` is a pushable aggregate: `sum`, `count`, `min`, `max` or `avg` of
 /// pushable arguments, without DISTINCT, FILTER or ORDER BY.
-pub fn pushable_aggregate(e: &Expr) -> bool {
+pub(crate) fn pushable_aggregate(e: &Expr) -> bool {
     match e {
         Expr::Alias(a) => pushable_aggregate(&a.expr),
         Expr::AggregateFunction(f) => {

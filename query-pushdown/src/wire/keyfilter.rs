@@ -8,7 +8,7 @@
 //! it keeps every row that can match: the join above still decides exactly. Rows whose
 //! key has a NULL are always kept (the filter never has to reason about NULL
 //! semantics). The compute side collects keys and decides where the filter applies
-//! ([`crate::compute::key_filter_rule`]); this module is what both tiers share.
+//! (`crate::compute::key_filter_rule`); this module is what both tiers share.
 //!
 //! The filter is split-block, the layout of Parquet's bloom filters: 256-bit blocks of
 //! eight 32-bit words; a hash's upper half picks the block, its lower half one bit in
@@ -40,11 +40,11 @@ pub const MAX_FILTER_BYTES: usize = 2 << 20;
 pub const MAX_KEY_COLUMNS: usize = 8;
 /// Default bits per key: about 1% false positives for a split-block filter
 /// (`csd.bloom_bits_per_key`).
-pub const BITS_PER_KEY: usize = 12;
+pub(crate) const BITS_PER_KEY: usize = 12;
 /// Smallest bit array built (8 KiB, within a core's L1 cache): a few keys get many
 /// bits each and next to no false positives (at 12 bits a key, a filter of a hundred
 /// keys would let about 1% of a large probe side through).
-const MIN_FILTER_BYTES: usize = 8 << 10;
+pub const MIN_FILTER_BYTES: usize = 8 << 10;
 /// Salts of the eight words of a block (Parquet's).
 const SALT: [u32; 8] = [
     0x47b6_137b,
@@ -194,7 +194,7 @@ impl Bloom {
     }
 
     /// [`with_keys`](Self::with_keys), sized at `bits` per key (at least 1).
-    pub fn with_bits_per_key(keys: &[u64], bits: usize) -> Option<Bloom> {
+    pub(crate) fn with_bits_per_key(keys: &[u64], bits: usize) -> Option<Bloom> {
         let blocks = keys
             .len()
             .saturating_mul(bits.max(1))
@@ -238,7 +238,7 @@ impl Bloom {
     /// a probe's eight words are computed in one vector: the default x86-64 target
     /// has no per-lane shifts, and the scalar probe costs the nodes more than
     /// hashing the keys.
-    pub fn contains_all(&self, hashes: &[u64]) -> Vec<bool> {
+    pub(crate) fn contains_all(&self, hashes: &[u64]) -> Vec<bool> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, checked just above.
@@ -282,7 +282,8 @@ impl Bloom {
     }
 
     /// Size in bytes.
-    pub fn size_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn size_bytes(&self) -> usize {
         self.blocks.len() * 32
     }
 
@@ -408,7 +409,7 @@ impl KeyFilter {
 }
 
 /// Which rows of `batch` every filter of `filters` keeps.
-pub fn mask_all(filters: &[KeyFilter], batch: &RecordBatch) -> Result<BooleanArray, String> {
+pub(crate) fn mask_all(filters: &[KeyFilter], batch: &RecordBatch) -> Result<BooleanArray, String> {
     let mut mask: Option<BooleanArray> = None;
     for f in filters {
         let m = f.mask(batch)?;

@@ -3,7 +3,7 @@
 use arrow::util::pretty::pretty_format_batches;
 use std::sync::Arc;
 
-use csd_query_pushdown::compute::scan::{CsdScanExec, EndpointRun};
+use csd_query_pushdown::{CsdScanExec, EndpointRun};
 use csd_query_pushdown::{CsdSession, Mode, QueryRun};
 use csd_testbed::tpch;
 use datafusion::physical_plan::ExecutionPlan;

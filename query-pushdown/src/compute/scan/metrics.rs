@@ -7,20 +7,20 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 #[derive(Debug, Clone)]
 pub(crate) struct ScanMetrics {
     /// Rows this partition produced.
-    pub output_rows: Count,
+    pub(crate) output_rows: Count,
     /// Bytes received from the node (Arrow IPC after compression).
     pub bytes_received: Count,
     /// Bytes the node read from its device.
-    pub node_bytes_read: Count,
+    pub(crate) node_bytes_read: Count,
     /// Rows the node's Parquet scans decoded.
-    pub node_rows_scanned: Count,
+    pub(crate) node_rows_scanned: Count,
     /// 1 when the node handed the fragment back and it ran here.
     pub pushed_back: Count,
 }
 
 impl ScanMetrics {
     /// The counters of `partition` in `metrics`.
-    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    pub(super) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let b = || MetricBuilder::new(metrics);
         ScanMetrics {
             output_rows: b().output_rows(partition),

@@ -136,7 +136,11 @@ impl CsdScanExec {
 
     /// The same scan, also filtered by the keys `collector` gathers on output
     /// `columns` (see [`crate::compute::key_filter_rule`]).
-    pub fn with_key_filter(&self, collector: Arc<KeyCollector>, columns: Vec<usize>) -> Self {
+    pub(crate) fn with_key_filter(
+        &self,
+        collector: Arc<KeyCollector>,
+        columns: Vec<usize>,
+    ) -> Self {
         let mut s = CsdScanExec::new(
             self.table.clone(),
             self.schema.clone(),
@@ -153,17 +157,17 @@ impl CsdScanExec {
     }
 
     /// Whether the scan reduces nothing by itself (see [`CsdScanExec::direct`]).
-    pub fn is_direct(&self) -> bool {
+    pub(crate) fn is_direct(&self) -> bool {
         self.direct
     }
 
     /// Whether a join-key filter is attached.
-    pub fn has_key_filter(&self) -> bool {
+    pub(crate) fn has_key_filter(&self) -> bool {
         !self.key_filters.is_empty()
     }
 
     /// The output columns of each attached join-key filter.
-    pub fn key_filter_columns(&self) -> Vec<Vec<usize>> {
+    pub(crate) fn key_filter_columns(&self) -> Vec<Vec<usize>> {
         self.key_filters.iter().map(|(_, c)| c.clone()).collect()
     }
 
@@ -174,7 +178,7 @@ impl CsdScanExec {
 
     /// Estimates rows as `fraction` of the endpoints' rows, at most `limit` per
     /// endpoint (for the optimizer; `None` fraction: unknown).
-    pub fn with_estimate(mut self, fraction: Option<f64>, limit: Option<usize>) -> Self {
+    pub(crate) fn with_estimate(mut self, fraction: Option<f64>, limit: Option<usize>) -> Self {
         self.row_fraction = fraction;
         self.limit = limit;
         self

@@ -48,7 +48,7 @@ pub(crate) struct EndpointOpener {
 
 impl EndpointOpener {
     /// Opens the endpoint (see the module docs).
-    pub async fn open(self) -> Result<Opened> {
+    pub(super) async fn open(self) -> Result<Opened> {
         let mut frag = self.fragment.clone();
         for (collector, cols) in &self.key_filters {
             if let Some(bloom) = collector.wait().await {

@@ -52,7 +52,7 @@ pub(crate) struct EndpointStream {
 
 impl EndpointStream {
     /// A stream that opens with `opener` and answers `schema`.
-    pub fn new(
+    pub(super) fn new(
         opener: EndpointOpener,
         schema: SchemaRef,
         metrics: ScanMetrics,
