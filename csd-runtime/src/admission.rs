@@ -222,11 +222,11 @@ pub enum Offer {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostModel {
     /// Learned nanoseconds per byte read.
-    pub(crate) ns_per_byte: f64,
+    pub ns_per_byte: f64,
     /// Finished requests learned from.
     pub samples: u64,
     /// Mean absolute relative error of the estimates (weighted like the cost).
-    pub(crate) mean_abs_error: f64,
+    pub mean_abs_error: f64,
 }
 
 #[derive(Debug)]
@@ -262,7 +262,7 @@ pub struct Counters {
     /// Operator requests run (at once or after queueing).
     pub admitted: u64,
     /// Of those, the ones that waited in the queue.
-    pub(crate) queued: u64,
+    pub queued: u64,
     /// Operator requests pushed back to the compute tier.
     pub pushed_back: u64,
     /// Patient requests queued past the delay bound (their asker was saturated).
@@ -272,11 +272,11 @@ pub struct Counters {
     /// Queued requests whose client went away before they ran.
     pub abandoned: u64,
     /// Sum of queueing delays, microseconds.
-    pub(crate) queue_delay_us_sum: u64,
+    pub queue_delay_us_sum: u64,
     /// Largest queueing delay, microseconds.
-    pub(crate) queue_delay_us_max: u64,
+    pub queue_delay_us_max: u64,
     /// Slot-microseconds used by finished requests.
-    pub(crate) busy_us: u64,
+    pub busy_us: u64,
 }
 
 /// A snapshot for `DoAction stats` and the metrics endpoint.
@@ -297,15 +297,15 @@ pub struct AdmissionStats {
     /// Memory reserved by running requests.
     pub memory_reserved: u64,
     /// Raw reads in flight and waiting.
-    pub(crate) io_in_flight: usize,
+    pub io_in_flight: usize,
     /// Raw reads waiting.
-    pub(crate) io_waiting: usize,
+    pub io_waiting: usize,
     /// Totals.
     pub counters: Counters,
     /// Recent queueing delays of admitted requests (ms): p50 and p99 of the last 1024.
-    pub(crate) queue_delay_p50_ms: f64,
+    pub queue_delay_p50_ms: f64,
     /// See `queue_delay_p50_ms`.
-    pub(crate) queue_delay_p99_ms: f64,
+    pub queue_delay_p99_ms: f64,
     /// Learned costs per operator.
     pub costs: BTreeMap<String, CostModel>,
     /// Per tenant: admitted, pushed back, running, waiting.

@@ -58,7 +58,7 @@ pub(crate) struct BatchPlan {
     /// Bytes reserved with admission control.
     pub memory: u64,
     /// Bytes per sample in flight.
-    pub(crate) per_sample: u64,
+    pub per_sample: u64,
 }
 
 /// Sizes the node batch: the most samples (≤ `cap`) such that the request fits in half

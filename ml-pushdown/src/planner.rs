@@ -94,11 +94,11 @@ pub struct Candidate {
     /// The last stage at the node (`-` for none).
     pub at_node: String,
     /// FLOPs per sample at the node.
-    pub(crate) node_flops: u64,
+    pub node_flops: u64,
     /// FLOPs per sample here.
-    pub(crate) compute_flops: u64,
+    pub compute_flops: u64,
     /// Bytes per sample over the link.
-    pub(crate) bytes_per_sample: f64,
+    pub bytes_per_sample: f64,
     /// Predicted seconds of node work.
     pub node_s: f64,
     /// Predicted seconds on the link.

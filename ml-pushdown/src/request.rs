@@ -64,7 +64,7 @@ pub struct FeatureRequest {
     pub dtype: FeatureType,
     /// Cap on the node's batch size (the node may pick fewer to fit its memory).
     #[serde(default)]
-    pub(crate) max_batch: Option<usize>,
+    pub max_batch: Option<usize>,
     /// Only the first `limit` samples.
     #[serde(default)]
     pub limit: Option<u64>,

@@ -284,7 +284,7 @@ impl Links {
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct CpuSample {
     /// Seconds since the run started.
-    pub(crate) t_s: f64,
+    pub t_s: f64,
     /// Per node, running requests ÷ CPU workers.
     pub busy: Vec<f64>,
 }

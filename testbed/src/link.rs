@@ -27,7 +27,7 @@ use csd_runtime::timer;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinkSpec {
     /// Bits per second; 0 = unlimited.
-    pub(crate) bandwidth_bps: f64,
+    pub bandwidth_bps: f64,
     /// One-way latency.
     #[serde(with = "micros")]
     pub latency: Duration,

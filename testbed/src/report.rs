@@ -17,9 +17,9 @@ pub struct Done {
     /// Query name (`Q6`, `sql1`, `epoch 1`).
     pub query: String,
     /// When it started, seconds into the run.
-    pub(crate) start_s: f64,
+    pub start_s: f64,
     /// How long it took.
-    pub(crate) latency_ms: f64,
+    pub latency_ms: f64,
     /// Whether it succeeded.
     pub ok: bool,
     /// Why not.
@@ -54,13 +54,13 @@ pub struct RunResult {
     /// Latency percentiles of completed work, ms.
     pub p50_ms: f64,
     /// 95th percentile.
-    pub(crate) p95_ms: f64,
+    pub p95_ms: f64,
     /// 99th percentile.
     pub p99_ms: f64,
     /// Bytes from the nodes to the compute node (through the links).
     pub bytes_from_nodes: u64,
     /// Bytes to the nodes.
-    pub(crate) bytes_to_nodes: u64,
+    pub bytes_to_nodes: u64,
     /// Node requests and how many were pushed back.
     pub fragments: u64,
     /// See `fragments`.
@@ -156,7 +156,7 @@ pub struct Report {
     /// Whether it was shrunk (`--quick`).
     pub quick: bool,
     /// Cores of this machine (everything shares them).
-    pub(crate) machine_cores: usize,
+    pub machine_cores: usize,
     /// The baseline policy.
     pub baseline: PolicyName,
     /// One per (policy, point).
@@ -164,7 +164,7 @@ pub struct Report {
     /// Measured cluster capacity for load sweeps (queries/s).
     pub capacity_qps: Option<f64>,
     /// Seconds spent loading data, per cluster started.
-    pub(crate) load_s: Vec<f64>,
+    pub load_s: Vec<f64>,
     /// The headline, one line per compared policy.
     pub headline: Vec<String>,
 }

@@ -206,7 +206,7 @@ pub struct DeviceStats {
     /// Write commands completed.
     pub writes: u64,
     /// Flush commands completed.
-    pub(crate) flushes: u64,
+    pub flushes: u64,
     /// Bytes read.
     pub bytes_read: u64,
     /// Bytes written.

@@ -72,7 +72,7 @@ pub struct DeleteRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeleteResponse {
     /// Objects deleted.
-    pub(crate) deleted_objects: u64,
+    pub deleted_objects: u64,
 }
 
 impl ActionRequest for DeleteRequest {

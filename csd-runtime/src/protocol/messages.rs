@@ -93,7 +93,7 @@ pub struct NodeStats {
     /// Advertised location.
     pub location: String,
     /// Seconds since start.
-    pub(crate) uptime_s: f64,
+    pub uptime_s: f64,
     /// CPU pool size.
     pub cpus: usize,
     /// Memory budget in bytes.
@@ -142,5 +142,5 @@ pub struct RequestReport {
     /// Flight bytes received by DoPut.
     pub bytes_received: u64,
     /// Rows received by DoPut.
-    pub(crate) rows_received: u64,
+    pub rows_received: u64,
 }

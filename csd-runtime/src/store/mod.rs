@@ -84,7 +84,7 @@ pub struct ObjectInfo {
     /// Extents holding data and CRC table.
     pub extents: Vec<Extent>,
     /// Creation time, ms since the Unix epoch.
-    pub(crate) created_unix_ms: u64,
+    pub created_unix_ms: u64,
     #[serde(skip)]
     table_crc: u32,
 }
@@ -95,13 +95,13 @@ pub struct StoreStats {
     /// Committed objects.
     pub objects: usize,
     /// Sum of object lengths.
-    pub(crate) bytes_stored: u64,
+    pub bytes_stored: u64,
     /// Blocks in the data region.
     pub data_blocks: u64,
     /// Of which free.
     pub free_blocks: u64,
     /// Free runs (fragmentation).
-    pub(crate) free_runs: usize,
+    pub free_runs: usize,
     /// Blocks of abandoned uploads not yet returned to the free map.
     #[serde(default)]
     pub abandoned_blocks: u64,
@@ -112,9 +112,9 @@ pub struct StoreStats {
     /// Catalog commit generation.
     pub catalog_generation: u64,
     /// Bytes of the live catalog and the slot capacity.
-    pub(crate) catalog_bytes: usize,
+    pub catalog_bytes: usize,
     /// Slot capacity in bytes.
-    pub(crate) catalog_capacity: usize,
+    pub catalog_capacity: usize,
 }
 
 /// Objects are staged in memory and written in units of this many bytes.

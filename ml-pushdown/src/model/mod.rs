@@ -193,12 +193,12 @@ pub struct StageInfo {
     /// Name (`stem`, `block3`, `head`, `pool`).
     pub name: String,
     /// Output shape of one sample (no batch dimension).
-    pub(crate) out_shape: Vec<usize>,
+    pub out_shape: Vec<usize>,
     /// Floating-point operations for one sample (a multiply-add counts two).
     pub flops: u64,
     /// Peak bytes of activations alive while the stage runs, for one sample
     /// (input, intermediates and output, float32).
-    pub(crate) peak_bytes: u64,
+    pub peak_bytes: u64,
 }
 
 impl StageInfo {

@@ -58,7 +58,7 @@ pub struct SqlNodeOptions {
     pub split_min_bytes: ByteSize,
     /// Rows of a direct scan's first batches its join-key filters are judged on
     /// before the node decides to run it or hand it back.
-    pub(crate) judge_rows: usize,
+    pub judge_rows: usize,
     /// Functions this node will not run (e.g. `["regexp_like"]` on a drive with weak
     /// cores): a fragment calling one is refused as `UNIMPLEMENTED`, and the compute
     /// tier evaluates it itself, as it does a fragment handed back.
