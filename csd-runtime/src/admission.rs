@@ -884,6 +884,40 @@ impl Admission {
         }
     }
 
+    /// Why a request that queued `waited` (predicted to run `estimate`) waited longer
+    /// than the queueing target, in words for its report; `None` within the target.
+    pub fn why_waited(
+        &self,
+        waited: Duration,
+        estimate: Duration,
+        patient: bool,
+    ) -> Option<String> {
+        let (policy, target) = {
+            let ctl = self.ctl();
+            (ctl.cfg.policy, ctl.cfg.queue_target)
+        };
+        if waited <= target {
+            return None;
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Some(if patient {
+            "the compute tier was saturated and asked the node to queue it rather than hand it back"
+                .into()
+        } else if policy == Policy::Always {
+            "policy always: the node queues every request rather than hand it back".into()
+        } else if waited <= estimate.mul_f64(2.0) {
+            format!(
+                "queueing was predicted within the request's own run time ({:.1} ms): waiting still beats reading and decoding it on the compute tier",
+                ms(estimate)
+            )
+        } else {
+            format!(
+                "the node's prediction was wrong: requests ahead ran longer than their estimates (this one: {:.1} ms); the cost model learns from each",
+                ms(estimate)
+            )
+        })
+    }
+
     /// Waits for a raw-read slot, or the rejection.
     pub async fn read(self: &Arc<Self>) -> Result<ReadPermit, Reject> {
         let go = self.ctl().io_offer()?;
@@ -1174,6 +1208,26 @@ mod tests {
         assert!(matches!((&v, &o), (Offer::Queued(_), Offer::Queued(_))));
         let started = c.finish(id(&b), MS, MS, true);
         assert_eq!(started, vec![(id(&v), MS)]);
+    }
+
+    #[test]
+    fn a_long_wait_says_why() {
+        let ms = Duration::from_millis;
+        let mut cf = AdmissionConfig::new(1, 1 << 30);
+        cf.queue_target = ms(50);
+        let adaptive = Admission::new(cf.clone());
+        assert_eq!(adaptive.why_waited(ms(40), ms(10), false), None);
+        let own = adaptive.why_waited(ms(300), ms(200), false).unwrap();
+        assert!(own.contains("own run time (200.0 ms)"), "{own}");
+        let wrong = adaptive.why_waited(ms(2000), ms(100), false).unwrap();
+        assert!(wrong.contains("prediction was wrong"), "{wrong}");
+        let patient = adaptive.why_waited(ms(10_800), ms(100), true).unwrap();
+        assert!(patient.contains("compute tier was saturated"), "{patient}");
+        cf.policy = Policy::Always;
+        let always = Admission::new(cf)
+            .why_waited(ms(2000), ms(100), false)
+            .unwrap();
+        assert!(always.contains("policy always"), "{always}");
     }
 
     #[test]

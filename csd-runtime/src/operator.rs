@@ -65,6 +65,9 @@ pub struct NodeResources {
     pub pool: CpuPool,
     /// The node's memory budget in bytes (`--memory`).
     pub memory_budget: u64,
+    /// The budget's account: operators' memory pools draw on it, and get what the
+    /// rest of the process leaves.
+    pub memory: Arc<crate::memory::MemoryLedger>,
 }
 
 /// What an operator sees of its node and request.

@@ -342,6 +342,7 @@ impl FlightNode {
             },
         })?;
         let (waited, estimated) = (permit.waited, permit.estimate);
+        let queue_reason = self.state.admission.why_waited(waited, estimated, patient);
         let piece = self.state.wire_piece;
         let opened = self
             .state
@@ -394,6 +395,9 @@ impl FlightNode {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), format!("{v:.3}"))),
             );
+            if let Some(why) = queue_reason {
+                details.insert("queue_reason".into(), why);
+            }
             let report = OperatorReport {
                 operator: name,
                 bytes_read: metrics.bytes_read.load(Ordering::Relaxed),
@@ -714,7 +718,11 @@ impl FlightService for FlightNode {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.state.counters.do_put.fetch_add(1, Ordering::Relaxed);
-        let summary = self.put(request.into_inner()).await?;
+        let summary = self.put(request.into_inner()).await;
+        // An upload's buffers are freed now; give them back to the OS, off the RPC
+        // threads, so the memory budget is held against what the node really uses.
+        tokio::task::spawn_blocking(crate::memory::trim);
+        let summary = summary?;
         tracing::info!(table = %summary.table, partition = %summary.partition, rows = summary.rows, bytes = summary.bytes, "stored");
         let meta = serde_json::to_vec(&summary)
             .map_err(|e| Error::Internal(format!("put summary: {e}")))?;

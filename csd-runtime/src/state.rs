@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::admission::{Admission, AdmissionConfig};
+use crate::memory::{MemoryLedger, peak_resident_bytes, resident_bytes};
 use crate::operator::{NodeResources, OperatorRegistry};
 use crate::pool::CpuPool;
 use crate::protocol::messages::{DeviceReport, NodeStats, RequestReport};
@@ -52,6 +53,7 @@ impl NodeState {
                 tables,
                 pool,
                 memory_budget,
+                memory: MemoryLedger::new(memory_budget),
             }),
             location,
             counters: ServiceCounters::default(),
@@ -103,6 +105,7 @@ impl NodeState {
             tables: self.node.tables.tables().len(),
             admission: self.admission.stats(),
             operator_memory_used: self.operators.memory_used(),
+            operator_memory_limit: self.node.memory.operator_limit(),
             resident_bytes: resident_bytes(),
             peak_resident_bytes: peak_resident_bytes(),
             requests: RequestReport {
@@ -114,22 +117,4 @@ impl NodeState {
             },
         }
     }
-}
-
-/// Resident memory of this process (the second field of `/proc/self/statm`, in
-/// pages).
-fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf reads a constant of the running system.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(page).ok().map(|p| pages * p)
-}
-
-/// Peak resident memory of this process (`VmHWM`, in KiB, of `/proc/self/status`).
-fn peak_resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

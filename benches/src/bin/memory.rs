@@ -54,7 +54,8 @@ struct Args {
 
 /// Group-bys from a few groups to one per order: the hash tables the node builds range
 /// from tiny to most of the budget.
-const QUERIES: [&str; 4] = [
+const QUERIES: [&str; 5] = [
+    "SELECT l_comment, count(*) AS n, sum(l_quantity) AS q FROM lineitem GROUP BY l_comment",
     "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, count(*) AS n FROM lineitem GROUP BY l_orderkey",
     "SELECT l_partkey, avg(l_quantity) AS q, max(l_shipdate) AS last FROM lineitem GROUP BY l_partkey",
     "SELECT l_suppkey, l_returnflag, sum(l_discount) AS d, min(l_comment) AS c FROM lineitem GROUP BY l_suppkey, l_returnflag",
@@ -71,6 +72,9 @@ struct Run {
     peak_rss_bytes: u64,
     /// The kernel's own high-water mark over the same interval (`VmHWM`, reset first).
     peak_hwm_bytes: Option<u64>,
+    /// Highest operator working memory (the node's memory pools) seen in its stats,
+    /// polled every 20 ms.
+    peak_pool_bytes: u64,
     /// Queries that answered (`mismatched` of them differently from local DataFusion).
     answered: usize,
     failed: Vec<String>,
@@ -80,6 +84,11 @@ struct Run {
     /// Longest queueing at the node of a fragment it ran, and its detail.
     max_queue_ms: f64,
     max_queue_patient: bool,
+    /// The node's reason for that wait, from its report.
+    max_queue_reason: Option<String>,
+    /// Longest queueing of a fragment the node queued on its own judgement (not
+    /// asked to wait by a saturated compute tier).
+    max_queue_unasked_ms: f64,
     wall_s: f64,
     node_queue_delay_max_ms: f64,
 }
@@ -179,6 +188,18 @@ async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run 
             }
         })
     };
+    let pool_peak = Arc::new(AtomicU64::new(0));
+    let poller = {
+        let (client, pool_peak, done) = (client.clone(), pool_peak.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                if let Ok(s) = client.stats().await {
+                    pool_peak.fetch_max(s.operator_memory_used, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..args.concurrency)
         .map(|i| {
@@ -194,6 +215,7 @@ async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run 
         idle_rss_bytes: idle,
         peak_rss_bytes: 0,
         peak_hwm_bytes: None,
+        peak_pool_bytes: 0,
         answered: 0,
         failed: vec![],
         mismatched: 0,
@@ -201,6 +223,8 @@ async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run 
         pushed_back: 0,
         max_queue_ms: 0.0,
         max_queue_patient: false,
+        max_queue_reason: None,
+        max_queue_unasked_ms: 0.0,
         wall_s: 0.0,
         node_queue_delay_max_ms: 0.0,
     };
@@ -225,9 +249,13 @@ async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run 
                             .and_then(|v| v.parse::<f64>().ok())
                             .unwrap_or(0.0)
                     };
+                    if detail("patient") == 0.0 {
+                        run.max_queue_unasked_ms = run.max_queue_unasked_ms.max(detail("queue_ms"));
+                    }
                     if detail("queue_ms") > run.max_queue_ms {
                         run.max_queue_ms = detail("queue_ms");
                         run.max_queue_patient = detail("patient") > 0.0;
+                        run.max_queue_reason = e.report.details.get("queue_reason").cloned();
                     }
                 }
             }
@@ -237,6 +265,8 @@ async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run 
     run.wall_s = t0.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     sampler.join().expect("sampler");
+    let _ = poller.await;
+    run.peak_pool_bytes = pool_peak.load(Ordering::Relaxed);
     run.peak_rss_bytes = peak.load(Ordering::Relaxed);
     run.peak_hwm_bytes = rss_of(pid, "VmHWM:");
     if let Ok(stats) = client.stats().await {
@@ -277,7 +307,7 @@ async fn main() {
         args.rows, args.memory, args.cpus, args.concurrency
     );
     println!(
-        "{:<9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>11} {:>9} {:>7}",
+        "{:<9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>11} {:>9} {:>13} {:>7}",
         "policy",
         "idle MiB",
         "peak MiB",
@@ -286,13 +316,14 @@ async fn main() {
         "answered",
         "pushed back",
         "queue ms",
+        "unasked queue",
         "wall s"
     );
     let mut runs = Vec::new();
     for policy in &args.policies {
         let r = run_policy(&args, policy, &expected).await;
         println!(
-            "{:<9} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>5}/{:<2} {:>6}/{:<4} {:>9.0} {:>7.1}{}",
+            "{:<9} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>5}/{:<2} {:>6}/{:<4} {:>9.0} {:>13.0} {:>7.1}{}",
             r.policy,
             mib(r.idle_rss_bytes),
             mib(r.peak_rss_bytes),
@@ -303,6 +334,7 @@ async fn main() {
             r.pushed_back,
             r.fragments,
             r.max_queue_ms,
+            r.max_queue_unasked_ms,
             r.wall_s,
             if r.max_queue_patient {
                 " (longest wait: patient)"
@@ -310,6 +342,14 @@ async fn main() {
                 ""
             }
         );
+        println!(
+            "          operator pools peaked at {:.0} MiB of the {:.0} MiB budget",
+            mib(r.peak_pool_bytes),
+            mib(r.budget_bytes)
+        );
+        if let Some(why) = &r.max_queue_reason {
+            println!("          longest wait, the node says: {why}");
+        }
         for f in &r.failed {
             println!("  failed: {f}");
         }

@@ -102,6 +102,11 @@ pub struct NodeStats {
     pub admission: AdmissionStats,
     /// Memory held by running operator requests now.
     pub operator_memory_used: u64,
+    /// What operators' working memory may reach now: the budget less what the
+    /// process holds besides (decode and network buffers, catalog, allocator slack),
+    /// never under an eighth of the budget.
+    #[serde(default)]
+    pub operator_memory_limit: u64,
     /// The node process's resident memory now (`/proc/self/statm`), to hold against
     /// [`memory_budget`](Self::memory_budget): the budget counts operators' working
     /// memory; this also counts decode buffers, the device's caches, the allocator's

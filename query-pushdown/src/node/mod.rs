@@ -4,6 +4,9 @@
 //! straight to the object store and are counted), and streams the result on the
 //! node's CPU pool under its memory pool.
 
+mod memory;
+use memory::LedgerPool;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -13,6 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use csd_runtime::admission::PushBack;
 use csd_runtime::config::ByteSize;
+use csd_runtime::memory::MemoryLedger;
 use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
 use csd_runtime::store::ObjectStore as NodeObjects;
 use csd_runtime::table::{ObjectReader, ParquetObject};
@@ -21,7 +25,7 @@ use datafusion::catalog::Session;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
 use datafusion::datasource::{TableProvider, TableType};
-use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+use datafusion::execution::memory_pool::{MemoryPool, TrackConsumersPool};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -84,8 +88,8 @@ pub struct SqlOperator {
 }
 
 impl SqlOperator {
-    /// A new operator with the default settings (its memory pool is sized from the
-    /// node's budget on first use).
+    /// A new operator with the default settings (its memory pool draws on the node's
+    /// memory ledger from first use).
     pub fn new() -> Self {
         Self::default()
     }
@@ -123,11 +127,11 @@ impl SqlOperator {
         }
     }
 
-    fn pool(&self, budget: u64) -> Arc<dyn MemoryPool> {
+    fn pool(&self, ledger: &Arc<MemoryLedger>) -> Arc<dyn MemoryPool> {
         self.memory
             .get_or_init(|| {
                 Arc::new(TrackConsumersPool::new(
-                    GreedyMemoryPool::new(budget as usize),
+                    LedgerPool::new(ledger.clone()),
                     std::num::NonZeroUsize::new(3).unwrap_or(std::num::NonZeroUsize::MIN),
                 ))
             })
@@ -214,7 +218,7 @@ impl Operator for SqlOperator {
         let (frag, mode, plan) = SqlFragment::decode_checked(&args)?;
         let (schema, objects) = objects_of(&ctx, &frag)?;
         let runtime = RuntimeEnvBuilder::new()
-            .with_memory_pool(self.pool(ctx.node.memory_budget))
+            .with_memory_pool(self.pool(&ctx.node.memory))
             .build_arc()
             .map_err(to_runtime)?;
         let url = ObjectStoreUrl::parse(NODE_URL).map_err(to_runtime)?;
