@@ -287,13 +287,20 @@ impl NodeClient {
     where
         S: Stream<Item = Result<RecordBatch>> + Send + 'static,
     {
+        // The upload is marked and closed with an end message: should this future be
+        // dropped or `batches` fail, arrow-flight's client ends the stream cleanly,
+        // and the missing end tells the node to store nothing.
         let data = FlightDataEncoderBuilder::new()
             .with_schema(schema)
+            .with_metadata(bytes::Bytes::from_static(crate::protocol::PUT_MARKED))
             .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![
                 table.into(),
                 partition.into(),
             ])))
-            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))));
+            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
+            .chain(futures::stream::once(async {
+                Ok(FlightData::new().with_app_metadata(crate::protocol::PUT_END))
+            }));
         let mut results = self.flight().do_put(data).await?;
         let first = results
             .try_next()

@@ -477,9 +477,31 @@ impl FlightNode {
         };
         crate::table::validate_table_name(&table)?;
         crate::table::validate_partition_name(&partition)?;
+        let marked = first.app_metadata.as_ref() == crate::protocol::PUT_MARKED;
+        let closed = Arc::new(AtomicBool::new(false));
         let state = self.state.clone();
         let incoming = futures::stream::once(async { Ok(first) })
             .chain(input)
+            .filter_map({
+                let closed = closed.clone();
+                move |m| {
+                    let end = matches!(&m, Ok(m) if marked
+                        && m.app_metadata.as_ref() == crate::protocol::PUT_END
+                        && m.data_header.is_empty()
+                        && m.data_body.is_empty());
+                    let after_end = closed.load(Ordering::Acquire);
+                    if end {
+                        closed.store(true, Ordering::Release);
+                    }
+                    futures::future::ready(match m {
+                        _ if after_end => Some(Err(Status::invalid_argument(
+                            "DoPut sent messages after its end marker",
+                        ))),
+                        _ if end => None,
+                        m => Some(m),
+                    })
+                }
+            })
             .map(move |m| {
                 let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
                 check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
@@ -560,6 +582,18 @@ impl FlightNode {
                     drop(tx);
                     return;
                 }
+            }
+            if marked && !closed.load(Ordering::Acquire) {
+                // The client promised an end marker and its stream stopped short of
+                // it: abandoned, whatever the transport says.
+                let _ = tx
+                    .send(Err(Error::InvalidArgument(
+                        "the DoPut stream ended without its end marker (the client abandoned the upload); nothing was stored"
+                            .into(),
+                    )))
+                    .await;
+                drop(tx);
+                return;
             }
             ended.store(true, Ordering::Release);
             drop(tx);

@@ -14,7 +14,7 @@ use arrow_flight::{FlightData, FlightDescriptor};
 use csd_client::NodeClient;
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use tonic::Code;
 
 async fn node_of(capacity: ByteSize) -> RunningNode {
@@ -293,4 +293,58 @@ async fn invented_tenants_do_not_grow_the_node() {
         after < before + 2048,
         "stats grew from {before} to {after} bytes"
     );
+}
+
+/// A client that drops its `put` future half way (a timeout, a cancelled task) leaves
+/// no table behind: the node sees the stream reset, not a clean end, and commits
+/// nothing the client was not told about; the space comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_dropped_half_way_commits_nothing() {
+    let node = node_of(ByteSize::mib(256)).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let free_before = free_blocks(&c).await;
+    for round in 0..3u64 {
+        // Four batches, then a stream that never ends: the upload is cut by the drop.
+        let batches =
+            futures::stream::iter((0..4).map(move |i| Ok(noise(round * 10 + i, 256, 4096))))
+                .chain(futures::stream::pending());
+        let put = c.put("dropped", "p0", schema(), batches);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), put)
+                .await
+                .is_err(),
+            "the put cannot finish: its stream never ends"
+        );
+    }
+    // A source that fails half way: the client reports it, and the node, which
+    // saw a clean end without the end marker, stores nothing either.
+    let failing = futures::stream::iter((0..3).map(|i| {
+        if i < 2 {
+            Ok(noise(100 + i, 256, 4096))
+        } else {
+            Err(csd_runtime::node_client::Error::InvalidInput(
+                "the source file could not be read".into(),
+            ))
+        }
+    }));
+    assert!(c.put("dropped", "p1", schema(), failing).await.is_err());
+    // The node notices each abandoned stream on its own time.
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = c.list_tables("").await.unwrap();
+        if left.is_empty() && free_blocks(&c).await == free_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(left.is_empty(), "a dropped upload was committed: {left:?}");
+    assert_eq!(
+        free_blocks(&c).await,
+        free_before,
+        "a dropped upload kept its space"
+    );
+    // And the same name takes a whole upload afterwards.
+    let batches = futures::stream::iter((0..2).map(|i| Ok(noise(i, 256, 4096))));
+    let summary = c.put("dropped", "p0", schema(), batches).await.unwrap();
+    assert_eq!(summary.rows, 512);
 }

@@ -23,12 +23,21 @@ pub use messages::{
 pub use ticket::{Compression, Ticket};
 
 /// Metadata key naming the tenant of a request (default `default`).
-pub(crate) const TENANT_METADATA: &str = "csd-tenant";
+pub const TENANT_METADATA: &str = "csd-tenant";
 /// Metadata key of a pushed-back request's JSON
 /// [`PushBack`](crate::admission::PushBack), on `UNAVAILABLE`.
-pub(crate) const PUSHBACK_METADATA: &str = "csd-pushback";
+pub const PUSHBACK_METADATA: &str = "csd-pushback";
 /// Metadata key of the retry hint (milliseconds) on `RESOURCE_EXHAUSTED`.
-pub(crate) const RETRY_AFTER_METADATA: &str = "retry-after-ms";
+pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
+
+/// `app_metadata` of a DoPut's first message by which the client promises to close
+/// its upload with [`PUT_END`]. A stream that then ends without it was abandoned (a
+/// dropped future, a source that failed: arrow-flight's client ends the stream
+/// cleanly on either) and stores nothing. Clients that do not promise (any Flight
+/// client) have their upload stored when the stream ends cleanly.
+pub const PUT_MARKED: &[u8] = b"csd.put.marked";
+/// `app_metadata` of the message, with no header or body, that closes a marked upload.
+pub const PUT_END: &[u8] = b"csd.put.end";
 
 /// Largest gRPC message a node or client accepts or sends.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
