@@ -309,12 +309,14 @@ impl ObjectStore {
             next_id: 1,
         }
         .encode_to_vec();
-        let mut b = DmaBuf::zeroed(bs as usize);
-        encode_slot_header(&mut b, 1, &empty);
-        b[SLOT_HEADER..SLOT_HEADER + empty.len()].copy_from_slice(&empty);
-        dev.write(sb.slot_lba(0), b).await?;
-        dev.write(sb.slot_lba(1), DmaBuf::zeroed(bs as usize))
-            .await?;
+        // Both slots hold the first catalog, as they hold every later one: opening a
+        // fresh store finds nothing to repair.
+        for slot in 0..2 {
+            let mut b = DmaBuf::zeroed(bs as usize);
+            encode_slot_header(&mut b, 1, &empty);
+            b[SLOT_HEADER..SLOT_HEADER + empty.len()].copy_from_slice(&empty);
+            dev.write(sb.slot_lba(slot), b).await?;
+        }
         dev.flush().await?;
         let mut b = DmaBuf::zeroed(bs as usize);
         sb.encode(&mut b);
