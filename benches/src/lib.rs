@@ -28,6 +28,28 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The `csd` binary beside this bench's own (build it: `cargo build --release -p csd-client`).
+pub fn csd_binary() -> PathBuf {
+    std::env::current_exe()
+        .expect("own path")
+        .with_file_name("csd")
+}
+
+/// The `grpc://` URL a `csd serve` child prints on its first line of stdout (which
+/// must be piped).
+pub fn node_url(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("the node's stdout is piped");
+    let mut line = String::new();
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("node output");
+    line.split_whitespace()
+        .find(|w| w.starts_with("grpc://"))
+        .unwrap_or_else(|| panic!("node did not say where it listens: {line}"))
+        .to_string()
+}
+
 /// Megabytes (10^6 bytes) per second.
 pub fn mbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs

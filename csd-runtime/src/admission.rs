@@ -892,6 +892,9 @@ impl Admission {
         estimate: Duration,
         patient: bool,
     ) -> Option<String> {
+        if waited.is_zero() {
+            return None;
+        }
         let (policy, target) = {
             let ctl = self.ctl();
             (ctl.cfg.policy, ctl.cfg.queue_target)

@@ -533,9 +533,10 @@ impl FlightNode {
             }
         };
         let (tx, rx) = mpsc::channel::<Result<arrow::record_batch::RecordBatch>>(2);
-        // Set when the client's stream ended cleanly. Should this handler be dropped
-        // mid-put (the client reset the stream), the writer sees its channel close
-        // without it and abandons the object rather than storing a partial one.
+        // Set when the client's stream ended cleanly, after its end marker if it
+        // promised one. Should the stream stop short of that (a reset, a dropped
+        // handler, a missing marker), the writer sees its channel close without it
+        // and abandons the object rather than storing a partial one.
         let ended = Arc::new(AtomicBool::new(false));
         let body = {
             let ended = ended.clone();
@@ -583,19 +584,11 @@ impl FlightNode {
                     return;
                 }
             }
-            if marked && !closed.load(Ordering::Acquire) {
-                // The client promised an end marker and its stream stopped short of
-                // it: abandoned, whatever the transport says.
-                let _ = tx
-                    .send(Err(Error::InvalidArgument(
-                        "the DoPut stream ended without its end marker (the client abandoned the upload); nothing was stored"
-                            .into(),
-                    )))
-                    .await;
-                drop(tx);
-                return;
+            // A client that promised an end marker and stopped short of it abandoned
+            // the upload, however cleanly the transport ended.
+            if !marked || closed.load(Ordering::Acquire) {
+                ended.store(true, Ordering::Release);
             }
-            ended.store(true, Ordering::Release);
             drop(tx);
         };
         // A failed upload's writer returns its space itself when dropped.

@@ -73,11 +73,8 @@ impl Node {
 }
 
 fn spawn_pinned(cores: &str, policy: Policy, args: &Args) -> (Node, String) {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().expect("tempdir");
-    let csd = std::env::current_exe()
-        .expect("own path")
-        .with_file_name("csd");
+    let csd = csd_benches::csd_binary();
     let mut child = std::process::Command::new("taskset")
         .args(["-c", cores])
         .arg(&csd)
@@ -100,16 +97,7 @@ fn spawn_pinned(cores: &str, policy: Policy, args: &Args) -> (Node, String) {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {} under taskset: {e}", csd.display()));
-    let out = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(out)
-        .read_line(&mut line)
-        .expect("node output");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("grpc://"))
-        .unwrap_or_else(|| panic!("node did not say where it listens: {line}"))
-        .to_string();
+    let url = csd_benches::node_url(&mut child);
     (Node::Child(child, dir), url)
 }
 

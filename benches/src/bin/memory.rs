@@ -101,10 +101,7 @@ fn rss_of(pid: u32, key: &str) -> Option<u64> {
 }
 
 fn spawn_node(args: &Args, policy: &str, dir: &std::path::Path) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let csd = std::env::current_exe()
-        .expect("own path")
-        .with_file_name("csd");
+    let csd = csd_benches::csd_binary();
     let capacity = (args.rows / 3_000_000 + 1) * 1024;
     let mut child = std::process::Command::new(&csd)
         .args(["serve", "--format", "--listen", "127.0.0.1:0"])
@@ -123,16 +120,7 @@ fn spawn_node(args: &Args, policy: &str, dir: &std::path::Path) -> (std::process
                 csd.display()
             )
         });
-    let out = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(out)
-        .read_line(&mut line)
-        .expect("node output");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("grpc://"))
-        .unwrap_or_else(|| panic!("node did not say where it listens: {line}"))
-        .to_string();
+    let url = csd_benches::node_url(&mut child);
     (child, url)
 }
 
@@ -144,21 +132,24 @@ fn canonical(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
     lines
 }
 
-async fn run_policy(args: &Args, policy: &str, expected: &[Vec<String>]) -> Run {
+/// Lineitem's partitions: schema and batches of each.
+type Parts = Vec<(
+    arrow::datatypes::SchemaRef,
+    Vec<arrow::record_batch::RecordBatch>,
+)>;
+
+async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<String>]) -> Run {
     let dir = csd_benches::scratch_dir(args.dir.clone()).expect("scratch dir");
     let (mut child, url) = spawn_node(args, policy, dir.path());
     let pid = child.id();
     let client = NodeClient::connect(&url).await.expect("connect");
-    let scale = args.rows as f64 / 6_001_215.0;
-    for p in 0..args.parts {
-        let (schema, batches) =
-            tpch::generate("lineitem", scale, p + 1, args.parts).expect("generate");
+    for (p, (schema, batches)) in parts.iter().enumerate() {
         client
             .put(
                 "lineitem",
                 &format!("p{p}"),
-                schema,
-                futures::stream::iter(batches.into_iter().map(Ok)),
+                schema.clone(),
+                futures::stream::iter(batches.clone().into_iter().map(Ok)),
             )
             .await
             .expect("put");
@@ -284,15 +275,12 @@ async fn main() {
     // What each query answers without pushdown: computed here from the same rows.
     let ctx = datafusion::prelude::SessionContext::new();
     let scale = args.rows as f64 / 6_001_215.0;
-    let mut all = Vec::new();
-    let mut schema = None;
-    for p in 0..args.parts {
-        let (s, b) = tpch::generate("lineitem", scale, p + 1, args.parts).expect("generate");
-        schema = Some(s);
-        all.extend(b);
-    }
+    let parts: Parts = (0..args.parts)
+        .map(|p| tpch::generate("lineitem", scale, p + 1, args.parts).expect("generate"))
+        .collect();
+    let all: Vec<_> = parts.iter().flat_map(|(_, b)| b.iter().cloned()).collect();
     let table =
-        datafusion::datasource::MemTable::try_new(schema.expect("a part"), vec![all]).expect("mem");
+        datafusion::datasource::MemTable::try_new(parts[0].0.clone(), vec![all]).expect("mem");
     ctx.register_table("lineitem", Arc::new(table))
         .expect("register");
     let mut expected = Vec::new();
@@ -321,7 +309,7 @@ async fn main() {
     );
     let mut runs = Vec::new();
     for policy in &args.policies {
-        let r = run_policy(&args, policy, &expected).await;
+        let r = run_policy(&args, policy, &parts, &expected).await;
         println!(
             "{:<9} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>5}/{:<2} {:>6}/{:<4} {:>9.0} {:>13.0} {:>7.1}{}",
             r.policy,
