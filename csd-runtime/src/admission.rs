@@ -22,6 +22,25 @@
 //! tier reads the byte ranges and evaluates the fragment itself. A request whose
 //! memory can never fit is pushed back at once.
 //!
+//! # Pricing the link
+//! Handing work back is not free for the asker: it must pull the fragment's raw
+//! bytes over its link and decode them with its own cores. When the link's
+//! throughput is known ([`Asker`]: measured by the asker and sent with the request,
+//! or learned by the node from the raw reads that peer made, see [`crate::link`],
+//! or else the configured prior, `csd serve --link-prior-mbit`, 1 Gbit/s by default),
+//! a request the rule above would push back is kept queued when finishing it here
+//! is predicted to be sooner:
+//!
+//! ```text
+//! here  = delay + estimate
+//! there = bytes / link + bytes × ns_per_byte / (1 − asker load)
+//! ```
+//!
+//! (`ns_per_byte` is the asker's own figure if it sent one, else this node's learned
+//! cost: the same engine.) The answer's own bytes cross the link either way, less
+//! of them from here, so they are left out, which only favours handing back. On a
+//! fast link `there` is about the request's run time, the rule above.
+//!
 //! A slot is one CPU worker: operators plan with one partition per request, so a
 //! request's time holding its slot is its CPU time (plus I/O waits, which io_uring
 //! keeps short); that held time is what the cost model learns from.
@@ -139,6 +158,9 @@ pub struct AdmissionConfig {
     pub policy: Policy,
     /// Cost per byte before anything was learned.
     pub(crate) prior_ns_per_byte: f64,
+    /// An asker's link throughput (bytes/s) assumed until one is measured; `None`:
+    /// handing back is not priced until then.
+    pub link_prior: Option<f64>,
     /// Fixed cost of a request (decode, plan, open).
     pub overhead: Duration,
     /// Weight of a new sample in the learned cost.
@@ -161,6 +183,7 @@ impl AdmissionConfig {
             max_queued: 1024,
             policy: Policy::Adaptive,
             prior_ns_per_byte: 2.0,
+            link_prior: None,
             overhead: Duration::from_micros(500),
             learning_rate: 0.2,
             tenants: BTreeMap::new(),
@@ -183,6 +206,21 @@ pub struct Ask {
     pub memory: u64,
     /// The asker is saturated itself: queue it rather than push it back for delay.
     pub patient: bool,
+    /// What handing it back would cost the asker.
+    pub asker: Asker,
+}
+
+/// The asker's side of the decision to hand work back (see "Pricing the link").
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Asker {
+    /// Throughput of the link between the asker and this node, bytes per second
+    /// (`None`: unknown, the link is not priced).
+    pub link_bytes_per_s: Option<f64>,
+    /// The asker's cost to evaluate a fragment, nanoseconds per raw byte (`None`:
+    /// this node's learned cost).
+    pub ns_per_byte: Option<f64>,
+    /// Fraction of the asker's cores busy, 0 to 1.
+    pub load: f64,
 }
 
 /// Why a request was pushed back, sent to the client.
@@ -267,6 +305,10 @@ pub struct Counters {
     pub pushed_back: u64,
     /// Patient requests queued past the delay bound (their asker was saturated).
     pub patient: u64,
+    /// Requests queued past the delay bound because handing them back would cost
+    /// their asker more (its link and cores) than waiting here.
+    #[serde(default)]
+    pub kept_for_link: u64,
     /// Requests refused with RESOURCE_EXHAUSTED.
     pub rejected: u64,
     /// Queued requests whose client went away before they ran.
@@ -371,14 +413,35 @@ impl Controller {
         self.cfg.tenants.get(tenant).copied().unwrap_or_default()
     }
 
+    /// The learned cost of `operator` per byte read.
+    fn ns_per_byte(&self, operator: &str) -> f64 {
+        self.costs
+            .get(operator)
+            .map(|c| c.ns_per_byte)
+            .unwrap_or(self.cfg.prior_ns_per_byte)
+    }
+
     /// The estimated run time of `ask` from the learned cost.
     pub(crate) fn estimate(&self, ask: &Ask) -> Duration {
-        let per_byte = self
-            .costs
-            .get(&ask.operator)
-            .map(|c| c.ns_per_byte)
-            .unwrap_or(self.cfg.prior_ns_per_byte);
+        let per_byte = self.ns_per_byte(&ask.operator);
         self.cfg.overhead + Duration::from_nanos((ask.bytes as f64 * per_byte).min(1e15) as u64)
+    }
+
+    /// Seconds the asker would take to finish `ask` itself, if its link is known.
+    fn cost_at_asker(&self, ask: &Ask) -> Option<f64> {
+        let link = ask
+            .asker
+            .link_bytes_per_s
+            .or(self.cfg.link_prior)
+            .filter(|l| l.is_finite() && *l > 0.0)?;
+        let per_byte = ask
+            .asker
+            .ns_per_byte
+            .filter(|n| n.is_finite() && *n >= 0.0)
+            .unwrap_or_else(|| self.ns_per_byte(&ask.operator));
+        let free = 1.0 - ask.asker.load.clamp(0.0, 0.9);
+        let bytes = ask.bytes as f64;
+        Some(bytes / link + bytes * per_byte * 1e-9 / free)
     }
 
     /// Slots `tenant` may take now: free slots minus the unmet reserves of others.
@@ -495,15 +558,24 @@ impl Controller {
         // move the queue there, behind that tier's own work.
         let bound = self.cfg.queue_target.max(estimate);
         let over = self.cfg.policy == Policy::Adaptive && delay > bound;
+        let there = self.cost_at_asker(&ask);
         if over && ask.patient {
             self.counters.patient += 1;
+        } else if over && there.is_some_and(|t| (delay + estimate).as_secs_f64() <= t) {
+            self.counters.kept_for_link += 1;
         } else if over {
             return push_back(
                 self,
                 format!(
-                    "the node is busy: predicted queueing {:.1} ms exceeds {:.1} ms (the target, or the request's own run time if longer)",
+                    "the node is busy: predicted queueing {:.1} ms exceeds {:.1} ms (the target, or the request's own run time if longer){}",
                     ms(delay),
-                    ms(bound)
+                    ms(bound),
+                    there
+                        .map(|t| format!(
+                            ", and finishing it at the compute tier ({:.1} ms over its link and cores) is sooner",
+                            t * 1e3
+                        ))
+                        .unwrap_or_default()
                 ),
                 delay,
             );
@@ -1043,6 +1115,7 @@ mod tests {
             bytes,
             memory: 1 << 20,
             patient: false,
+            asker: Asker::default(),
         }
     }
 
@@ -1058,6 +1131,40 @@ mod tests {
             Offer::Run(i) | Offer::Queued(i) => *i,
             other => panic!("expected run or queue, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn handing_back_is_priced_by_the_askers_link_and_load() {
+        let mut c = Controller::new(cfg(1));
+        let t = Duration::ZERO;
+        // 20 ms of work each, one slot, target 50 ms: 20 running + 40 queued ahead.
+        for _ in 0..3 {
+            id(&c.offer(ask("x", 20_000_000), t));
+        }
+        let with = |link_mbit: f64, load: f64| Ask {
+            asker: Asker {
+                link_bytes_per_s: Some(link_mbit * 1e6 / 8.0),
+                ns_per_byte: None,
+                load,
+            },
+            ..ask("x", 20_000_000)
+        };
+        // Here: 60 ms queued + 20 ms run. There, over 100 Mbit/s: 1.6 s of link.
+        assert!(matches!(c.offer(with(100.0, 0.0), t), Offer::Queued(_)));
+        assert_eq!(c.stats().counters.kept_for_link, 1);
+        // Here now 80 + 20. There, over 100 Gbit/s with idle cores: 1.6 + 20 ms.
+        match c.offer(with(100_000.0, 0.0), t) {
+            Offer::PushBack(p) => assert!(p.reason.contains("sooner"), "{}", p.reason),
+            o => panic!("expected push back, got {o:?}"),
+        }
+        // The same link, but the asker's cores are 90% busy: 1.6 + 200 ms there.
+        assert!(matches!(c.offer(with(100_000.0, 0.9), t), Offer::Queued(_)));
+        // An unknown link is not priced: the plain rule pushes it back.
+        assert!(matches!(
+            c.offer(ask("x", 20_000_000), t),
+            Offer::PushBack(_)
+        ));
+        assert_eq!(c.stats().counters.kept_for_link, 2);
     }
 
     #[test]

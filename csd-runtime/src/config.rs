@@ -126,6 +126,10 @@ pub struct NodeConfig {
     /// longer is pushed back.
     #[arg(long, env = "CSD_QUEUE_TARGET_MS", default_value_t = 50.0)]
     pub queue_target_ms: f64,
+    /// The link to a compute tier assumed until one is measured, in Mbit/s
+    /// (adaptive: handing work back is priced by it; 0 = unpriced until measured).
+    #[arg(long, env = "CSD_LINK_PRIOR_MBIT", default_value_t = 1000.0)]
+    pub link_prior_mbit: f64,
     /// A tenant's share: `name=weight[:reserved slots]` (repeat for several); others
     /// get weight 1.
     #[arg(long = "tenant", env = "CSD_TENANTS", value_delimiter = ',')]
@@ -264,6 +268,13 @@ impl NodeConfig {
             )));
         }
         a.queue_target = std::time::Duration::from_secs_f64(self.queue_target_ms / 1e3);
+        if !(self.link_prior_mbit.is_finite() && self.link_prior_mbit >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "link prior {} Mbit/s must be a non-negative number",
+                self.link_prior_mbit
+            )));
+        }
+        a.link_prior = (self.link_prior_mbit > 0.0).then(|| self.link_prior_mbit * 1e6 / 8.0);
         for t in &self.tenants {
             let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
             a.tenants.insert(name, share);

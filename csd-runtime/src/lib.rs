@@ -26,6 +26,7 @@ pub mod admission;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod link;
 pub mod memory;
 mod metrics;
 pub mod node;

@@ -187,6 +187,9 @@ pub struct NodeClient {
     url: String,
     raw: FlightServiceClient<Channel>,
     tenant: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// This client's link from the node, learned from its range reads (shared by
+    /// clones); sent with operator requests so the node can price handing back.
+    link: Arc<crate::link::LinkMeter>,
 }
 
 impl NodeClient {
@@ -220,6 +223,7 @@ impl NodeClient {
             url: url.to_string(),
             raw,
             tenant: None,
+            link: crate::link::LinkMeter::new(),
         })
     }
 
@@ -371,11 +375,14 @@ impl NodeClient {
             offset,
             length: len,
         };
+        let transfer = self.link.transfer();
         let mut stream = self.do_get(&ticket).await?;
         let mut out = BytesMut::with_capacity(len as usize);
         while let Some(d) = stream.message().await? {
+            transfer.add(d.data_body.len() as u64);
             out.extend_from_slice(&d.data_body);
         }
+        drop(transfer);
         if out.len() as u64 != len {
             return Err(Error::Protocol(format!(
                 "asked for {len} bytes of {object}, got {}",
@@ -394,24 +401,36 @@ impl NodeClient {
         args: Vec<u8>,
         compression: Compression,
     ) -> Result<OperatorReply> {
-        self.operator_with(name, args, compression, false).await
+        self.operator_with(name, args, compression, false, 0.0)
+            .await
     }
 
     /// [`operator`](Self::operator); a `patient` request asks the node to queue it
     /// rather than push it back for queueing delay (send it when this tier's own
-    /// cores are saturated).
+    /// cores are saturated). `load` is the fraction of this tier's cores busy; it
+    /// travels with the link throughput this client has measured, if any.
     pub async fn operator_with(
         &self,
         name: &str,
         args: Vec<u8>,
         compression: Compression,
         patient: bool,
+        load: f64,
     ) -> Result<OperatorReply> {
         let ticket = Ticket::Operator {
             name: name.into(),
             args,
             compression,
             patient,
+            asker: Some(crate::protocol::AskerFigures {
+                link_bytes_per_s: self.link.bytes_per_sec().unwrap_or(0.0),
+                ns_per_byte: 0.0,
+                load: if load.is_finite() {
+                    load.clamp(0.0, 1.0)
+                } else {
+                    0.0
+                },
+            }),
         };
         let inner = self.do_get(&ticket).await?;
         let stats = Arc::new(ReplyStats::default());

@@ -37,7 +37,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{Ask, ReadPermit, Refusal};
+use crate::admission::{Ask, Asker, ReadPermit, Refusal};
 use crate::error::{Error, Result, truncated};
 use crate::operator::{OperatorContext, RequestMetrics};
 use crate::pool::AbortOnDrop;
@@ -64,6 +64,21 @@ where
         .map(move |item| {
             let _held = &permit;
             item
+        })
+        .boxed()
+}
+
+/// `stream`'s bodies counted as one transfer on `link` (ended when it is dropped).
+fn metered(
+    stream: BoxStream<'static, Result<FlightData, Status>>,
+    link: Arc<crate::link::LinkMeter>,
+) -> BoxStream<'static, Result<FlightData, Status>> {
+    let transfer = link.transfer();
+    stream
+        .inspect(move |d| {
+            if let Ok(d) = d {
+                transfer.add(d.data_body.len() as u64);
+            }
         })
         .boxed()
 }
@@ -311,6 +326,7 @@ impl FlightNode {
         compression: Compression,
         tenant: String,
         patient: bool,
+        asker: Asker,
     ) -> Result<TaskStream> {
         let started = Instant::now();
         let op = self.state.operators.get(name).cloned().ok_or_else(|| {
@@ -333,6 +349,7 @@ impl FlightNode {
             bytes: estimate.bytes,
             memory: estimate.memory,
             patient,
+            asker,
         };
         let mut permit = self.state.admission.admit(ask).await.map_err(|r| match r {
             Refusal::PushBack(p) => Error::PushedBack(p),
@@ -706,16 +723,28 @@ impl FlightService for FlightNode {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
         let tenant = self.state.admission.bucket(&tenant_of(request.metadata())?);
+        let peer = request.remote_addr().map(|a| a.ip());
         let stream = match Ticket::decode(&request.get_ref().ticket)? {
             Ticket::Operator {
                 name,
                 args,
                 compression,
                 patient,
-            } => self
-                .operator(&name, args.into(), compression, tenant, patient)
-                .await?
-                .boxed(),
+                asker,
+            } => {
+                // The asker's own figures first; else what this node learned of its link.
+                let known = |v: f64| (v > 0.0).then_some(v);
+                let asker = Asker {
+                    link_bytes_per_s: asker
+                        .and_then(|a| known(a.link_bytes_per_s))
+                        .or_else(|| peer.and_then(|p| self.state.links.bytes_per_sec(p))),
+                    ns_per_byte: asker.and_then(|a| known(a.ns_per_byte)),
+                    load: asker.map(|a| a.load).unwrap_or(0.0),
+                };
+                self.operator(&name, args.into(), compression, tenant, patient, asker)
+                    .await?
+                    .boxed()
+            }
             Ticket::Scan {
                 table,
                 partition,
@@ -734,7 +763,11 @@ impl FlightService for FlightNode {
                 length,
             } => {
                 let permit = self.read_permit().await?;
-                holding(self.range(&object, offset, length)?, permit)
+                let stream = self.range(&object, offset, length)?;
+                match peer {
+                    Some(p) => holding(metered(stream, self.state.links.of(p)), permit),
+                    None => holding(stream, permit),
+                }
             }
         };
         Ok(Response::new(stream))

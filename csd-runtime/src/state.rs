@@ -41,6 +41,8 @@ pub struct NodeState {
     /// Size an operator answer's batches are cut to (see
     /// [`wire_pieces`](crate::operator::wire_pieces)).
     pub wire_piece: u64,
+    /// Each peer's link, learned from the raw ranges it read (prices handing back).
+    pub links: crate::link::LinkMeters,
     started: Instant,
 }
 
@@ -60,6 +62,7 @@ impl NodeState {
             operators: OperatorRegistry::new(),
             range_chunk: 1 << 20,
             wire_piece: 2 << 20,
+            links: crate::link::LinkMeters::default(),
             started: Instant::now(),
         }
     }

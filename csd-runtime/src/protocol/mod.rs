@@ -20,7 +20,7 @@ pub use messages::{
     NodeStats, ObjectDescription, OperatorReport, PartitionDescription, PutSummary,
     TableDescription,
 };
-pub use ticket::{Compression, Ticket};
+pub use ticket::{AskerFigures, Compression, Ticket};
 
 /// Metadata key naming the tenant of a request (default `default`).
 pub const TENANT_METADATA: &str = "csd-tenant";

@@ -5,7 +5,9 @@
 //! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; } }
 //! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
 //! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
-//! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4; }
+//! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
+//!                    optional Asker asker = 5; }
+//! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
 //! ```
 //!
@@ -17,7 +19,11 @@
 //! [`OperatorReport`](crate::protocol::OperatorReport)). A `patient` operator request
 //! asks an adaptive node to queue it rather than push it back for queueing delay:
 //! the compute tier sends it when its own cores are saturated (memory and a full
-//! queue still push it back).
+//! queue still push it back). `asker` carries what handing the request back would
+//! cost the asker: its measured link throughput from this node, its cost per raw
+//! byte of evaluating a fragment, and the fraction of its cores busy (0 = unknown for
+//! the first two); an adaptive node prices handing back with them (see
+//! [`crate::admission`]).
 //!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.
@@ -64,7 +70,23 @@ pub enum Ticket {
         compression: Compression,
         /// Queue rather than push back for queueing delay (the asker is saturated).
         patient: bool,
+        /// What handing it back would cost the asker.
+        asker: Option<AskerFigures>,
     },
+}
+
+/// The asker's side of an operator request (see the module docs); zero is unknown.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct AskerFigures {
+    /// Measured throughput of the asker's link from this node, bytes per second.
+    #[prost(double, tag = "1")]
+    pub link_bytes_per_s: f64,
+    /// The asker's cost of evaluating a fragment, nanoseconds per raw byte.
+    #[prost(double, tag = "2")]
+    pub ns_per_byte: f64,
+    /// Fraction of the asker's cores busy, 0 to 1.
+    #[prost(double, tag = "3")]
+    pub load: f64,
 }
 
 /// Arrow IPC body compression of an operator's answer.
@@ -119,6 +141,8 @@ struct OperatorProto {
     compression: i32,
     #[prost(bool, tag = "4")]
     patient: bool,
+    #[prost(message, optional, tag = "5")]
+    asker: Option<AskerFigures>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -172,11 +196,13 @@ impl Ticket {
                 args,
                 compression,
                 patient,
+                asker,
             } => Kind::Operator(OperatorProto {
                 name,
                 args,
                 compression: compression as i32,
                 patient,
+                asker,
             }),
         };
         let mut out = vec![TICKET_VERSION];
@@ -217,6 +243,23 @@ impl Ticket {
                 length: r.length,
             }),
             Some(Kind::Operator(o)) => Ok(Ticket::Operator {
+                asker: match o.asker {
+                    Some(a)
+                        if [a.link_bytes_per_s, a.ns_per_byte]
+                            .iter()
+                            .all(|v| v.is_finite() && *v >= 0.0)
+                            && (0.0..=1.0).contains(&a.load) =>
+                    {
+                        Some(a)
+                    }
+                    Some(a) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "ticket's asker figures are out of range (link {} bytes/s and {} ns/byte must be finite and not negative, load {} within 0 to 1)",
+                            a.link_bytes_per_s, a.ns_per_byte, a.load
+                        )));
+                    }
+                    None => None,
+                },
                 compression: Compression::try_from(o.compression).map_err(|_| {
                     Error::InvalidArgument(format!(
                         "ticket asks for unknown compression {}",
@@ -263,6 +306,7 @@ mod tests {
             args: vec![1, 2, 3],
             compression: Compression::Zstd,
             patient: false,
+            asker: None,
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
         let o = Ticket::Operator {
@@ -270,8 +314,26 @@ mod tests {
             args: vec![],
             compression: Compression::None,
             patient: true,
+            asker: Some(AskerFigures {
+                link_bytes_per_s: 125e6,
+                ns_per_byte: 1.5,
+                load: 0.25,
+            }),
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
+        let bad = Ticket::Operator {
+            name: "sql".into(),
+            args: vec![],
+            compression: Compression::None,
+            patient: false,
+            asker: Some(AskerFigures {
+                link_bytes_per_s: f64::NAN,
+                ns_per_byte: 0.0,
+                load: 2.0,
+            }),
+        };
+        let e = Ticket::decode(&bad.encode()).unwrap_err().to_string();
+        assert!(e.contains("out of range"), "{e}");
     }
 
     #[test]

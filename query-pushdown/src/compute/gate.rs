@@ -60,6 +60,13 @@ impl LocalGate {
         s.busy >= self.slots && s.waiting.len() >= self.slots
     }
 
+    /// Fraction of the gate's slots busy, with waiters counted (at most 1): sent to the
+    /// nodes, which price handing work back to a busy tier higher.
+    pub fn load(&self) -> f64 {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        ((s.busy + s.waiting.len()) as f64 / self.slots as f64).min(1.0)
+    }
+
     /// `stream`, run under the gate, ranked by now (its arrival).
     pub fn run(self: &Arc<Self>, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
         let key = (

@@ -88,7 +88,13 @@ impl EndpointOpener {
         let mut patient = gate.saturated() && !self.direct;
         let reply = loop {
             let r = client
-                .operator_with(OPERATOR_NAME, args.to_vec(), compression, patient)
+                .operator_with(
+                    OPERATOR_NAME,
+                    args.to_vec(),
+                    compression,
+                    patient,
+                    gate.load(),
+                )
                 .await;
             match r {
                 Err(ClientError::PushedBack(_)) if !patient && !self.direct && gate.saturated() => {
