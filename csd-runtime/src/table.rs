@@ -37,11 +37,14 @@ pub struct ParquetOptions {
     /// Rows per data page: the unit of page-index pruning.
     #[arg(long, env = "CSD_PAGE_ROWS", default_value_t = 16 * 1024)]
     pub page_rows: usize,
-    /// Compression of stored column chunks: `zstd`, `lz4`, `snappy` or `none`.
+    /// Compression of stored column chunks: `none`, `lz4`, `zstd` or `snappy`.
+    /// None by default: scans are the node's work and its cores the scarce part,
+    /// and decompressing costs a weak core more than reading the extra bytes costs
+    /// the device (the README has the measurement; `zstd` stores about half).
     #[arg(
         long = "parquet-compression",
         env = "CSD_PARQUET_COMPRESSION",
-        default_value = "zstd"
+        default_value = "none"
     )]
     pub compression: String,
 }

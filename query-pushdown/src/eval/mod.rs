@@ -69,14 +69,14 @@ impl Parallelism {
         split_min_bytes: u64::MAX,
     };
 
-    /// The node's default: two streams per fragment, objects of 10 MiB or more
-    /// (DataFusion's own threshold) split. While one stream waits for the device,
-    /// the other decodes, and a fragment that finishes early leaves its worker to
-    /// the streams still running; the pool's fixed worker count still bounds the
-    /// node's CPU. More streams gain nothing on two cores (`csd serve --set
-    /// sql.streams=N` changes it).
+    /// The node's default: four streams per fragment, objects of 10 MiB or more
+    /// (DataFusion's own threshold) split. With as many streams as cores, a stream
+    /// waiting for the device leaves its core idle; with twice as many, another
+    /// stream decodes meanwhile, and a fragment that finishes early leaves its
+    /// worker to the streams still running. The pool's fixed worker count still
+    /// bounds the node's CPU (`csd serve --set sql.streams=N` changes it).
     pub const NODE: Parallelism = Parallelism {
-        streams: 2,
+        streams: 4,
         split_min_bytes: 10 << 20,
     };
 }
