@@ -353,13 +353,31 @@ async fn run_sql(
     }
     drop(out);
     let scanned: u64 = r.node_runs.iter().map(|n| n.report.bytes_read).sum();
+    // Time at the nodes less time queued there: what their engines spent.
+    let node_ms: f64 = r
+        .node_runs
+        .iter()
+        .map(|n| {
+            let queued = n
+                .report
+                .details
+                .get("queue_ms")
+                .and_then(|q| q.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            (n.report.elapsed_us as f64 / 1e3 - queued).max(0.0)
+        })
+        .sum();
+    let handed_back = r.node_runs.iter().filter(|n| n.work_pushed_back()).count();
     eprintln!(
         "{} rows in {:.1} ms; {} bytes moved from the nodes{}",
         r.rows(),
         r.elapsed.as_secs_f64() * 1e3,
         r.bytes_moved,
         if session.pushdown() {
-            format!(" (pushdown: nodes read {scanned} bytes from their devices)")
+            format!(
+                " (pushdown: nodes read {scanned} bytes from their devices; {} fragments, {node_ms:.1} ms run at the nodes in all, {handed_back} handed back)",
+                r.node_runs.len()
+            )
         } else {
             " (no pushdown: Parquet byte ranges)".to_string()
         }

@@ -1,0 +1,56 @@
+"""Runs one SQL file with DuckDB over TPC-H Parquet files, for the `shaped` bench.
+
+    python duckdb_query.py --data http://10.0.0.2:8080 [--threads 2] q1.sql
+
+Each table is a view over `DATA/<table>.parquet` (local path or http URL, read with
+the httpfs extension from the duckdb-extension-httpfs wheel, external file cache
+off: cold, as a new process is). Prints the result as CSV on stdout and
+`duckdb: N rows in X ms` (the query, after connecting and loading) on stderr.
+"""
+import argparse
+import csv
+import os
+import sys
+import time
+
+import duckdb
+
+TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--threads", type=int)
+    p.add_argument("sql_file")
+    a = p.parse_args()
+    con = duckdb.connect()
+    if a.threads:
+        con.execute(f"SET threads = {a.threads}")
+    if a.data.startswith("http"):
+        import duckdb_extension_httpfs
+
+        ext = os.path.join(
+            os.path.dirname(duckdb_extension_httpfs.__file__),
+            "extensions",
+            "v" + duckdb.__version__,
+            "httpfs.duckdb_extension",
+        )
+        con.execute(f"LOAD '{ext}'")
+        con.execute("SET enable_external_file_cache = false")
+    for t in TABLES:
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{a.data}/{t}.parquet')")
+    sql = open(a.sql_file).read()
+    started = time.perf_counter()
+    cur = con.execute(sql)
+    rows = cur.fetchall()
+    ms = (time.perf_counter() - started) * 1e3
+    w = csv.writer(sys.stdout, lineterminator="\n")
+    w.writerow([d[0] for d in cur.description])
+    for r in rows:
+        w.writerow(["" if v is None else repr(v) if isinstance(v, float) else str(v) for v in r])
+    print(f"duckdb: {len(rows)} rows in {ms:.1f} ms", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
