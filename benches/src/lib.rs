@@ -45,7 +45,7 @@ pub fn node_url(child: &mut std::process::Child) -> String {
         .read_line(&mut line)
         .expect("node output");
     line.split_whitespace()
-        .find(|w| w.starts_with("grpc://"))
+        .find(|w| w.starts_with("grpc://") || w.starts_with("grpc+tls://"))
         .unwrap_or_else(|| panic!("node did not say where it listens: {line}"))
         .to_string()
 }

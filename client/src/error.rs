@@ -105,13 +105,14 @@ impl Error {
     }
 
     /// The process exit code `csd` ends with for this error: 2 for bad input, 3
-    /// when a node could not be reached or was unavailable, 4 for corrupt data, 1
-    /// otherwise.
+    /// when a node could not be reached or was unavailable, 4 for corrupt data, 5
+    /// when the node refused who the caller is or what it asked, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self.status_code() {
             StatusCode::InvalidArgument | StatusCode::NotFound | StatusCode::AlreadyExists => 2,
             StatusCode::Unavailable | StatusCode::DeadlineExceeded => 3,
             StatusCode::DataLoss => 4,
+            StatusCode::Unauthenticated | StatusCode::PermissionDenied => 5,
             _ => 1,
         }
     }

@@ -63,6 +63,8 @@ enum Command {
         /// Node URL (repeat for several nodes with --images or --text).
         #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
         nodes: Vec<String>,
+        #[command(flatten)]
+        creds: ClientCreds,
     },
     /// Stream DNN features of a dataset, with the first layers run at the storage nodes
     /// (or print the split plan with --explain).
@@ -75,6 +77,8 @@ enum Command {
         /// Also list raw objects.
         #[arg(long)]
         objects: bool,
+        #[command(flatten)]
+        creds: ClientCreds,
     },
     /// Delete a table or one partition (`table/partition`).
     Rm {
@@ -83,13 +87,20 @@ enum Command {
         /// Node URL.
         #[arg(long, default_value = "grpc://127.0.0.1:50051")]
         node: String,
+        #[command(flatten)]
+        creds: ClientCreds,
     },
     /// Print node, device and object-store figures as JSON.
     Stats {
         /// Node URL.
         #[arg(long, default_value = "grpc://127.0.0.1:50051")]
         node: String,
+        #[command(flatten)]
+        creds: ClientCreds,
     },
+    /// Tokens and certificates for nodes with tenants (`csd serve --auth`, TLS).
+    #[command(subcommand)]
+    Auth(AuthCmd),
     /// Run SQL over the nodes' tables, with the data-reducing part pushed to the nodes.
     ///
     /// Prints the result on stdout, and rows, time and bytes moved on stderr. With no
@@ -113,6 +124,63 @@ enum Command {
     /// write report.md, report.json and SVG plots.
     #[command(subcommand)]
     Testbed(TestbedCmd),
+}
+
+#[derive(Subcommand)]
+enum AuthCmd {
+    /// Print the SHA-256 digest of a token, for `token_sha256` in a tenants file
+    /// (reads the token from stdin when none is given, so it stays out of `ps`).
+    Hash {
+        /// The token.
+        token: Option<String>,
+    },
+    /// Make a new random token; print it and its digest.
+    Token,
+    /// Make a private CA, a node certificate and a client certificate (PEM files
+    /// ca.pem, node.pem, node.key, client.pem, client.key) in DIR.
+    Ca {
+        /// Folder to write them into (files there are not overwritten).
+        dir: PathBuf,
+        /// Names and IP addresses the node is reached by (repeat).
+        #[arg(long = "host", default_values = ["localhost", "127.0.0.1"])]
+        hosts: Vec<String>,
+        /// The client certificate's subject common name (a tenant's `cert_subject`).
+        #[arg(long, default_value = "client")]
+        client: String,
+    },
+}
+
+/// How a client command proves itself to nodes with tenants and checks TLS nodes.
+#[derive(clap::Args, Clone)]
+struct ClientCreds {
+    /// Bearer token for a node with tenants (prefer the variable: flags show in `ps`).
+    #[arg(long, env = "CSD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) that `grpc+tls://` nodes' certificates chain to (default:
+    /// the system's roots).
+    #[arg(long, env = "CSD_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for nodes that require mutual TLS (with --tls-key).
+    #[arg(long = "tls-cert", env = "CSD_CLIENT_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long = "tls-key", env = "CSD_CLIENT_KEY")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ClientCreds {
+    fn credentials(&self) -> Result<csd_runtime::node_client::Credentials> {
+        Ok(csd_runtime::node_client::Credentials::from_files(
+            self.token.clone(),
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+        )?)
+    }
+
+    async fn connect(&self, url: &str) -> Result<NodeClient> {
+        Ok(NodeClient::connect_with(url, &self.credentials()?).await?)
+    }
 }
 
 #[derive(Subcommand)]
@@ -154,6 +222,8 @@ struct SqlArgs {
     file: Option<PathBuf>,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
+    #[command(flatten)]
+    creds: ClientCreds,
 }
 
 #[derive(clap::Args)]
@@ -198,6 +268,8 @@ struct FeaturesArgs {
     /// failing on the first.
     #[arg(long)]
     skip_bad_samples: bool,
+    #[command(flatten)]
+    creds: ClientCreds,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -386,7 +458,8 @@ async fn run_sql(
 }
 
 async fn sql(args: SqlArgs) -> Result<()> {
-    let cluster = csd_query_pushdown::Cluster::connect(&args.nodes).await?;
+    let cluster =
+        csd_query_pushdown::Cluster::connect_with(&args.nodes, &args.creds.credentials()?).await?;
     let session = cluster
         .session(csd_query_pushdown::SessionOptions {
             pushdown: !args.no_pushdown,
@@ -468,11 +541,12 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             partitions,
             table,
             nodes,
+            creds,
             ..
         } if images.is_some() || text.is_some() => {
             let mut clients = Vec::new();
             for n in &nodes {
-                clients.push(NodeClient::connect(n).await?);
+                clients.push(creds.connect(n).await?);
             }
             let what = if images.is_some() { "images" } else { "texts" };
             let bar = ProgressBar::new_spinner().with_style(
@@ -519,13 +593,14 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             table,
             partition,
             nodes,
+            creds,
             ..
         } => {
             let file = file.ok_or_else(|| {
                 Error::InvalidInput("give a file, --images DIR or --text FILE".into())
             })?;
             let node = nodes.first().cloned().unwrap_or_default();
-            let client = NodeClient::connect(&node).await?;
+            let client = creds.connect(&node).await?;
             let (schema, bar, rx) = read_file(file.clone())?;
             let s = client
                 .put(
@@ -548,8 +623,12 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             );
             Ok(())
         }
-        Command::Ls { node, objects } => {
-            let client = NodeClient::connect(&node).await?;
+        Command::Ls {
+            node,
+            objects,
+            creds,
+        } => {
+            let client = creds.connect(&node).await?;
             let tables = client.list_tables("").await?;
             println!(
                 "{:<24} {:>12} {:>14} {:>10}",
@@ -572,23 +651,25 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             }
             Ok(())
         }
-        Command::Rm { target, node } => {
+        Command::Rm {
+            target,
+            node,
+            creds,
+        } => {
             let (table, partition) = match target.split_once('/') {
                 Some((t, p)) => (t, Some(p)),
                 None => (target.as_str(), None),
             };
-            let n = NodeClient::connect(&node)
-                .await?
-                .delete(table, partition)
-                .await?;
+            let n = creds.connect(&node).await?.delete(table, partition).await?;
             println!("deleted {target} ({n} objects)");
             Ok(())
         }
-        Command::Stats { node } => {
-            let s = NodeClient::connect(&node).await?.stats().await?;
+        Command::Stats { node, creds } => {
+            let s = creds.connect(&node).await?.stats().await?;
             println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             Ok(())
         }
+        Command::Auth(cmd) => auth(cmd),
         Command::Testbed(cmd) => testbed(cmd).await,
         Command::Demo {
             scale,
@@ -647,6 +728,49 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(e.exit_code())
         }
     }
+}
+
+fn auth(cmd: AuthCmd) -> Result<()> {
+    use csd_runtime::auth::{new_token, token_digest};
+    match cmd {
+        AuthCmd::Hash { token } => {
+            let token = match token {
+                Some(t) => t,
+                None => {
+                    let mut line = String::new();
+                    std::io::stdin()
+                        .read_line(&mut line)
+                        .map_err(|e| Error::io("reading the token from stdin", e))?;
+                    line.trim().to_string()
+                }
+            };
+            if token.is_empty() {
+                return Err(Error::InvalidInput("the token is empty".into()));
+            }
+            println!("{}", token_digest(&token));
+        }
+        AuthCmd::Token => {
+            let t = new_token();
+            println!("token:        {t}");
+            println!("token_sha256: {}", token_digest(&t));
+        }
+        AuthCmd::Ca { dir, hosts, client } => {
+            let certs = csd_runtime::tls::make_certificates(&hosts, &client)?;
+            for p in certs.write(&dir)? {
+                println!("wrote {}", p.display());
+            }
+            println!(
+                "node:   csd serve --tls-cert {0}/node.pem --tls-key {0}/node.key [--tls-client-ca {0}/ca.pem]",
+                dir.display()
+            );
+            println!(
+                "client: csd ls --node grpc+tls://{}:50051 --tls-ca {1}/ca.pem [--tls-cert {1}/client.pem --tls-key {1}/client.key]",
+                hosts.first().map(String::as_str).unwrap_or("localhost"),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn testbed(cmd: TestbedCmd) -> Result<()> {
@@ -721,7 +845,7 @@ async fn features(args: FeaturesArgs) -> Result<()> {
     }
     let mut clients = Vec::new();
     for n in &args.nodes {
-        clients.push(NodeClient::connect(n).await?);
+        clients.push(args.creds.connect(n).await?);
     }
     let opts = FeaturesOptions {
         dataset: args.dataset.clone(),

@@ -875,6 +875,21 @@ impl Admission {
         self.ctl().stats()
     }
 
+    /// Replaces the tenants' shares (a reloaded tenants file); refused, keeping the
+    /// old ones, when their reserves exceed the slots.
+    pub fn set_tenants(&self, tenants: BTreeMap<String, TenantShare>) -> Result<(), String> {
+        let mut ctl = self.ctl();
+        let reserved: usize = tenants.values().map(|t| t.reserve).sum();
+        if reserved > ctl.cfg.slots {
+            return Err(format!(
+                "tenants reserve {reserved} slots but the node has {} CPU workers",
+                ctl.cfg.slots
+            ));
+        }
+        ctl.cfg.tenants = tenants;
+        Ok(())
+    }
+
     /// The tenant whose share a request named `tenant` draws on: a tenant the node
     /// was configured with, or else the shared [`DEFAULT_TENANT`] bucket, so that
     /// names a client makes up create no state of their own.

@@ -137,6 +137,30 @@ pub struct NodeConfig {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, env = "CSD_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Serve metrics on a non-loopback address in clear although the Flight port has
+    /// TLS or tenants (refused otherwise).
+    #[arg(long, env = "CSD_METRICS_PUBLIC")]
+    pub metrics_public: bool,
+    /// Tenants file (TOML): their token digests, tables, permissions, shares and
+    /// quotas. Every request must then prove a tenant. Re-read on SIGHUP.
+    #[arg(long, env = "CSD_AUTH")]
+    pub auth: Option<PathBuf>,
+    /// TLS certificate chain (PEM) of the Flight port (with --tls-key).
+    #[arg(long, env = "CSD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of the Flight port.
+    #[arg(long, env = "CSD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: refuse clients without a certificate signed by this CA (PEM).
+    #[arg(long, env = "CSD_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// The key that seals tickets: a file, created (random, mode 0600) if missing.
+    /// Default: a key kept on the device.
+    #[arg(long, env = "CSD_TICKET_KEY")]
+    pub ticket_key: Option<PathBuf>,
+    /// How long the tickets a node hands out stay valid, in seconds.
+    #[arg(long, env = "CSD_TICKET_TTL_S", default_value_t = 3600)]
+    pub ticket_ttl_s: u64,
     /// Raw reads served at once.
     #[arg(long, env = "CSD_READ_SLOTS", default_value_t = 64)]
     pub read_slots: usize,
@@ -275,6 +299,11 @@ impl NodeConfig {
             )));
         }
         a.link_prior = (self.link_prior_mbit > 0.0).then(|| self.link_prior_mbit * 1e6 / 8.0);
+        if self.auth.is_some() && !self.tenants.is_empty() {
+            return Err(Error::InvalidArgument(
+                "--tenant and --auth both set tenants' shares: put weight and reserve in the tenants file".into(),
+            ));
+        }
         for t in &self.tenants {
             let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
             a.tenants.insert(name, share);

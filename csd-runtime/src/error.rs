@@ -33,6 +33,10 @@ pub enum StatusCode {
     Cancelled,
     /// Took longer than allowed.
     DeadlineExceeded,
+    /// The caller did not prove who it is (no token, or one the node does not know).
+    Unauthenticated,
+    /// The caller is known but may not do this.
+    PermissionDenied,
     /// A bug, or a failure that is nobody's fault the caller could fix.
     Internal,
 }
@@ -52,6 +56,8 @@ impl StatusCode {
             StatusCode::Unimplemented => Code::Unimplemented,
             StatusCode::Cancelled => Code::Cancelled,
             StatusCode::DeadlineExceeded => Code::DeadlineExceeded,
+            StatusCode::Unauthenticated => Code::Unauthenticated,
+            StatusCode::PermissionDenied => Code::PermissionDenied,
             StatusCode::Internal => Code::Internal,
         }
     }
@@ -70,6 +76,8 @@ impl StatusCode {
             Code::Unimplemented => StatusCode::Unimplemented,
             Code::Cancelled => StatusCode::Cancelled,
             Code::DeadlineExceeded => StatusCode::DeadlineExceeded,
+            Code::Unauthenticated => StatusCode::Unauthenticated,
+            Code::PermissionDenied => StatusCode::PermissionDenied,
             _ => StatusCode::Internal,
         }
     }
@@ -102,6 +110,13 @@ pub enum Error {
     /// The operation is not available on this node (e.g. the kernel refused io_uring).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The request proves no tenant: no token, a malformed one, or one the node does
+    /// not know.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The tenant is known but lacks the permission, or the ticket is not its own.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The node does not implement this (an RPC or option it does not serve).
     #[error("not supported: {0}")]
     Unimplemented(String),
@@ -202,6 +217,8 @@ impl Error {
             Error::ResourcesExhausted(_) | Error::Busy { .. } => StatusCode::ResourceExhausted,
             Error::Unavailable(_) | Error::PushedBack(_) => StatusCode::Unavailable,
             Error::Unimplemented(_) => StatusCode::Unimplemented,
+            Error::Unauthenticated(_) => StatusCode::Unauthenticated,
+            Error::PermissionDenied(_) => StatusCode::PermissionDenied,
             Error::External { code, .. } => *code,
             Error::Io { .. } | Error::Internal(_) => StatusCode::Internal,
         }

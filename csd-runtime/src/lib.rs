@@ -23,6 +23,7 @@
 #![warn(unreachable_pub)]
 
 pub mod admission;
+pub mod auth;
 pub mod config;
 pub mod device;
 pub mod error;
@@ -39,5 +40,6 @@ mod state;
 pub mod store;
 pub mod table;
 pub mod timer;
+pub mod tls;
 
 pub use error::{Error, Result, StatusCode};

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admission::Admission;
+use crate::auth::{Auth, TICKET_KEY_OBJECT, TicketKey};
 use crate::config::NodeConfig;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result, StatusCode};
@@ -19,6 +20,7 @@ use crate::service::FlightNode;
 use crate::state::NodeState;
 use crate::store::{FormatMode, ObjectStore, StoreOptions};
 use crate::table::TableStore;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// A running node. Shut it down with [`RunningNode::shutdown`].
 pub struct RunningNode {
@@ -31,6 +33,7 @@ pub struct RunningNode {
     /// Where Prometheus metrics are served, with `metrics_listen`.
     pub metrics_addr: Option<SocketAddr>,
     metrics_task: Option<JoinHandle<()>>,
+    reload_task: Option<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<Result<()>>,
 }
@@ -42,6 +45,9 @@ impl RunningNode {
             let _ = s.send(());
         }
         if let Some(t) = self.metrics_task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.reload_task.take() {
             t.abort();
         }
         (&mut self.server)
@@ -65,7 +71,84 @@ impl Drop for RunningNode {
         if let Some(t) = self.metrics_task.take() {
             t.abort();
         }
+        if let Some(t) = self.reload_task.take() {
+            t.abort();
+        }
     }
+}
+
+impl RunningNode {
+    /// Re-reads the tenants file (what `SIGHUP` does): new tokens, permissions,
+    /// shares and quotas apply to the next request; connections stay open. On an
+    /// error the old tenants stay.
+    pub fn reload_auth(&self) -> Result<usize> {
+        reload(&self.state)
+    }
+}
+
+fn reload(state: &NodeState) -> Result<usize> {
+    let n = state.auth.reload()?;
+    state
+        .admission
+        .set_tenants(state.auth.shares())
+        .map_err(Error::InvalidArgument)?;
+    Ok(n)
+}
+
+/// The node's ticket key: from `--ticket-key`, else (with tenants) kept on the device,
+/// made once; a node without tenants seals nothing and keeps a key in memory only.
+async fn ticket_key(config: &NodeConfig, store: &ObjectStore, auth: &Auth) -> Result<TicketKey> {
+    if let Some(path) = &config.ticket_key {
+        return TicketKey::from_file(path);
+    }
+    if !auth.enabled() {
+        return Ok(TicketKey::random());
+    }
+    if store.get(TICKET_KEY_OBJECT).is_some() {
+        return TicketKey::from_bytes(&store.get_all(TICKET_KEY_OBJECT).await?);
+    }
+    let key = TicketKey::random();
+    store.put(TICKET_KEY_OBJECT, key.bytes()).await?;
+    Ok(key)
+}
+
+fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(format!("reading the {what} {}", path.display()), e))
+}
+
+/// The Flight port's TLS settings, if it has any.
+fn tls_config(config: &NodeConfig) -> Result<Option<ServerTlsConfig>> {
+    let (cert, key) = match (&config.tls_cert, &config.tls_key) {
+        (Some(c), Some(k)) => (c, k),
+        (None, None) if config.tls_client_ca.is_some() => {
+            return Err(Error::InvalidArgument(
+                "--tls-client-ca needs --tls-cert and --tls-key".into(),
+            ));
+        }
+        (None, None) => return Ok(None),
+        _ => {
+            return Err(Error::InvalidArgument(
+                "--tls-cert and --tls-key go together".into(),
+            ));
+        }
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
+        read_pem(cert, "TLS certificate")?,
+        read_pem(key, "TLS key")?,
+    ));
+    if let Some(ca) = &config.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read_pem(ca, "client CA")?));
+    }
+    Ok(Some(tls))
+}
+
+fn is_loopback(addr: &str) -> bool {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Opens device, store and tables, binds the listener and starts serving (raw scans
@@ -95,6 +178,12 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         ..Default::default()
     };
     let store = ObjectStore::open(dev, opts).await?;
+    let tls = tls_config(config)?;
+    let auth = Arc::new(match &config.auth {
+        Some(path) => Auth::from_file(path)?,
+        None => Auth::open(),
+    });
+    let key = ticket_key(config, &store, &auth).await?;
     let tables = TableStore::open(store, &config.parquet).await?;
     let cores = config
         .cpu_set
@@ -108,16 +197,69 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("reading the bound address", e))?;
-    let url = config
-        .advertise
-        .clone()
-        .unwrap_or_else(|| format!("grpc://{addr}"));
+    let url = config.advertise.clone().unwrap_or_else(|| {
+        if tls.is_some() {
+            format!("grpc+tls://{addr}")
+        } else {
+            format!("grpc://{addr}")
+        }
+    });
+    let exposed = !addr.ip().is_loopback();
+    if exposed && (tls.is_none() || !auth.enabled()) {
+        let missing = match (tls.is_none(), !auth.enabled()) {
+            (true, true) => {
+                "without TLS and without tenants: anyone who reaches it can read, overwrite and delete every table, in clear"
+            }
+            (true, false) => "without TLS: tokens and data cross the network in clear",
+            _ => {
+                "without tenants (--auth): anyone who reaches it can read, overwrite and delete every table"
+            }
+        };
+        tracing::warn!("listening on {addr} {missing}");
+        eprintln!("csd: WARNING: listening on {addr} {missing}");
+    }
+    if let Some(m) = &config.metrics_listen
+        && (tls.is_some() || auth.enabled())
+        && !is_loopback(m)
+        && !config.metrics_public
+    {
+        return Err(Error::InvalidArgument(format!(
+            "metrics would be served in clear to anyone on {m} while the Flight port is protected: bind them to 127.0.0.1, or pass --metrics-public"
+        )));
+    }
     let state = Arc::new(
         NodeState::new(tables, pool, url.clone(), memory_budget)
             .with_operators(operators)
             .with_admission(Admission::new(admission))
-            .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes()),
+            .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes())
+            .with_auth(
+                auth.clone(),
+                key,
+                std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
+            ),
     );
+    if auth.enabled() {
+        state
+            .admission
+            .set_tenants(auth.shares())
+            .map_err(|e| Error::InvalidArgument(format!("tenants file: {e}")))?;
+    }
+    let reload_task = config.auth.as_ref().map(|path| {
+        let (state, path) = (state.clone(), path.clone());
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("cannot listen for SIGHUP: the tenants file will not be re-read");
+                return;
+            };
+            while hup.recv().await.is_some() {
+                match reload(&state) {
+                    Ok(n) => tracing::info!(tenants = n, file = %path.display(), "tenants file re-read"),
+                    Err(e) => tracing::error!(file = %path.display(), "tenants file not re-read, the old tenants stay: {e}"),
+                }
+            }
+        })
+    });
     let (metrics_addr, metrics_task) = match &config.metrics_listen {
         Some(addr) => {
             let (a, t) = crate::metrics::serve(addr, state.clone()).await?;
@@ -143,8 +285,14 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             conn
         },
     );
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| Error::external(StatusCode::InvalidArgument, "the TLS settings", e))?;
+    }
     let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        builder
             // The same windows as the client's, for uploads.
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
@@ -155,13 +303,14 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             .await
             .map_err(|e| Error::external(StatusCode::Internal, "gRPC server", e))
     });
-    tracing::info!(%url, device = %spec, "storage node serving");
+    tracing::info!(%url, device = %spec, tenants = auth.enabled(), "storage node serving");
     Ok(RunningNode {
         addr,
         url,
         state,
         metrics_addr,
         metrics_task,
+        reload_task,
         stop: Some(stop),
         server,
     })

@@ -181,31 +181,139 @@ impl TryFrom<FlightInfo> for TableInfo {
     }
 }
 
+/// How a client proves who it is and checks the node it talks to: a bearer token
+/// for nodes with tenants, and TLS settings for `grpc+tls://` nodes.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// Bearer token sent with every call (`authorization: Bearer …`).
+    pub token: Option<String>,
+    /// CA certificate (PEM) a `grpc+tls://` node's certificate must chain to
+    /// (default: the system's roots).
+    pub tls_ca: Option<Vec<u8>>,
+    /// Client certificate and key (PEM), for nodes that require mutual TLS.
+    pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("tls_identity", &self.tls_identity.is_some())
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// A bearer token only.
+    pub fn token(token: impl Into<String>) -> Self {
+        Credentials {
+            token: Some(token.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Credentials from a token and PEM files (what `csd`'s `--token`, `--tls-ca`,
+    /// `--tls-cert` and `--tls-key` name).
+    pub fn from_files(
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let read = |p: &std::path::Path, what: &str| {
+            std::fs::read(p).map_err(|e| {
+                Error::InvalidInput(format!("reading the {what} {}: {e}", p.display()))
+            })
+        };
+        let tls_identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "--tls-cert and --tls-key go together".into(),
+                ));
+            }
+        };
+        Ok(Credentials {
+            token: token.filter(|t| !t.is_empty()),
+            tls_ca: ca.map(|p| read(p, "CA certificate")).transpose()?,
+            tls_identity,
+        })
+    }
+}
+
 /// A connection to one storage node.
 #[derive(Clone)]
 pub struct NodeClient {
     url: String,
     raw: FlightServiceClient<Channel>,
     tenant: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// `Bearer <token>`, sent with every call.
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// This client's link from the node, learned from its range reads (shared by
     /// clones); sent with operator requests so the node can price handing back.
     link: Arc<crate::link::LinkMeter>,
 }
 
 impl NodeClient {
-    /// Connects to `url` (`grpc://host:port`, `http://host:port` or `host:port`).
+    /// Connects to `url` (`grpc://host:port`, `http://host:port` or `host:port`;
+    /// `grpc+tls://`, `grpcs://` or `https://` for TLS with the system's roots).
     pub async fn connect(url: &str) -> Result<Self> {
-        let http = match url.split_once("://") {
-            Some(("grpc" | "http", rest)) => format!("http://{rest}"),
+        Self::connect_with(url, &Credentials::default()).await
+    }
+
+    /// [`connect`](Self::connect) with a token and TLS settings.
+    pub async fn connect_with(url: &str, credentials: &Credentials) -> Result<Self> {
+        let (tls, http) = match url.split_once("://") {
+            Some(("grpc" | "http", rest)) => (false, format!("http://{rest}")),
+            Some(("grpc+tls" | "grpcs" | "https", rest)) => (true, format!("https://{rest}")),
             Some((scheme, _)) => {
                 return Err(Error::InvalidInput(format!(
-                    "node URL {url:?}: scheme {scheme} is not grpc or http"
+                    "node URL {url:?}: scheme {scheme} is not grpc, grpc+tls, grpcs, http or https"
                 )));
             }
-            None => format!("http://{url}"),
+            None => (false, format!("http://{url}")),
         };
-        let channel = Endpoint::from_shared(http)
-            .map_err(|e| Error::InvalidInput(format!("node URL {url:?}: {e}")))?
+        let tls_asked = credentials.tls_ca.is_some() || credentials.tls_identity.is_some();
+        if tls_asked && !tls {
+            return Err(Error::InvalidInput(format!(
+                "node URL {url:?} is plain TCP but TLS settings were given: use grpc+tls://"
+            )));
+        }
+        let mut endpoint = Endpoint::from_shared(http)
+            .map_err(|e| Error::InvalidInput(format!("node URL {url:?}: {e}")))?;
+        if tls {
+            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+            let mut cfg = ClientTlsConfig::new();
+            cfg = match &credentials.tls_ca {
+                Some(ca) => cfg.ca_certificate(Certificate::from_pem(ca)),
+                None => cfg.with_native_roots(),
+            };
+            if let Some((cert, key)) = &credentials.tls_identity {
+                cfg = cfg.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint.tls_config(cfg).map_err(|e| {
+                Error::InvalidInput(format!(
+                    "TLS settings for {url}: {}",
+                    crate::error::chain(&e)
+                ))
+            })?;
+        }
+        let authorization = match &credentials.token {
+            Some(t) => {
+                let mut v: tonic::metadata::MetadataValue<_> =
+                    format!("Bearer {t}").parse().map_err(|_| {
+                        Error::InvalidInput(
+                            "the token must be printable ASCII without spaces".into(),
+                        )
+                    })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
             .initial_stream_window_size(crate::protocol::STREAM_WINDOW)
@@ -223,6 +331,7 @@ impl NodeClient {
             url: url.to_string(),
             raw,
             tenant: None,
+            authorization,
             link: crate::link::LinkMeter::new(),
         })
     }
@@ -248,6 +357,10 @@ impl NodeClient {
             if let Some(t) = &self.tenant {
                 req.metadata_mut()
                     .insert(crate::protocol::TENANT_METADATA, t.clone());
+            }
+            if let Some(a) = &self.authorization {
+                req.metadata_mut()
+                    .insert(crate::auth::AUTHORIZATION, a.clone());
             }
             match self.raw.clone().do_get(req).await {
                 Ok(r) => return Ok(r.into_inner()),
@@ -277,7 +390,16 @@ impl NodeClient {
     }
 
     fn flight(&self) -> FlightClient {
-        FlightClient::new_from_inner(self.raw.clone())
+        let mut c = FlightClient::new_from_inner(self.raw.clone());
+        for (k, v) in [
+            (crate::protocol::TENANT_METADATA, &self.tenant),
+            (crate::auth::AUTHORIZATION, &self.authorization),
+        ] {
+            if let Some(v) = v {
+                c.metadata_mut().insert(k, v.clone());
+            }
+        }
+        c
     }
 
     /// Stores `batches` as one new object of `table`/`partition`.

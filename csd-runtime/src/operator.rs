@@ -85,6 +85,11 @@ pub trait Operator: Send + Sync + 'static {
     /// The name tickets use.
     fn name(&self) -> &'static str;
 
+    /// The tables a request with `args` reads: the node checks the tenant may read
+    /// each before anything else happens. Must be cheap and must refuse malformed
+    /// `args` with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    fn tables(&self, args: &Bytes) -> Result<Vec<String>>;
+
     /// What a request will cost, before admission decides on it: the bytes it will
     /// read and the memory it needs. Must be cheap (decode the arguments, look at the
     /// catalog; never read data) and must refuse malformed `args` with

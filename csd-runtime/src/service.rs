@@ -38,6 +38,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::{Ask, Asker, ReadPermit, Refusal};
+use crate::auth::{AUTHORIZATION, Credential, Permission, Principal};
 use crate::error::{Error, Result, truncated};
 use crate::operator::{OperatorContext, RequestMetrics};
 use crate::pool::AbortOnDrop;
@@ -56,9 +57,10 @@ use crate::table::{ObjectReader, ParquetObject, Table};
 const ENCODER_LIMIT: usize = crate::protocol::MAX_MESSAGE_BYTES / 4;
 
 /// `stream`, holding `permit` until it ends or is dropped.
-fn holding<S, T>(stream: S, permit: ReadPermit) -> BoxStream<'static, T>
+fn holding<S, T, G>(stream: S, permit: G) -> BoxStream<'static, T>
 where
     S: Stream<Item = T> + Send + 'static,
+    G: Send + 'static,
 {
     stream
         .map(move |item| {
@@ -118,7 +120,48 @@ impl FlightNode {
         FlightNode { state }
     }
 
-    fn flight_info(&self, t: &Table) -> Result<FlightInfo> {
+    /// Who `request` is: the tenant its token (or client certificate) proves when
+    /// the node has tenants, else the one it names.
+    fn who<T>(&self, request: &Request<T>) -> Result<Principal> {
+        let meta = request.metadata();
+        let auth = &self.state.auth;
+        if !auth.enabled() {
+            return auth.principal(None, None, &tenant_of(meta)?);
+        }
+        let certs = request.peer_certs();
+        let cert = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
+        auth.principal(meta.get(AUTHORIZATION).map(|v| v.as_bytes()), cert, "")
+    }
+
+    /// A ticket to hand out to `who`: sealed (bound to its tenant, expiring) when the
+    /// node has tenants.
+    fn ticket_for(&self, who: &Principal, ticket: &Ticket) -> Vec<u8> {
+        match who.tenant() {
+            Some(_) => {
+                self.state
+                    .ticket_key
+                    .seal(ticket.encode(), who.name(), self.state.ticket_ttl)
+            }
+            None => ticket.encode(),
+        }
+    }
+
+    /// `Ok` if `who` may read raw bytes of `object`: an object of a table it may
+    /// read, or any table's with `admin`. The node's own objects are never served.
+    fn check_range(who: &Principal, object: &str) -> Result<()> {
+        if object.starts_with(".csd/") {
+            return Err(who.refuse(format!(
+                "object {} is the node's own and is not served",
+                truncated(object)
+            )));
+        }
+        match crate::table::parse_object_name(object) {
+            Some((table, _, _)) if who.may(Permission::Read, table) => Ok(()),
+            _ => who.check_admin(&format!("read raw bytes of object {}", truncated(object))),
+        }
+    }
+
+    fn flight_info(&self, t: &Table, who: &Principal) -> Result<FlightInfo> {
         let desc = TableDescription {
             table: t.name.clone(),
             partitions: t
@@ -158,7 +201,7 @@ impl FlightNode {
             };
             info = info.with_endpoint(
                 FlightEndpoint::new()
-                    .with_ticket(FlightTicket::new(ticket.encode()))
+                    .with_ticket(FlightTicket::new(self.ticket_for(who, &ticket)))
                     .with_location(self.state.location.clone())
                     .with_app_metadata(p.clone()),
             );
@@ -474,7 +517,23 @@ impl FlightNode {
         Ok(s.boxed())
     }
 
-    async fn put(&self, mut input: Streaming<FlightData>) -> Result<crate::protocol::PutSummary> {
+    /// Bytes stored now in the tables `who` may write (its quota's measure).
+    fn stored_by(&self, who: &Principal) -> u64 {
+        self.state
+            .node
+            .tables
+            .tables()
+            .iter()
+            .filter(|t| who.may(Permission::Write, &t.name))
+            .map(Table::bytes)
+            .sum()
+    }
+
+    async fn put(
+        &self,
+        mut input: Streaming<FlightData>,
+        who: Principal,
+    ) -> Result<crate::protocol::PutSummary> {
         let first = input
             .message()
             .await
@@ -494,6 +553,11 @@ impl FlightNode {
         };
         crate::table::validate_table_name(&table)?;
         crate::table::validate_partition_name(&partition)?;
+        who.check(Permission::Write, &table)?;
+        let quota = who.tenant().and_then(|t| t.max_stored_bytes).is_some();
+        let stored = if quota { self.stored_by(&who) } else { 0 };
+        who.check_stored(stored, 0)?;
+        let mut upload = 0u64;
         let marked = first.app_metadata.as_ref() == crate::protocol::PUT_MARKED;
         let closed = Arc::new(AtomicBool::new(false));
         let state = self.state.clone();
@@ -522,6 +586,12 @@ impl FlightNode {
             .map(move |m| {
                 let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
                 check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+                if quota {
+                    // Arrow bytes received: the stored Parquet is rarely larger.
+                    upload += (m.data_body.len() + m.data_header.len()) as u64;
+                    who.check_stored(stored, upload)
+                        .map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+                }
                 state.counters.bytes_received.fetch_add(
                     (m.data_body.len() + m.data_header.len()) as u64,
                     Ordering::Relaxed,
@@ -656,20 +726,37 @@ impl FlightService for FlightNode {
     type ListActionsStream = FlightStream<ActionType>;
     type DoExchangeStream = FlightStream<FlightData>;
 
+    /// Flight's token handshake: `authorization: Basic base64(tenant:token)` (or a
+    /// bearer token) in, the bearer token to send with every call out, in the
+    /// `authorization` response header. Optional: tokens work without it.
     async fn handshake(
         &self,
-        _: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Error::Unimplemented(
-            "this node needs no handshake: call the other RPCs directly".into(),
-        )
-        .into())
+        let who = self.who(&request)?;
+        let mut response = one(HandshakeResponse::default());
+        if who.tenant().is_some() {
+            let token = request
+                .metadata()
+                .get(AUTHORIZATION)
+                .map(|v| crate::auth::parse_authorization(v.as_bytes()))
+                .transpose()?
+                .map(|c| match c {
+                    Credential::Bearer(t) => t,
+                    Credential::Basic { password, .. } => password,
+                });
+            if let Some(v) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+                response.metadata_mut().insert(AUTHORIZATION, v);
+            }
+        }
+        Ok(response)
     }
 
     async fn list_flights(
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let who = self.who(&request)?;
         let prefix = String::from_utf8(request.into_inner().expression.to_vec()).map_err(|_| {
             Error::InvalidArgument("criteria expression must be a UTF-8 table-name prefix".into())
         })?;
@@ -679,8 +766,8 @@ impl FlightService for FlightNode {
             .tables
             .tables()
             .iter()
-            .filter(|t| t.name.starts_with(&prefix))
-            .map(|t| self.flight_info(t).map_err(|e| e.to_status()))
+            .filter(|t| t.name.starts_with(&prefix) && who.may(Permission::Read, &t.name))
+            .map(|t| self.flight_info(t, &who).map_err(|e| e.to_status()))
             .collect::<Vec<_>>();
         Ok(Response::new(futures::stream::iter(infos).boxed()))
     }
@@ -689,16 +776,20 @@ impl FlightService for FlightNode {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        let who = self.who(&request)?;
         let table = Self::table_of(request.get_ref())?;
-        Ok(Response::new(
-            self.flight_info(&self.state.node.tables.table(&table)?)?,
-        ))
+        who.check(Permission::Read, &table)?;
+        Ok(Response::new(self.flight_info(
+            &self.state.node.tables.table(&table)?,
+            &who,
+        )?))
     }
 
     async fn poll_flight_info(
         &self,
-        _: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
+        self.who(&request)?;
         Err(
             Error::Unimplemented("PollFlightInfo is not supported: use GetFlightInfo".into())
                 .into(),
@@ -709,7 +800,9 @@ impl FlightService for FlightNode {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        let who = self.who(&request)?;
         let table = Self::table_of(request.get_ref())?;
+        who.check(Permission::Read, &table)?;
         let t = self.state.node.tables.table(&table)?;
         let r: SchemaResult = SchemaAsIpc::new(&t.schema, &IpcWriteOptions::default())
             .try_into()
@@ -722,9 +815,15 @@ impl FlightService for FlightNode {
         request: Request<FlightTicket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
-        let tenant = self.state.admission.bucket(&tenant_of(request.metadata())?);
+        let who = self.who(&request)?;
+        let slot = who.request_slot()?;
+        let tenant = self.state.admission.bucket(who.name());
         let peer = request.remote_addr().map(|a| a.ip());
-        let stream = match Ticket::decode(&request.get_ref().ticket)? {
+        let (ticket, seal) = Ticket::decode_sealed(&request.get_ref().ticket)?;
+        if let Some(seal) = &seal {
+            self.state.ticket_key.verify(seal, &who)?;
+        }
+        let stream = match ticket {
             Ticket::Operator {
                 name,
                 args,
@@ -733,6 +832,13 @@ impl FlightService for FlightNode {
                 asker,
             } => {
                 // The asker's own figures first; else what this node learned of its link.
+                if who.tenant().is_some()
+                    && let Some(op) = self.state.operators.get(&name)
+                {
+                    for t in op.tables(&Bytes::copy_from_slice(&args))? {
+                        who.check(Permission::Read, &t)?;
+                    }
+                }
                 let known = |v: f64| (v > 0.0).then_some(v);
                 let asker = Asker {
                     link_bytes_per_s: asker
@@ -751,6 +857,7 @@ impl FlightService for FlightNode {
                 columns,
                 limit,
             } => {
+                who.check(Permission::Read, &table)?;
                 let permit = self.read_permit().await?;
                 holding(
                     self.scan(&table, partition.as_deref(), &columns, limit)?,
@@ -762,6 +869,7 @@ impl FlightService for FlightNode {
                 offset,
                 length,
             } => {
+                Self::check_range(&who, &object)?;
                 let permit = self.read_permit().await?;
                 let stream = self.range(&object, offset, length)?;
                 match peer {
@@ -770,7 +878,7 @@ impl FlightService for FlightNode {
                 }
             }
         };
-        Ok(Response::new(stream))
+        Ok(Response::new(holding(stream, slot)))
     }
 
     async fn do_put(
@@ -778,7 +886,9 @@ impl FlightService for FlightNode {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.state.counters.do_put.fetch_add(1, Ordering::Relaxed);
-        let summary = self.put(request.into_inner()).await;
+        let who = self.who(&request)?;
+        let _slot = who.request_slot()?;
+        let summary = self.put(request.into_inner(), who).await;
         // An upload's buffers are freed now; give them back to the OS, off the RPC
         // threads, so the memory budget is held against what the node really uses.
         tokio::task::spawn_blocking(crate::memory::trim);
@@ -793,8 +903,9 @@ impl FlightService for FlightNode {
 
     async fn do_exchange(
         &self,
-        _: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.who(&request)?;
         Err(Error::Unimplemented("DoExchange is not supported".into()).into())
     }
 
@@ -802,15 +913,18 @@ impl FlightService for FlightNode {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        let who = self.who(&request)?;
         let action = request.into_inner();
         let body = &action.body;
         let result = match action.r#type.as_str() {
             StatsRequest::TYPE => {
                 StatsRequest::decode(body)?;
+                who.check_admin("read the node's figures (stats)")?;
                 json_result(&self.state.stats().await)?
             }
             DeleteRequest::TYPE => {
                 let r = DeleteRequest::decode(body)?;
+                who.check(Permission::Delete, &r.table)?;
                 let n = self
                     .state
                     .node
@@ -823,6 +937,7 @@ impl FlightService for FlightNode {
             }
             ObjectsRequest::TYPE => {
                 let r = ObjectsRequest::decode(body)?;
+                who.check_admin("list the node's objects")?;
                 let list: <ObjectsRequest as ActionRequest>::Response = self
                     .state
                     .store()
@@ -847,8 +962,9 @@ impl FlightService for FlightNode {
 
     async fn list_actions(
         &self,
-        _: Request<Empty>,
+        request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.who(&request)?;
         let actions = ACTIONS.map(|(t, d)| {
             Ok(ActionType {
                 r#type: t.into(),

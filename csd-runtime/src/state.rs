@@ -43,6 +43,12 @@ pub struct NodeState {
     pub wire_piece: u64,
     /// Each peer's link, learned from the raw ranges it read (prices handing back).
     pub links: crate::link::LinkMeters,
+    /// Tenants and their permissions (open when the node has none).
+    pub auth: Arc<crate::auth::Auth>,
+    /// Seals the tickets this node hands out.
+    pub ticket_key: crate::auth::TicketKey,
+    /// How long they stay valid.
+    pub ticket_ttl: std::time::Duration,
     started: Instant,
 }
 
@@ -63,8 +69,24 @@ impl NodeState {
             range_chunk: 1 << 20,
             wire_piece: 2 << 20,
             links: crate::link::LinkMeters::default(),
+            auth: Arc::new(crate::auth::Auth::open()),
+            ticket_key: crate::auth::TicketKey::random(),
+            ticket_ttl: std::time::Duration::from_secs(3600),
             started: Instant::now(),
         }
+    }
+
+    /// Checks requests against `auth`, sealing tickets with `key` for `ttl`.
+    pub(crate) fn with_auth(
+        mut self,
+        auth: Arc<crate::auth::Auth>,
+        key: crate::auth::TicketKey,
+        ttl: std::time::Duration,
+    ) -> Self {
+        self.auth = auth;
+        self.ticket_key = key;
+        self.ticket_ttl = ttl;
+        self
     }
 
     /// Uses `admission` (built from the node's flags) instead of the defaults.
@@ -117,6 +139,9 @@ impl NodeState {
                 bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
                 bytes_received: c.bytes_received.load(Ordering::Relaxed),
                 rows_received: c.rows_received.load(Ordering::Relaxed),
+                unauthenticated: self.auth.counters.unauthenticated.load(Ordering::Relaxed),
+                permission_denied: self.auth.counters.permission_denied.load(Ordering::Relaxed),
+                quota_refused: self.auth.counters.quota_refused.load(Ordering::Relaxed),
             },
         }
     }

@@ -271,7 +271,7 @@ fn unstorable(e: parquet::errors::ParquetError) -> Error {
     }
 }
 
-fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
+pub(crate) fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
     let mut parts = name.split('/');
     let (t, p, f) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {

@@ -380,6 +380,11 @@ impl Operator for MlOperator {
         "ml"
     }
 
+    fn tables(&self, args: &Bytes) -> csd_runtime::Result<Vec<String>> {
+        let r = FeatureRequest::decode(args)?;
+        Ok(vec![r.dataset, r.weights])
+    }
+
     async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> csd_runtime::Result<Estimate> {
         let (r, objects, plan) = Self::request(ctx, args)?;
         let rows: u64 = objects.iter().map(|o| o.rows()).sum();

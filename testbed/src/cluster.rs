@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use csd_runtime::admission::Policy;
 use csd_runtime::config::NodeConfig;
 use csd_runtime::node::{self, RunningNode};
-use csd_runtime::node_client::NodeClient;
+use csd_runtime::node_client::{Credentials, NodeClient};
 use serde::Serialize;
 
 use crate::link::{LinkSpec, ThrottledLink};
@@ -32,6 +32,7 @@ pub struct NodeKey {
     data: String,
     partitions: usize,
     pin: bool,
+    secure: bool,
 }
 
 impl NodeKey {
@@ -48,6 +49,7 @@ impl NodeKey {
             data: format!("{:?}", s.data),
             partitions: s.partitions(),
             pin: s.nodes.pin,
+            secure: s.nodes.secure,
         })
     }
 }
@@ -67,6 +69,47 @@ pub struct Cluster {
     pub model: Option<(csd_ml_pushdown::Arch, Vec<u8>)>,
     /// With `nodes.pin`: the compute tier's threads, on the cores the nodes do not use.
     pub(crate) compute_pool: Option<Arc<rayon::ThreadPool>>,
+    /// What clients present (a token and the CA, with `nodes.secure`).
+    credentials: Credentials,
+    /// Certificates and the tenants file of secure nodes.
+    _security: Option<tempfile::TempDir>,
+}
+
+/// The token of the testbed's tenant on secure nodes.
+const TOKEN: &str = "testbed-token";
+
+/// A private CA, the nodes' certificate for 127.0.0.1, and a tenants file with one
+/// tenant that may do everything, in a new temporary folder.
+fn security() -> Result<(tempfile::TempDir, Credentials)> {
+    let io = |e| Error::Cluster {
+        context: "making the nodes' certificates".into(),
+        source: csd_runtime::Error::io("writing them", e),
+    };
+    let dir = tempfile::tempdir().map_err(io)?;
+    let certs = csd_runtime::tls::make_certificates(&["127.0.0.1".into()], "testbed").map_err(
+        |source| Error::Cluster {
+            context: "making the nodes' certificates".into(),
+            source,
+        },
+    )?;
+    certs.write(dir.path()).map_err(|source| Error::Cluster {
+        context: "writing the nodes' certificates".into(),
+        source,
+    })?;
+    std::fs::write(
+        dir.path().join("tenants.toml"),
+        format!(
+            "[[tenant]]\nname = \"testbed\"\ntoken_sha256 = \"{}\"\ntables = [\"*\"]\ncan = [\"read\", \"write\", \"delete\", \"admin\"]\n",
+            csd_runtime::auth::token_digest(TOKEN)
+        ),
+    )
+    .map_err(io)?;
+    let credentials = Credentials {
+        token: Some(TOKEN.into()),
+        tls_ca: Some(certs.ca_pem.into_bytes()),
+        tls_identity: None,
+    };
+    Ok((dir, credentials))
 }
 
 impl Cluster {
@@ -85,6 +128,14 @@ impl Cluster {
             )?)),
             None => None,
         };
+        let (security, credentials) = match s.nodes.secure {
+            true => {
+                let (d, c) = security()?;
+                (Some(d), c)
+            }
+            false => (None, Credentials::default()),
+        };
+        let file = |f: &str| security.as_ref().map(|d| d.path().join(f));
         let mut nodes = Vec::new();
         let mut direct = Vec::new();
         for i in 0..s.nodes.count {
@@ -101,6 +152,9 @@ impl Cluster {
                 format: true,
                 policy: key.policy,
                 queue_target_ms: s.nodes.queue_target_ms,
+                auth: file("tenants.toml"),
+                tls_cert: file("node.pem"),
+                tls_key: file("node.key"),
                 ..NodeConfig::default()
             };
             let operators =
@@ -111,7 +165,7 @@ impl Cluster {
                     context: format!("starting node {i}"),
                     source,
                 })?;
-            direct.push(NodeClient::connect(&n.url).await?);
+            direct.push(NodeClient::connect_with(&n.url, &credentials).await?);
             nodes.push(n);
         }
         let t = Instant::now();
@@ -175,6 +229,8 @@ impl Cluster {
             load_s: t.elapsed().as_secs_f64(),
             model,
             compute_pool,
+            credentials,
+            _security: security,
         })
     }
 
@@ -196,7 +252,10 @@ impl Cluster {
                     })?,
             );
         }
-        Ok(Links { links })
+        Ok(Links {
+            links,
+            credentials: self.credentials.clone(),
+        })
     }
 
     /// Samples every node's busy CPU workers every `every` until the sampler is
@@ -244,19 +303,32 @@ impl Cluster {
 /// The links of one run.
 pub struct Links {
     links: Vec<ThrottledLink>,
+    credentials: Credentials,
 }
 
 impl Links {
-    /// `grpc://` URLs of the links' entries (node order).
+    /// URLs of the links' entries (node order): `grpc+tls://` to secure nodes.
     pub fn urls(&self) -> Vec<String> {
-        self.links.iter().map(ThrottledLink::url).collect()
+        let tls = self.credentials.tls_ca.is_some();
+        self.links
+            .iter()
+            .map(|l| match tls {
+                true => l.url().replace("grpc://", "grpc+tls://"),
+                false => l.url(),
+            })
+            .collect()
+    }
+
+    /// What clients present to the nodes.
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// Clients through the links.
     pub async fn clients(&self) -> Result<Vec<NodeClient>> {
         let mut out = Vec::new();
         for u in self.urls() {
-            out.push(NodeClient::connect(&u).await?);
+            out.push(NodeClient::connect_with(&u, &self.credentials).await?);
         }
         Ok(out)
     }

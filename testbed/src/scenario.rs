@@ -86,6 +86,10 @@ pub struct NodesSpec {
     /// stays unpinned.)
     #[serde(default)]
     pub pin: bool,
+    /// TLS on every node and a tenant's token on every request (a private CA and a
+    /// tenants file made for the run): what security costs, measured.
+    #[serde(default)]
+    pub secure: bool,
 }
 
 fn one() -> usize {

@@ -47,7 +47,8 @@ pub fn mix(s: &Scenario) -> Vec<(String, String)> {
 
 /// A session over the links, for `policy`.
 pub async fn session(s: &Scenario, links: &Links, policy: PolicyName) -> Result<CsdSession> {
-    let cluster = csd_query_pushdown::Cluster::connect(&links.urls()).await?;
+    let cluster =
+        csd_query_pushdown::Cluster::connect_with(&links.urls(), links.credentials()).await?;
     Ok(cluster
         .session(SessionOptions {
             pushdown: policy != PolicyName::None,

@@ -37,7 +37,8 @@ struct Args {
     /// Queries (default: all 22).
     #[arg(long, value_delimiter = ',')]
     queries: Vec<u32>,
-    /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown.
+    /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown, and
+    /// secure / secure-no-pushdown (adaptive with TLS and a tenant's token).
     #[arg(
         long,
         value_delimiter = ',',
@@ -289,7 +290,33 @@ fn start_node(net: &mut Net, device: &Path, format: bool, policy: &str, extra: &
     url.replace("0.0.0.0", NODE_IP)
 }
 
-const SYSTEMS: [&str; 5] = ["duckdb", "adaptive", "always", "never", "no-pushdown"];
+const SYSTEMS: [&str; 7] = [
+    "duckdb",
+    "adaptive",
+    "always",
+    "never",
+    "no-pushdown",
+    "secure",
+    "secure-no-pushdown",
+];
+
+/// The token of the bench's tenant on `secure` nodes.
+const TOKEN: &str = "shaped-bench-token";
+
+/// Certificates for the node's address and a tenants file, in `dir`.
+fn write_security(dir: &Path) {
+    let certs =
+        csd_runtime::tls::make_certificates(&[NODE_IP.to_string()], "bench").expect("certificates");
+    certs.write(dir).expect("writing certificates");
+    std::fs::write(
+        dir.join("tenants.toml"),
+        format!(
+            "[[tenant]]\nname = \"bench\"\ntoken_sha256 = \"{}\"\ntables = [\"*\"]\ncan = [\"read\"]\n",
+            csd_runtime::auth::token_digest(TOKEN)
+        ),
+    )
+    .expect("tenants file");
+}
 
 /// Runs `f` with a node of `system`'s policy up (csd systems), stopped afterwards.
 fn with_node<T>(
@@ -302,11 +329,17 @@ fn with_node<T>(
 ) -> T {
     let policy = match system {
         "adaptive" | "always" | "never" => Some(system),
-        "no-pushdown" => Some("adaptive"),
+        "no-pushdown" | "secure" | "secure-no-pushdown" => Some("adaptive"),
         _ => None,
     };
     if let Some(policy) = policy {
-        ctx.node = start_node(net, device, false, policy, &args.serve_args);
+        let mut extra = args.serve_args.clone();
+        if system.starts_with("secure") {
+            let d = ctx.security.display();
+            extra +=
+                &format!(" --auth {d}/tenants.toml --tls-cert {d}/node.pem --tls-key {d}/node.key");
+        }
+        ctx.node = start_node(net, device, false, policy, &extra);
     }
     let out = f(ctx, net);
     if policy.is_some() {
@@ -373,6 +406,8 @@ struct Ctx {
     http: String,
     local: PathBuf,
     node: String,
+    /// Certificates and the tenants file of `secure` nodes.
+    security: PathBuf,
 }
 
 fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
@@ -393,8 +428,13 @@ fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
             let mut c = Command::new(csd_binary());
             c.args(["sql", "--node", &ctx.node, "--format", "csv", "-f"])
                 .arg(&file);
-            if system == "no-pushdown" {
+            if system.ends_with("no-pushdown") {
                 c.arg("--no-pushdown");
+            }
+            if system.starts_with("secure") {
+                c.arg("--tls-ca")
+                    .arg(ctx.security.join("ca.pem"))
+                    .env("CSD_TOKEN", TOKEN);
             }
             c
         }
@@ -632,7 +672,10 @@ fn main() {
     let mut net = Net::new();
     let http = start_nginx(&mut net, &data, work.path());
     let device = work.path().join("node.img");
+    let security = work.path().join("security");
+    write_security(&security);
     let mut ctx = Ctx {
+        security,
         python: venv.join("bin/python"),
         script: root.join("benches/duckdb_query.py"),
         queries_dir: root.join("testbed/queries/tpch"),

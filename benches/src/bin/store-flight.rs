@@ -3,7 +3,8 @@
 //! 1. A large object on an io_uring device: `read_range` in 4 MiB pieces (checksums
 //!    verified) vs raw device reads of the same blocks, concurrency 1 and 4.
 //! 2. A storage node on loopback holding TPC-H lineitem: `DoGet` of raw object bytes
-//!    (`Range` tickets) and of Arrow batches (`Scan` tickets).
+//!    (`Range` tickets) and of Arrow batches (`Scan` tickets), plain and with TLS and
+//!    a tenant's token (the overhead of security, side by side).
 //!
 //! `cargo run --release -p csd-benches --bin store-flight -- [--object-mib 512] [--scale 0.5]`
 
@@ -80,7 +81,7 @@ async fn main() {
             rows_per_s: nrows.map(|n| n as f64 / secs),
         };
         println!(
-            "{:<44} {:>4} {:>10.1} {:>10.0} {:>14}",
+            "{:<52} {:>4} {:>10.1} {:>10.0} {:>14}",
             r.test,
             concurrency,
             bytes as f64 / 1e6,
@@ -90,7 +91,7 @@ async fn main() {
         rows.push(r);
     };
     println!(
-        "{:<44} {:>4} {:>10} {:>10} {:>14}",
+        "{:<52} {:>4} {:>10} {:>10} {:>14}",
         "test", "conc", "MB", "MB/s", "rows/s"
     );
 
@@ -177,100 +178,136 @@ async fn main() {
     }
     drop(store);
 
-    // 2. Flight on loopback.
-    let node = node::start(&NodeConfig {
-        device: dir.path().join("node.img").display().to_string(),
-        capacity: ByteSize::gib(8),
-        listen: "127.0.0.1:0".into(),
-        cpus: 2,
-        format: true,
-        ..NodeConfig::default()
-    })
-    .await
-    .expect("node");
-    let client = NodeClient::connect(&node.url).await.expect("connect");
-    let parts = 4;
-    let t0 = Instant::now();
-    let mut arrow_bytes = 0u64;
-    for p in 1..=parts {
-        let batches = lineitem(args.scale, p, parts).expect("tpchgen");
-        arrow_bytes += batches
-            .iter()
-            .map(|b| b.get_array_memory_size() as u64)
-            .sum::<u64>();
-        let schema = batches[0].schema();
-        client
-            .put(
-                "lineitem",
-                &format!("p{p}"),
-                schema,
-                futures::stream::iter(batches.into_iter().map(Ok)),
-            )
-            .await
-            .expect("put");
-    }
-    row(
-        "DoPut lineitem (Arrow bytes in)",
-        1,
-        arrow_bytes,
-        t0.elapsed().as_secs_f64(),
-        None,
-    );
-    let table = client.table("lineitem").await.expect("table");
-    let objects: Vec<(String, u64)> = table
-        .description
-        .partitions
-        .iter()
-        .flat_map(|p| p.objects.iter().map(|o| (o.name.clone(), o.len)))
-        .collect();
-    for conc in [1usize, 4] {
-        let t0 = Instant::now();
-        let total = sum_bytes(objects.clone(), conc, |(name, len)| {
-            let c = client.clone();
-            async move {
-                c.read_range(&name, 0, len)
-                    .await
-                    .map(|b| b.len() as u64)
-                    .map_err(|e| e.to_string())
-            }
+    // 2. Flight on loopback, plain and with TLS + a tenant's token (same run).
+    let security = dir.path().join("security");
+    csd_runtime::tls::make_certificates(&["127.0.0.1".into()], "bench")
+        .expect("certificates")
+        .write(&security)
+        .expect("write certificates");
+    std::fs::write(
+        security.join("tenants.toml"),
+        format!(
+            "[[tenant]]\nname = \"bench\"\ntoken_sha256 = \"{}\"\ntables = [\"*\"]\ncan = [\"read\", \"write\", \"admin\"]\n",
+            csd_runtime::auth::token_digest("bench-token")
+        ),
+    )
+    .expect("tenants file");
+    for secure in [false, true] {
+        let suffix = if secure { " [TLS + token]" } else { "" };
+        let node = node::start(&NodeConfig {
+            device: dir
+                .path()
+                .join(format!("node{}.img", u8::from(secure)))
+                .display()
+                .to_string(),
+            capacity: ByteSize::gib(8),
+            listen: "127.0.0.1:0".into(),
+            cpus: 2,
+            format: true,
+            auth: secure.then(|| security.join("tenants.toml")),
+            tls_cert: secure.then(|| security.join("node.pem")),
+            tls_key: secure.then(|| security.join("node.key")),
+            ..NodeConfig::default()
         })
-        .await;
+        .await
+        .expect("node");
+        let creds = if secure {
+            csd_runtime::node_client::Credentials::from_files(
+                Some("bench-token".into()),
+                Some(&security.join("ca.pem")),
+                None,
+                None,
+            )
+            .expect("credentials")
+        } else {
+            Default::default()
+        };
+        let client = NodeClient::connect_with(&node.url, &creds)
+            .await
+            .expect("connect");
+        let parts = 4;
+        let t0 = Instant::now();
+        let mut arrow_bytes = 0u64;
+        for p in 1..=parts {
+            let batches = lineitem(args.scale, p, parts).expect("tpchgen");
+            arrow_bytes += batches
+                .iter()
+                .map(|b| b.get_array_memory_size() as u64)
+                .sum::<u64>();
+            let schema = batches[0].schema();
+            client
+                .put(
+                    "lineitem",
+                    &format!("p{p}"),
+                    schema,
+                    futures::stream::iter(batches.into_iter().map(Ok)),
+                )
+                .await
+                .expect("put");
+        }
         row(
-            "DoGet Range: raw Parquet bytes",
-            conc,
-            total,
+            &format!("DoPut lineitem (Arrow bytes in){suffix}"),
+            1,
+            arrow_bytes,
             t0.elapsed().as_secs_f64(),
             None,
         );
-    }
-    for conc in [1usize, 4] {
-        let before = client.stats().await.expect("stats").requests.bytes_sent;
-        let t0 = Instant::now();
-        let nrows: u64 = futures::stream::iter(table.description.partitions.clone())
-            .map(|p| {
+        let table = client.table("lineitem").await.expect("table");
+        let objects: Vec<(String, u64)> = table
+            .description
+            .partitions
+            .iter()
+            .flat_map(|p| p.objects.iter().map(|o| (o.name.clone(), o.len)))
+            .collect();
+        for conc in [1usize, 4] {
+            let t0 = Instant::now();
+            let total = sum_bytes(objects.clone(), conc, |(name, len)| {
                 let c = client.clone();
                 async move {
-                    let s = c.scan("lineitem", Some(&p.name), &[]).await?;
-                    s.try_fold(0u64, |a, b| async move { Ok(a + b.num_rows() as u64) })
+                    c.read_range(&name, 0, len)
                         .await
-                        .map_err(csd_runtime::node_client::Error::from)
+                        .map(|b| b.len() as u64)
+                        .map_err(|e| e.to_string())
                 }
             })
-            .buffer_unordered(conc)
-            .try_fold(0u64, |a, n| async move { Ok(a + n) })
-            .await
-            .expect("scan");
-        let secs = t0.elapsed().as_secs_f64();
-        let sent = client.stats().await.expect("stats").requests.bytes_sent - before;
-        row(
-            "DoGet Scan: Arrow batches (Flight bytes)",
-            conc,
-            sent,
-            secs,
-            Some(nrows),
-        );
+            .await;
+            row(
+                &format!("DoGet Range: raw Parquet bytes{suffix}"),
+                conc,
+                total,
+                t0.elapsed().as_secs_f64(),
+                None,
+            );
+        }
+        for conc in [1usize, 4] {
+            let before = client.stats().await.expect("stats").requests.bytes_sent;
+            let t0 = Instant::now();
+            let nrows: u64 = futures::stream::iter(table.description.partitions.clone())
+                .map(|p| {
+                    let c = client.clone();
+                    async move {
+                        let s = c.scan("lineitem", Some(&p.name), &[]).await?;
+                        s.try_fold(0u64, |a, b| async move { Ok(a + b.num_rows() as u64) })
+                            .await
+                            .map_err(csd_runtime::node_client::Error::from)
+                    }
+                })
+                .buffer_unordered(conc)
+                .try_fold(0u64, |a, n| async move { Ok(a + n) })
+                .await
+                .expect("scan");
+            let secs = t0.elapsed().as_secs_f64();
+            let sent = client.stats().await.expect("stats").requests.bytes_sent - before;
+            row(
+                &format!("DoGet Scan: Arrow batches{suffix}"),
+                conc,
+                sent,
+                secs,
+                Some(nrows),
+            );
+        }
+        node.shutdown().await.expect("shutdown");
     }
-    node.shutdown().await.expect("shutdown");
     write_json(
         &args
             .json

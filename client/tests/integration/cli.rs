@@ -137,3 +137,117 @@ async fn bad_sql_and_unknown_tables_exit_with_a_clear_message() {
     let (_, err) = text(&unreachable);
     assert_eq!(unreachable.status.code(), Some(3), "{err}");
 }
+
+/// `csd csd_env…` with extra environment variables.
+async fn csd_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_csd"))
+            .args(&args)
+            .envs(env)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The deployment the README shows, as separate processes: `csd auth ca`, a tenants
+/// file, `csd serve` with TLS and tenants, clients with a token, a SIGHUP re-read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_node_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |f: &str| dir.path().join(f).display().to_string();
+    let ca = csd(vec!["auth".into(), "ca".into(), d("certs")]).await;
+    assert!(ca.status.success(), "{:?}", text(&ca));
+    let hash = csd(vec!["auth".into(), "hash".into(), "s3cret".into()]).await;
+    let digest = text(&hash).0.trim().to_string();
+    assert_eq!(digest, csd_runtime::auth::token_digest("s3cret"));
+    let tenants = |can: &str| {
+        format!(
+            "[[tenant]]\nname = \"etl\"\ntoken_sha256 = \"{digest}\"\ntables = [\"t\"]\ncan = [{can}]\n"
+        )
+    };
+    std::fs::write(d("tenants.toml"), tenants("\"read\"")).unwrap();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_csd"))
+        .args(["serve", "--device", "emulated:mem", "--capacity", "256MiB"])
+        .args(["--listen", "127.0.0.1:0", "--auth", &d("tenants.toml")])
+        .args([
+            "--tls-cert",
+            &d("certs/node.pem"),
+            "--tls-key",
+            &d("certs/node.key"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let url = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(serve.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.split_whitespace()
+            .find(|w| w.starts_with("grpc+tls://"))
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_string()
+    };
+    let serve = Kill(serve);
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv);
+    let tls = |mut v: Vec<String>| {
+        v.extend(["--tls-ca".to_string(), d("certs/ca.pem")]);
+        v
+    };
+    let token = || vec![("CSD_TOKEN", "s3cret".to_string())];
+    let put = || tls(args(&["put", csv.to_str().unwrap(), "--table", "t"], &url));
+    // No token: exit 5 and a message saying what to do.
+    let anon = csd(tls(args(&["ls"], &url))).await;
+    assert_eq!(anon.status.code(), Some(5), "{:?}", text(&anon));
+    assert!(
+        text(&anon).1.contains("--token or CSD_TOKEN"),
+        "{:?}",
+        text(&anon)
+    );
+    // Read only: the put is refused, naming the permission.
+    let refused = csd_env(put(), token()).await;
+    assert_eq!(refused.status.code(), Some(5), "{:?}", text(&refused));
+    assert!(text(&refused).1.contains("write"), "{:?}", text(&refused));
+    // Granted write, re-read on SIGHUP, the same process serves it.
+    std::fs::write(d("tenants.toml"), tenants("\"read\", \"write\"")).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGHUP) };
+    let mut stored = None;
+    for _ in 0..50 {
+        let o = csd_env(put(), token()).await;
+        if o.status.success() {
+            stored = Some(o);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(stored.is_some(), "the re-read tenants file never applied");
+    let q = csd_env(
+        tls(args(
+            &["sql", "--format", "csv", "select count(*) as n from t"],
+            &url,
+        )),
+        token(),
+    )
+    .await;
+    assert_eq!(text(&q).0, "n\n300\n", "{:?}", text(&q));
+    // A plain URL to a TLS node with TLS settings is refused before connecting.
+    let plain = csd_env(
+        tls(args(&["ls"], &url.replace("grpc+tls", "grpc"))),
+        token(),
+    )
+    .await;
+    assert_eq!(plain.status.code(), Some(2), "{:?}", text(&plain));
+}

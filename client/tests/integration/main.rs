@@ -4,6 +4,7 @@
 mod careless;
 mod cli;
 mod flight;
+mod security;
 
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};

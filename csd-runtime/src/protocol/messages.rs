@@ -148,4 +148,13 @@ pub struct RequestReport {
     pub bytes_received: u64,
     /// Rows received by DoPut.
     pub rows_received: u64,
+    /// Requests that proved no tenant (UNAUTHENTICATED).
+    #[serde(default)]
+    pub unauthenticated: u64,
+    /// Requests refused for a permission or someone else's ticket (PERMISSION_DENIED).
+    #[serde(default)]
+    pub permission_denied: u64,
+    /// Requests refused by a tenant's quota.
+    #[serde(default)]
+    pub quota_refused: u64,
 }

@@ -25,6 +25,16 @@
 //! the first two); an adaptive node prices handing back with them (see
 //! [`crate::admission`]).
 //!
+//! A node with tenants hands out *sealed* tickets in its `FlightInfo` endpoints: a
+//! version byte `2` followed by
+//!
+//! ```text
+//! message Sealed { bytes ticket = 1; string tenant = 2; uint64 expires_unix_ms = 3; bytes mac = 4; }
+//! ```
+//!
+//! where `ticket` is a version-1 ticket and `mac` an HMAC-SHA256 by the node's key over
+//! the other three (see [`crate::auth::TicketKey`]). Clients pass them back as they are.
+//!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.
 
@@ -34,6 +44,8 @@ use crate::error::{Error, Result};
 
 /// Current ticket version byte.
 pub(crate) const TICKET_VERSION: u8 = 1;
+/// The version byte of a sealed ticket.
+pub(crate) const SEALED_VERSION: u8 = 2;
 /// Largest ticket accepted (pushed-down plans travel in tickets later).
 pub(crate) const MAX_TICKET_BYTES: usize = 4 << 20;
 
@@ -113,6 +125,52 @@ impl std::str::FromStr for Compression {
             ))),
         }
     }
+}
+
+/// A ticket bound to a tenant until an expiry, with the node's MAC over both.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Seal {
+    /// The version-1 ticket.
+    #[prost(bytes = "vec", tag = "1")]
+    pub ticket: Vec<u8>,
+    /// The tenant it was issued to.
+    #[prost(string, tag = "2")]
+    pub tenant: String,
+    /// When it stops being valid, milliseconds since the Unix epoch.
+    #[prost(uint64, tag = "3")]
+    pub expires_unix_ms: u64,
+    /// HMAC-SHA256 of the node's key over the fields above.
+    #[prost(bytes = "vec", tag = "4")]
+    pub mac: Vec<u8>,
+}
+
+impl Seal {
+    /// Encodes with its version byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![SEALED_VERSION];
+        Message::encode(self, &mut out).unwrap_or_else(|_| unreachable!("Vec grows as needed"));
+        out
+    }
+
+    /// Decodes a sealed ticket's untrusted bytes (version byte included).
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        check_size(bytes)?;
+        match bytes.split_first() {
+            Some((&SEALED_VERSION, body)) => <Seal as Message>::decode(body)
+                .map_err(|e| Error::InvalidArgument(format!("malformed sealed ticket: {e}"))),
+            _ => Err(Error::InvalidArgument("not a sealed ticket".into())),
+        }
+    }
+}
+
+fn check_size(bytes: &[u8]) -> Result<()> {
+    if bytes.len() > MAX_TICKET_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "ticket of {} bytes exceeds the {MAX_TICKET_BYTES}-byte limit",
+            bytes.len()
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -212,20 +270,27 @@ impl Ticket {
         out
     }
 
-    /// Decodes untrusted bytes.
-    pub fn decode(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() > MAX_TICKET_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "ticket of {} bytes exceeds the {MAX_TICKET_BYTES}-byte limit",
-                bytes.len()
-            )));
+    /// Decodes untrusted bytes: a ticket, sealed or not, and its seal if it has one
+    /// (which the caller must verify).
+    pub fn decode_sealed(bytes: &[u8]) -> Result<(Self, Option<Seal>)> {
+        if bytes.first() == Some(&SEALED_VERSION) {
+            let seal = Seal::decode(bytes)?;
+            let t = Ticket::decode(&seal.ticket)?;
+            Ok((t, Some(seal)))
+        } else {
+            Ok((Ticket::decode(bytes)?, None))
         }
+    }
+
+    /// Decodes untrusted bytes of an unsealed ticket.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        check_size(bytes)?;
         let (&version, body) = bytes
             .split_first()
             .ok_or_else(|| Error::InvalidArgument("empty ticket".into()))?;
         if version != TICKET_VERSION {
             return Err(Error::InvalidArgument(format!(
-                "ticket version {version} is not supported (this node speaks version {TICKET_VERSION})"
+                "ticket version {version} is not supported (this node speaks versions {TICKET_VERSION} and {SEALED_VERSION}, sealed)"
             )));
         }
         let proto = TicketProto::decode(body)

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use csd_runtime::node_client::NodeClient;
+use csd_runtime::node_client::{Credentials, NodeClient};
 use csd_runtime::protocol::Compression;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
@@ -80,14 +80,28 @@ pub struct ClusterTable {
 impl Cluster {
     /// Connects to every node.
     pub async fn connect(urls: &[String]) -> Result<Self> {
+        Self::connect_with(urls, &Credentials::default()).await
+    }
+
+    /// Connects to every node with a token and TLS settings.
+    pub async fn connect_with(urls: &[String], credentials: &Credentials) -> Result<Self> {
         if urls.is_empty() {
             return Err(DataFusionError::Plan("no storage nodes given".into()));
         }
         let mut nodes = Vec::new();
         for u in urls {
-            nodes.push(NodeClient::connect(u).await.map_err(to_datafusion)?);
+            nodes.push(
+                NodeClient::connect_with(u, credentials)
+                    .await
+                    .map_err(to_datafusion)?,
+            );
         }
         Ok(Cluster { nodes })
+    }
+
+    /// A cluster of nodes already connected (e.g. with a tenant named for admission).
+    pub fn from_clients(nodes: Vec<NodeClient>) -> Self {
+        Cluster { nodes }
     }
 
     /// The nodes.

@@ -177,6 +177,11 @@ impl Operator for SqlOperator {
         OPERATOR_NAME
     }
 
+    fn tables(&self, args: &Bytes) -> Result<Vec<String>> {
+        let (frag, _mode, _plan) = SqlFragment::decode_checked(args)?;
+        Ok(vec![frag.table])
+    }
+
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
     /// every row group (pruning is left to the learned per-byte cost, which absorbs
     /// its average effect). Memory: four times the largest row group's share (the
