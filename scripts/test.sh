@@ -10,5 +10,7 @@ scripts/setup-ml.sh || echo "test.sh: ML assets could not be installed; ML tests
 # Reuse a build directory outside the clone when one exists (CI clones afresh).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/csd/target}"
 cargo fmt --all -- --check
+# The example Wasm guests the shipped-code tests run ($CARGO_TARGET_DIR/wasm/).
+scripts/build-wasm-examples.sh
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace

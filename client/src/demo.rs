@@ -61,6 +61,67 @@ pub fn lineitem(
     Ok(tpch::generate("lineitem", scale, part, parts)?.1)
 }
 
+/// A linked structure for the pointer chase: `CSDCHAIN`, `n` (u64), then `n` records
+/// of 16 bytes, (index of the next record, value) as little-endian u64; the links
+/// follow a xorshift sequence from `seed`.
+pub fn chain(n: u64, seed: u64) -> Vec<u8> {
+    let mut out = b"CSDCHAIN".to_vec();
+    out.extend_from_slice(&n.to_le_bytes());
+    let mut x = seed | 1;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&(x % n.max(1)).to_le_bytes());
+        out.extend_from_slice(&(i * 3 + 1).to_le_bytes());
+    }
+    out
+}
+
+/// Stores `chain` at `c` as table `chain` (one row: `id`, `data` binary) and returns
+/// the object holding it and the byte offset of record 0 in that object (found once,
+/// as a client of RDMA memory knows a remote address).
+pub async fn put_chain(c: &NodeClient, chain: &[u8]) -> Result<(String, u64)> {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+    use futures::StreamExt;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("data", DataType::Binary, false),
+    ]));
+    let batch = arrow::record_batch::RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(arrow::array::Int64Array::from(vec![0])),
+            Arc::new(arrow::array::BinaryArray::from(vec![chain])),
+        ],
+    )?;
+    c.put(
+        "chain",
+        "0",
+        schema,
+        futures::stream::iter([Ok(batch)]).boxed(),
+    )
+    .await?;
+    let t = c.table("chain").await?;
+    let o = t
+        .description
+        .partitions
+        .first()
+        .and_then(|p| p.objects.first())
+        .ok_or_else(|| Error::InvalidInput("table chain has no object".into()))?;
+    let bytes = c.read_range(&o.name, 0, o.len).await?;
+    let head = chain.get(..16).unwrap_or(chain);
+    let at = memchr::memmem::find(&bytes, head).ok_or_else(|| {
+        Error::InvalidInput(format!(
+            "the chain is not stored as plain bytes in {} (is --parquet-compression on?)",
+            o.name
+        ))
+    })?;
+    Ok((o.name.clone(), at as u64 + 16))
+}
+
 /// Runs the demo, printing what happens.
 pub async fn run(opts: DemoOptions) -> Result<()> {
     let dir = tempfile::Builder::new()

@@ -107,6 +107,10 @@ enum Command {
     /// query and no -f, reads statements from stdin (an interactive prompt on a
     /// terminal), each ended by `;`.
     Sql(SqlArgs),
+    /// Run a WebAssembly module (a guest built with csd-guest, or any module speaking
+    /// its ABI) over a table at the nodes that hold it; print the union of its outputs
+    /// (or its merged aggregate) on stdout.
+    Run(RunArgs),
     /// Start an embedded node, load TPC-H, run queries with and without pushdown.
     Demo {
         /// TPC-H scale factor.
@@ -222,6 +226,36 @@ struct SqlArgs {
     file: Option<PathBuf>,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
+    #[command(flatten)]
+    creds: ClientCreds,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Storage node URL (repeat for several nodes).
+    #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
+    nodes: Vec<String>,
+    /// The module (.wasm); sent to a node only if it does not have it yet.
+    #[arg(long)]
+    wasm: PathBuf,
+    /// The table it runs over.
+    #[arg(long)]
+    table: String,
+    /// The columns it receives, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    columns: Vec<String>,
+    /// A SQL filter on the rows it receives, evaluated at the nodes.
+    #[arg(long = "where")]
+    filter: Option<String>,
+    /// An argument for the module (repeatable).
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    args: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Compression of the nodes' answers: none, lz4 or zstd.
+    #[arg(long, default_value = "lz4")]
+    compression: String,
     #[command(flatten)]
     creds: ClientCreds,
 }
@@ -391,39 +425,104 @@ async fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> Result<()> {
     Ok(())
 }
 
-async fn run_sql(
-    session: &csd_query_pushdown::CsdSession,
-    sql: &str,
-    format: Format,
-) -> Result<()> {
+async fn run_wasm(args: RunArgs) -> Result<()> {
+    let module = std::fs::read(&args.wasm).map_err(|e| Error::io(args.wasm.display(), e))?;
+    let mut kv = std::collections::BTreeMap::new();
+    for a in &args.args {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| Error::InvalidInput(format!("--arg {a:?}: write KEY=VALUE")))?;
+        kv.insert(k.to_string(), v.to_string());
+    }
+    let cluster =
+        csd_query_pushdown::Cluster::connect_with(&args.nodes, &args.creds.credentials()?).await?;
+    let session = cluster
+        .session(csd_query_pushdown::SessionOptions {
+            compression: args.compression.parse()?,
+            ..Default::default()
+        })
+        .await?;
+    let started = std::time::Instant::now();
+    let r = session
+        .run_wasm(&csd_query_pushdown::WasmJob {
+            module: module.into(),
+            table: args.table.clone(),
+            columns: args.columns.clone(),
+            filter: args.filter.clone(),
+            args: kv,
+        })
+        .await?;
+    print_batches(&r.batches, args.format)?;
+    let rows: usize = r.batches.iter().map(|b| b.num_rows()).sum();
+    let received: u64 = r.endpoints.iter().map(|e| e.bytes_received).sum();
+    let read: u64 = r
+        .endpoints
+        .iter()
+        .filter_map(|e| e.report.as_ref())
+        .map(|r| r.bytes_read)
+        .sum();
+    let back = r
+        .endpoints
+        .iter()
+        .filter(|e| e.pushed_back.is_some())
+        .count();
+    let sent = r.endpoints.iter().filter(|e| e.module_sent).count();
+    eprintln!(
+        "{rows} rows from module {} over {} partitions in {:.3} s; {read} bytes read at the nodes, {received} bytes received{}{}",
+        r.digest.short(),
+        r.endpoints.len(),
+        started.elapsed().as_secs_f64(),
+        if sent > 0 {
+            format!("; module sent to {sent} partitions' nodes")
+        } else {
+            String::new()
+        },
+        if back > 0 {
+            format!("; {back} handed back and run here")
+        } else {
+            String::new()
+        },
+    );
+    Ok(())
+}
+
+fn print_batches(batches: &[arrow::record_batch::RecordBatch], format: Format) -> Result<()> {
     use std::io::Write;
-    let r = session.run(sql).await?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| Error::io("writing the result", e);
     match format {
         Format::Table => writeln!(
             out,
             "{}",
-            arrow::util::pretty::pretty_format_batches(&r.batches)?
+            arrow::util::pretty::pretty_format_batches(batches)?
         )
         .map_err(io)?,
         Format::Csv => {
             let mut w = arrow::csv::WriterBuilder::new()
                 .with_header(true)
                 .build(&mut out);
-            for b in &r.batches {
+            for b in batches {
                 w.write(b)?;
             }
         }
         Format::Json => {
             let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
-            for b in &r.batches {
+            for b in batches {
                 w.write(b)?;
             }
             w.finish()?;
         }
     }
-    drop(out);
+    Ok(())
+}
+
+async fn run_sql(
+    session: &csd_query_pushdown::CsdSession,
+    sql: &str,
+    format: Format,
+) -> Result<()> {
+    let r = session.run(sql).await?;
+    print_batches(&r.batches, format)?;
     let scanned: u64 = r.node_runs.iter().map(|n| n.report.bytes_read).sum();
     // Time at the nodes less time queued there: what their engines spent.
     let node_ms: f64 = r
@@ -531,6 +630,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             serve(args, serve_matches).await
         }
         Command::Sql(args) => sql(args).await,
+        Command::Run(args) => run_wasm(args).await,
         Command::Features(args) => features(args).await,
         Command::Put {
             images,

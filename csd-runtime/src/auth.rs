@@ -593,6 +593,24 @@ impl Principal {
         }
     }
 
+    /// `Ok` if it may read raw bytes of `object`: an object of a table it may read
+    /// (or any table's, for an admin); never the node's own objects (`.csd/`).
+    pub fn check_object_read(&self, object: &str) -> Result<()> {
+        if object.starts_with(".csd/") {
+            return Err(self.refuse(format!(
+                "object {} is the node's own and is not served",
+                crate::error::truncated(object)
+            )));
+        }
+        match crate::table::parse_object_name(object) {
+            Some((table, _, _)) if self.may(Permission::Read, table) => Ok(()),
+            _ => self.check_admin(&format!(
+                "read raw bytes of object {}",
+                crate::error::truncated(object)
+            )),
+        }
+    }
+
     /// A `PERMISSION_DENIED` refusal saying `why`, counted.
     pub fn refuse(&self, why: String) -> Error {
         self.deny(why)

@@ -161,6 +161,21 @@ pub struct NodeConfig {
     /// How long the tickets a node hands out stay valid, in seconds.
     #[arg(long, env = "CSD_TICKET_TTL_S", default_value_t = 3600)]
     pub ticket_ttl_s: u64,
+    /// CPU time a shipped (Wasm) module may use per request, in milliseconds.
+    #[arg(long, env = "CSD_WASM_CPU_MS", default_value_t = 30_000)]
+    pub wasm_cpu_ms: u64,
+    /// Memory one Wasm instance may grow to (it also draws on `--memory`).
+    #[arg(long, env = "CSD_WASM_MEMORY", default_value = "256MiB")]
+    pub wasm_memory: ByteSize,
+    /// Wasm stack of a call.
+    #[arg(long, env = "CSD_WASM_STACK", default_value = "512KiB")]
+    pub wasm_stack: ByteSize,
+    /// Largest Wasm module the node compiles.
+    #[arg(long, env = "CSD_WASM_MAX_MODULE", default_value = "32MiB")]
+    pub wasm_max_module: ByteSize,
+    /// Compiled Wasm modules kept in memory (all are kept on the device).
+    #[arg(long, env = "CSD_WASM_CACHED_MODULES", default_value_t = 64)]
+    pub wasm_cached_modules: usize,
     /// Raw reads served at once.
     #[arg(long, env = "CSD_READ_SLOTS", default_value_t = 64)]
     pub read_slots: usize,
@@ -271,6 +286,17 @@ impl NodeConfig {
                 .clone()
                 .try_into()
                 .map_err(|e| Error::InvalidArgument(format!("options of operator {name}: {e}"))),
+        }
+    }
+
+    /// The limits shipped code runs under.
+    pub fn sandbox_limits(&self) -> crate::sandbox::SandboxLimits {
+        crate::sandbox::SandboxLimits {
+            cpu_time: std::time::Duration::from_millis(self.wasm_cpu_ms.max(1)),
+            memory: self.wasm_memory.bytes(),
+            stack: self.wasm_stack.bytes() as usize,
+            max_module_bytes: self.wasm_max_module.bytes() as usize,
+            cached_modules: self.wasm_cached_modules.max(1),
         }
     }
 

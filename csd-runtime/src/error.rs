@@ -141,6 +141,12 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// The work was stopped because nobody waits for its answer any more.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+    /// The work ran past its time limit (shipped code past its CPU-time limit).
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
     /// A bug: an invariant of ours did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -217,6 +223,8 @@ impl Error {
             Error::ResourcesExhausted(_) | Error::Busy { .. } => StatusCode::ResourceExhausted,
             Error::Unavailable(_) | Error::PushedBack(_) => StatusCode::Unavailable,
             Error::Unimplemented(_) => StatusCode::Unimplemented,
+            Error::DeadlineExceeded(_) => StatusCode::DeadlineExceeded,
+            Error::Cancelled(_) => StatusCode::Cancelled,
             Error::Unauthenticated(_) => StatusCode::Unauthenticated,
             Error::PermissionDenied(_) => StatusCode::PermissionDenied,
             Error::External { code, .. } => *code,

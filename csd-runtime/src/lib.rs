@@ -7,6 +7,8 @@
 //!   tickets, actions and their bodies, metadata keys, limits.
 //! * [`admission`]: run now, queue, or push back; per-tenant fairness; raw-read limits.
 //! * [`operator`]: the one trait pushed-down work (SQL fragments, DNN prefixes) plugs into.
+//! * [`sandbox`]: shipped code: WebAssembly modules run under CPU, memory and stack
+//!   limits, compiled once per digest (the guest ABI is documented there).
 //! * `state`: a running node's shared state.
 //! * `service`: the Arrow Flight service (`DoPut`, `DoGet`, `ListFlights`, `DoAction`).
 //! * [`node_client`]: [`NodeClient`](node_client::NodeClient), the Rust side of the protocol.
@@ -35,6 +37,7 @@ pub mod node_client;
 pub mod operator;
 pub mod pool;
 pub mod protocol;
+pub mod sandbox;
 mod service;
 mod state;
 pub mod store;

@@ -228,15 +228,21 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         )));
     }
     let state = Arc::new(
-        NodeState::new(tables, pool, url.clone(), memory_budget)
-            .with_operators(operators)
-            .with_admission(Admission::new(admission))
-            .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes())
-            .with_auth(
-                auth.clone(),
-                key,
-                std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
-            ),
+        NodeState::new(
+            tables,
+            pool,
+            url.clone(),
+            memory_budget,
+            config.sandbox_limits(),
+        )?
+        .with_operators(operators)
+        .with_admission(Admission::new(admission))
+        .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes())
+        .with_auth(
+            auth.clone(),
+            key,
+            std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
+        ),
     );
     if auth.enabled() {
         state

@@ -622,6 +622,20 @@ impl NodeClient {
         Ok(self.action(&r).await?.deleted_objects)
     }
 
+    /// Sends a WebAssembly module's bytes (the `put_module` action): the node checks
+    /// and compiles it once and keeps it for requests that name its digest.
+    pub async fn put_module(&self, bytes: &[u8]) -> Result<crate::protocol::PutModuleResponse> {
+        let action =
+            arrow_flight::Action::new(crate::protocol::PUT_MODULE, Bytes::copy_from_slice(bytes));
+        let mut results = self.flight().do_action(action).await?;
+        let r = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol("put_module returned nothing".into()))?;
+        serde_json::from_slice(&r)
+            .map_err(|e| Error::Protocol(format!("the answer to put_module: {e}")))
+    }
+
     /// Node, device, store, admission and request figures.
     pub async fn stats(&self) -> Result<NodeStats> {
         self.action(&StatsRequest {}).await

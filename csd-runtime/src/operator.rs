@@ -68,6 +68,8 @@ pub struct NodeResources {
     /// The budget's account: operators' memory pools draw on it, and get what the
     /// rest of the process leaves.
     pub memory: Arc<crate::memory::MemoryLedger>,
+    /// Where shipped code (WebAssembly) runs: its engine, limits and module cache.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
 }
 
 /// What an operator sees of its node and request.
@@ -77,6 +79,8 @@ pub struct OperatorContext {
     pub node: Arc<NodeResources>,
     /// Figures of this request.
     pub metrics: Arc<RequestMetrics>,
+    /// Who asked: what else the request may read (a shipped module's host reads).
+    pub principal: crate::auth::Principal,
 }
 
 /// A kind of pushed-down work.
@@ -106,6 +110,18 @@ pub trait Operator: Send + Sync + 'static {
     /// one part decodes while the other waits for the device); the pool's fixed
     /// worker count still bounds the node's CPU.
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream>;
+
+    /// The key admission learns a request's per-byte cost under (default: the
+    /// operator's name; the `wasm` operator keys by module).
+    fn cost_key(&self, _args: &Bytes) -> Option<String> {
+        None
+    }
+
+    /// Whether its requests run code the tenant sent (WebAssembly): the node then
+    /// checks the tenant's `code` permission too.
+    fn ships_code(&self) -> bool {
+        false
+    }
 
     /// Memory the operator's requests hold now, in bytes (for the node's figures).
     fn memory_used(&self) -> u64 {

@@ -149,16 +149,7 @@ impl FlightNode {
     /// `Ok` if `who` may read raw bytes of `object`: an object of a table it may
     /// read, or any table's with `admin`. The node's own objects are never served.
     fn check_range(who: &Principal, object: &str) -> Result<()> {
-        if object.starts_with(".csd/") {
-            return Err(who.refuse(format!(
-                "object {} is the node's own and is not served",
-                truncated(object)
-            )));
-        }
-        match crate::table::parse_object_name(object) {
-            Some((table, _, _)) if who.may(Permission::Read, table) => Ok(()),
-            _ => who.check_admin(&format!("read raw bytes of object {}", truncated(object))),
-        }
+        who.check_object_read(object)
     }
 
     fn flight_info(&self, t: &Table, who: &Principal) -> Result<FlightInfo> {
@@ -362,11 +353,13 @@ impl FlightNode {
 
     /// Runs a pushed-down operator: plans on the CPU pool (a bad request fails the
     /// call itself), then streams its batches and the trailing [`OperatorReport`].
+    #[allow(clippy::too_many_arguments)]
     async fn operator(
         &self,
         name: &str,
         args: Bytes,
         compression: Compression,
+        principal: Principal,
         tenant: String,
         patient: bool,
         asker: Asker,
@@ -383,11 +376,12 @@ impl FlightNode {
         let ctx = OperatorContext {
             node: self.state.node.clone(),
             metrics: metrics.clone(),
+            principal,
         };
         // Estimated (and malformed arguments refused) before the request can queue.
         let estimate = op.estimate(&ctx, &args).await?;
         let ask = Ask {
-            operator: name.to_string(),
+            operator: op.cost_key(&args).unwrap_or_else(|| name.to_string()),
             tenant,
             bytes: estimate.bytes,
             memory: estimate.memory,
@@ -835,6 +829,9 @@ impl FlightService for FlightNode {
                 if who.tenant().is_some()
                     && let Some(op) = self.state.operators.get(&name)
                 {
+                    if op.ships_code() {
+                        who.check_any(Permission::Code, "run code it ships (WebAssembly)")?;
+                    }
                     for t in op.tables(&Bytes::copy_from_slice(&args))? {
                         who.check(Permission::Read, &t)?;
                     }
@@ -847,9 +844,17 @@ impl FlightService for FlightNode {
                     ns_per_byte: asker.and_then(|a| known(a.ns_per_byte)),
                     load: asker.map(|a| a.load).unwrap_or(0.0),
                 };
-                self.operator(&name, args.into(), compression, tenant, patient, asker)
-                    .await?
-                    .boxed()
+                self.operator(
+                    &name,
+                    args.into(),
+                    compression,
+                    who.clone(),
+                    tenant,
+                    patient,
+                    asker,
+                )
+                .await?
+                .boxed()
             }
             Ticket::Scan {
                 table,
@@ -946,6 +951,26 @@ impl FlightService for FlightNode {
                     .map(|o| (**o).clone())
                     .collect();
                 json_result(&list)?
+            }
+            crate::protocol::actions::PUT_MODULE => {
+                who.check_any(Permission::Code, "ship code (put_module)")?;
+                let sandbox = &self.state.node.sandbox;
+                let digest = crate::sandbox::ModuleDigest::of(body);
+                let had = sandbox.has(&digest);
+                let body = body.clone();
+                let sb = sandbox.clone();
+                // Compiling is CPU work: on the pool, never on the RPC threads.
+                let m = self
+                    .state
+                    .node
+                    .pool
+                    .spawn(async move { sb.compile(&body).await })
+                    .await?;
+                json_result(&crate::protocol::actions::PutModuleResponse {
+                    digest: m.digest.to_string(),
+                    bytes: m.bytes as u64,
+                    compiled: !had,
+                })?
             }
             other => {
                 let known: Vec<&str> = ACTIONS.iter().map(|(t, _)| *t).collect();

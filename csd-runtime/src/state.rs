@@ -54,14 +54,27 @@ pub struct NodeState {
 
 impl NodeState {
     /// Assembles a node's state.
-    pub fn new(tables: TableStore, pool: CpuPool, location: String, memory_budget: u64) -> Self {
-        NodeState {
+    pub fn new(
+        tables: TableStore,
+        pool: CpuPool,
+        location: String,
+        memory_budget: u64,
+        sandbox: crate::sandbox::SandboxLimits,
+    ) -> crate::Result<Self> {
+        let memory = MemoryLedger::new(memory_budget);
+        let sandbox = Arc::new(crate::sandbox::Sandbox::new(
+            sandbox,
+            memory.clone(),
+            Some(tables.object_store().clone()),
+        )?);
+        Ok(NodeState {
             admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
             node: Arc::new(NodeResources {
                 tables,
                 pool,
                 memory_budget,
-                memory: MemoryLedger::new(memory_budget),
+                memory,
+                sandbox,
             }),
             location,
             counters: ServiceCounters::default(),
@@ -73,7 +86,7 @@ impl NodeState {
             ticket_key: crate::auth::TicketKey::random(),
             ticket_ttl: std::time::Duration::from_secs(3600),
             started: Instant::now(),
-        }
+        })
     }
 
     /// Checks requests against `auth`, sealing tickets with `key` for `ttl`.
@@ -143,6 +156,7 @@ impl NodeState {
                 permission_denied: self.auth.counters.permission_denied.load(Ordering::Relaxed),
                 quota_refused: self.auth.counters.quota_refused.load(Ordering::Relaxed),
             },
+            sandbox: self.node.sandbox.stats(),
         }
     }
 }

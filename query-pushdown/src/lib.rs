@@ -49,8 +49,9 @@ pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
 pub use compute::scan::{CsdScanExec, EndpointRun};
 pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
+pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun, local_sandbox};
 pub use eval::Parallelism;
-pub use node::{SqlNodeOptions, SqlOperator};
+pub use node::{SqlNodeOptions, SqlOperator, WasmOperator};
 pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};
 pub use wire::functions::pushable;
@@ -59,7 +60,10 @@ use std::sync::Arc;
 
 /// The operators a storage node needs for SQL pushdown, with default settings.
 pub fn registry() -> csd_runtime::operator::OperatorRegistry {
-    csd_runtime::operator::OperatorRegistry::new().with(Arc::new(SqlOperator::new()))
+    let sql = Arc::new(SqlOperator::new());
+    csd_runtime::operator::OperatorRegistry::new()
+        .with(sql.clone())
+        .with(Arc::new(WasmOperator::new(sql)))
 }
 
 /// [`registry`], with the `"sql"` operator's settings from `config`
@@ -68,6 +72,8 @@ pub fn registry_with(
     config: &csd_runtime::config::NodeConfig,
 ) -> csd_runtime::Result<csd_runtime::operator::OperatorRegistry> {
     let options: SqlNodeOptions = config.operator_options(wire::fragment::OPERATOR_NAME)?;
+    let sql = Arc::new(SqlOperator::new().with_options(options));
     Ok(csd_runtime::operator::OperatorRegistry::new()
-        .with(Arc::new(SqlOperator::new().with_options(options))))
+        .with(sql.clone())
+        .with(Arc::new(WasmOperator::new(sql))))
 }

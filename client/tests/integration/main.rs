@@ -5,6 +5,7 @@ mod careless;
 mod cli;
 mod flight;
 mod security;
+mod wasm;
 
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};

@@ -7,6 +7,7 @@
 //! | `stats` | `{}` | [`NodeStats`] |
 //! | `delete` | `{"table": "t"}` or `{"table": "t", "partition": "p"}` | `{"deleted_objects": n}` |
 //! | `objects` | `{"prefix": "t/"}` (optional) | a list of [`ObjectInfo`] |
+//! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -97,11 +98,32 @@ impl ActionRequest for ObjectsRequest {
     type Response = Vec<ObjectInfo>;
 }
 
+/// `put_module`: the action whose body is a WebAssembly module's bytes (not JSON).
+/// The node checks the tenant's `code` permission and the module's size, compiles it
+/// once (a module already there is not compiled again) and keeps it, named by its
+/// SHA-256, for requests that name it. Answer: [`PutModuleResponse`].
+pub const PUT_MODULE: &str = "put_module";
+
+/// The answer to [`PUT_MODULE`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PutModuleResponse {
+    /// `sha256:` and the 64 hex digits requests name it by.
+    pub digest: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Whether this call compiled it (false: the node had it).
+    pub compiled: bool,
+}
+
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 3] = [
+pub(crate) const ACTIONS: [(&str, &str); 4] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
+    (
+        PUT_MODULE,
+        "compile and keep a WebAssembly module (body: its bytes); needs 'code'",
+    ),
 ];
 
 #[cfg(test)]

@@ -124,6 +124,9 @@ pub struct NodeStats {
     pub tables: usize,
     /// Request counters.
     pub requests: RequestReport,
+    /// Shipped code: modules compiled, cache hits, limits hit.
+    #[serde(default)]
+    pub sandbox: crate::sandbox::SandboxStats,
 }
 
 /// Device part of [`NodeStats`].

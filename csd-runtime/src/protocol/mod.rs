@@ -15,7 +15,10 @@ pub mod ipc;
 pub mod messages;
 pub mod ticket;
 
-pub use actions::{ActionRequest, DeleteRequest, DeleteResponse, ObjectsRequest, StatsRequest};
+pub use actions::{
+    ActionRequest, DeleteRequest, DeleteResponse, ObjectsRequest, PUT_MODULE, PutModuleResponse,
+    StatsRequest,
+};
 pub use messages::{
     NodeStats, ObjectDescription, OperatorReport, PartitionDescription, PutSummary,
     TableDescription,

@@ -12,3 +12,4 @@ pub(crate) mod range_read;
 pub(crate) mod scan;
 pub(crate) mod semijoin_down;
 pub(crate) mod session;
+pub(crate) mod wasm;

@@ -6,6 +6,7 @@
 pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod scan;
+pub(crate) mod wasm;
 
 use std::sync::{Arc, OnceLock};
 

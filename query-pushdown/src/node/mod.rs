@@ -5,7 +5,9 @@
 //! node's CPU pool under its memory pool.
 
 mod memory;
+mod wasm;
 use memory::LedgerPool;
+pub use wasm::WasmOperator;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,3 +7,4 @@ pub mod connectives;
 pub mod fragment;
 pub mod functions;
 pub mod keyfilter;
+pub mod wasm;

@@ -7,7 +7,7 @@
 //! stream state machine (`stream.rs`) over it, with its counters in `metrics.rs`.
 
 mod metrics;
-mod opener;
+pub(crate) mod opener;
 mod stream;
 
 use std::fmt;
@@ -113,6 +113,36 @@ impl CsdScanExec {
             key_filters: Vec::new(),
             direct: false,
             pinned: false,
+        }
+    }
+
+    /// What opens partition `endpoint`'s share of the scan.
+    pub(crate) fn opener(
+        &self,
+        endpoint: crate::compute::endpoints::Endpoint,
+        context: Arc<TaskContext>,
+    ) -> EndpointOpener {
+        let options = CsdOptions::of(context.session_config().options());
+        let fragment = SqlFragment {
+            table: self.table.name().to_string(),
+            partition: Some(endpoint.partition.clone()),
+            plan: self.plan.as_ref().clone(),
+            mode: self.mode as i32,
+            key_filters: vec![],
+            direct_above: self.direct.then_some(options.direct_above as f32),
+            objects: if self.pinned {
+                endpoint.objects.iter().map(|o| o.name.clone()).collect()
+            } else {
+                vec![]
+            },
+        };
+        EndpointOpener {
+            table: self.table.clone(),
+            endpoint,
+            fragment,
+            key_filters: self.key_filters.clone(),
+            direct: self.direct,
+            context,
         }
     }
 
@@ -326,27 +356,7 @@ impl ExecutionPlan for CsdScanExec {
             )));
         };
         let options = CsdOptions::of(context.session_config().options());
-        let fragment = SqlFragment {
-            table: self.table.name().to_string(),
-            partition: Some(endpoint.partition.clone()),
-            plan: self.plan.as_ref().clone(),
-            mode: self.mode as i32,
-            key_filters: vec![],
-            direct_above: self.direct.then_some(options.direct_above as f32),
-            objects: if self.pinned {
-                endpoint.objects.iter().map(|o| o.name.clone()).collect()
-            } else {
-                vec![]
-            },
-        };
-        let opener = EndpointOpener {
-            table: self.table.clone(),
-            endpoint,
-            fragment,
-            key_filters: self.key_filters.clone(),
-            direct: self.direct,
-            context,
-        };
+        let opener = self.opener(endpoint, context);
         let run = self.runs.get(partition).cloned().unwrap_or_default();
         let metrics = ScanMetrics::new(&self.metrics, partition);
         let stream = EndpointStream::new(opener, schema.clone(), metrics, run);

@@ -132,7 +132,11 @@ impl EndpointOpener {
     /// endpoint's Parquet objects read by byte range (the query's runtime: its
     /// memory pool, object stores and footer cache); under the local gate when
     /// `gated`.
-    async fn evaluate_here(&self, args: &[u8], gated: bool) -> Result<SendableRecordBatchStream> {
+    pub(crate) async fn evaluate_here(
+        &self,
+        args: &[u8],
+        gated: bool,
+    ) -> Result<SendableRecordBatchStream> {
         let external = |e: csd_runtime::Error| DataFusionError::External(Box::new(e));
         let (frag, mode, plan) = SqlFragment::decode_checked(args).map_err(external)?;
         let provider = Arc::new(self.table.range_table(std::slice::from_ref(&self.endpoint)));

@@ -1,0 +1,371 @@
+//! Shipped code: the example guests (built by scripts/build-wasm-examples.sh) run at
+//! real nodes; every answer is compared with the same computation in SQL or in Rust
+//! here; hostile modules get their statuses and the node goes on serving.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use arrow::array::AsArray;
+use arrow::datatypes::{DataType, Float64Type, Int64Type};
+use arrow::record_batch::RecordBatch;
+use csd_client::demo::{chain, lineitem, put_chain};
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions, WasmJob, WasmRun};
+use csd_runtime::admission::Policy;
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::{Error, StatusCode};
+
+/// An example guest's bytes (built before the tests by scripts/test.sh).
+pub fn guest(name: &str) -> Vec<u8> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("wasm").join(format!("{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the example guests first: scripts/build-wasm-examples.sh",
+            path.display()
+        )
+    })
+}
+
+fn config(device: &str) -> NodeConfig {
+    NodeConfig {
+        device: device.into(),
+        capacity: ByteSize::mib(512),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        wasm_cpu_ms: 1000,
+        wasm_memory: ByteSize::mib(64),
+        ..NodeConfig::default()
+    }
+}
+
+async fn start(config: &NodeConfig) -> RunningNode {
+    let operators = csd_query_pushdown::registry_with(config).unwrap();
+    node::start_with(config, operators).await.unwrap()
+}
+
+/// lineitem (SF 0.01) in two partitions.
+async fn load_lineitem(url: &str) {
+    let c = NodeClient::connect(url).await.unwrap();
+    for i in 0..2 {
+        let part = lineitem(0.01, i + 1, 2).unwrap();
+        let schema = part[0].schema();
+        c.put(
+            "lineitem",
+            &format!("p{i}"),
+            schema,
+            futures::stream::iter(part.into_iter().map(Ok)).boxed(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+use futures::StreamExt;
+
+async fn session(url: &str) -> CsdSession {
+    Cluster::connect(&[url.to_string()])
+        .await
+        .unwrap()
+        .session(SessionOptions::default())
+        .await
+        .unwrap()
+}
+
+fn job(module: &str, columns: &[&str], filter: Option<&str>, args: &[(&str, &str)]) -> WasmJob {
+    WasmJob {
+        module: guest(module).into(),
+        table: "lineitem".into(),
+        columns: columns.iter().map(|c| c.to_string()).collect(),
+        filter: filter.map(Into::into),
+        args: args
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// Rows of (int, double) batches, sorted, doubles rounded to 1e-6 relative.
+fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64)> {
+    let mut v = Vec::new();
+    for b in batches {
+        let k = b.column(0).as_primitive::<Int64Type>();
+        let x = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            v.push((k.value(i), (x.value(i) * 1e4).round() as i64));
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
+async fn sql(s: &CsdSession, q: &str) -> Vec<RecordBatch> {
+    s.run(q).await.unwrap().batches
+}
+
+fn code_of(e: &datafusion::error::DataFusionError) -> Option<StatusCode> {
+    csd_query_pushdown::error::status_code(e).into()
+}
+
+const FILTER_MAP_COLUMNS: &[&str] = &["l_orderkey", "l_extendedprice", "l_discount", "l_shipmode"];
+const FILTER_MAP_SQL: &str = "SELECT l_orderkey, CAST(l_extendedprice AS DOUBLE) * (1 - CAST(l_discount AS DOUBLE)) \
+     FROM lineitem WHERE l_quantity < 30 AND l_shipmode = 'AIR'";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_guests_equal_the_same_computation_in_sql_and_compile_once() {
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let s = session(&node.url).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+
+    // A filter + map: the module's rows equal SQL's.
+    let j = job(
+        "filter_map",
+        FILTER_MAP_COLUMNS,
+        Some("l_quantity < 30"),
+        &[("mode", "AIR")],
+    );
+    let run: WasmRun = s.run_wasm(&j).await.unwrap();
+    let want = pairs(&sql(&s, FILTER_MAP_SQL).await);
+    assert!(!want.is_empty());
+    assert_eq!(pairs(&run.batches), want);
+    assert_eq!(run.endpoints.len(), 2);
+    assert!(run.endpoints.iter().all(|e| e.pushed_back.is_none()));
+    // 1.3 MB: too large to ride in the request; sent once, by put_module.
+    assert!(
+        run.endpoints.iter().any(|e| e.module_sent),
+        "{:?}",
+        run.endpoints
+    );
+    let st = c.stats().await.unwrap().sandbox;
+    assert_eq!(st.compiled, 1, "{st:?}");
+
+    // The second request does not compile.
+    let again = s.run_wasm(&j).await.unwrap();
+    assert_eq!(pairs(&again.batches), want);
+    assert!(again.endpoints.iter().all(|e| !e.module_sent));
+    let st = c.stats().await.unwrap().sandbox;
+    assert_eq!(st.compiled, 1, "{st:?}");
+    assert!(st.cache_hits >= 2, "{st:?}");
+    assert_eq!(st.memory_held, 0, "{st:?}");
+
+    // A partial aggregate, merged here by the module: equals SQL's GROUP BY.
+    let agg = s
+        .run_wasm(&job(
+            "partial_agg",
+            &["l_returnflag", "l_extendedprice", "l_discount"],
+            None,
+            &[],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(agg.kind, csd_runtime::sandbox::GuestKind::Aggregate);
+    let want = sql(
+        &s,
+        "SELECT l_returnflag, SUM(CAST(l_extendedprice AS DOUBLE) * (1 - CAST(l_discount AS DOUBLE))), \
+         COUNT(*) FROM lineitem GROUP BY l_returnflag ORDER BY l_returnflag",
+    )
+    .await;
+    let groups = |bs: &[RecordBatch]| {
+        let mut v = Vec::new();
+        for b in bs {
+            let f = arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            let f = f.as_string::<i32>();
+            let r = b.column(1).as_primitive::<Float64Type>();
+            let n = b.column(2).as_primitive::<Int64Type>();
+            for i in 0..b.num_rows() {
+                v.push((
+                    f.value(i).to_string(),
+                    (r.value(i)).round() as i64,
+                    n.value(i),
+                ));
+            }
+        }
+        v.sort();
+        v
+    };
+    let got = groups(&agg.batches);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got, groups(&want));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handed_back_code_runs_here_with_the_same_answer() {
+    let mut cfg = config("emulated:mem");
+    cfg.policy = Policy::Never;
+    let node = start(&cfg).await;
+    load_lineitem(&node.url).await;
+    let s = session(&node.url).await;
+    let run = s
+        .run_wasm(&job(
+            "filter_map",
+            FILTER_MAP_COLUMNS,
+            Some("l_quantity < 30"),
+            &[("mode", "AIR")],
+        ))
+        .await
+        .unwrap();
+    assert!(run.endpoints.iter().all(|e| e.pushed_back.is_some()));
+    assert_eq!(pairs(&run.batches), pairs(&sql(&s, FILTER_MAP_SQL).await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pointer_chase_at_the_node_equals_hop_by_hop_reads() {
+    let node = start(&config("emulated:mem")).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let n = 4096u64;
+    let data = chain(n, 42);
+    let (object, base) = put_chain(&c, &data).await.unwrap();
+    let s = session(&node.url).await;
+    for hops in [1u64, 16, 64] {
+        // Here, hop by hop, by range reads.
+        let (mut at, mut sum) = (7u64, 0u64);
+        for _ in 0..hops {
+            let r = c.read_range(&object, base + 16 * at, 16).await.unwrap();
+            sum = sum.wrapping_add(u64::from_le_bytes(r[8..16].try_into().unwrap()));
+            at = u64::from_le_bytes(r[..8].try_into().unwrap());
+        }
+        let run = s
+            .run_wasm(&WasmJob {
+                module: guest("chase").into(),
+                table: "chain".into(),
+                columns: vec!["id".into()],
+                filter: None,
+                args: BTreeMap::from([
+                    ("object".to_string(), object.clone()),
+                    ("base".to_string(), base.to_string()),
+                    ("start".to_string(), "7".to_string()),
+                    ("hops".to_string(), hops.to_string()),
+                ]),
+            })
+            .await
+            .unwrap();
+        let b = &run.batches[0];
+        let col = |i: usize| b.column(i).as_primitive::<Int64Type>().value(0);
+        assert_eq!(
+            (col(0), col(1), col(2)),
+            (hops as i64, at as i64, sum as i64)
+        );
+    }
+    // A host read of an object that is not the tenant's, or not there, fails clearly.
+    let e = s
+        .run_wasm(&WasmJob {
+            module: guest("chase").into(),
+            table: "chain".into(),
+            columns: vec!["id".into()],
+            filter: None,
+            args: BTreeMap::from([("object".to_string(), ".csd/ticket-key".to_string())]),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Some(StatusCode::PermissionDenied), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_modules_get_their_status_and_the_node_goes_on() {
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let s = session(&node.url).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let baseline = pairs(&sql(&s, FILTER_MAP_SQL).await);
+    let cases: [(&str, StatusCode, &str); 5] = [
+        ("spin", StatusCode::DeadlineExceeded, "CPU-time limit"),
+        ("hog", StatusCode::ResourceExhausted, "MiB of memory"),
+        ("deep", StatusCode::InvalidArgument, "call stack exhausted"),
+        ("trap", StatusCode::InvalidArgument, "unreachable"),
+        ("badptr", StatusCode::InvalidArgument, "outside its"),
+    ];
+    for (name, code, says) in cases {
+        let e = s
+            .run_wasm(&job(name, &["l_orderkey"], Some("l_orderkey < 100"), &[]))
+            .await
+            .unwrap_err();
+        assert_eq!(code_of(&e), Some(code), "{name}: {e}");
+        assert!(e.to_string().contains(says), "{name}: {e}");
+        assert!(e.to_string().contains("wasm module sha256:"), "{name}: {e}");
+        // The node still answers a normal query right, and its memory comes back (the
+        // other partition's instance stops within a tick once its answer is dropped).
+        assert_eq!(
+            pairs(&sql(&s, FILTER_MAP_SQL).await),
+            baseline,
+            "after {name}"
+        );
+        let mut st = c.stats().await.unwrap().sandbox;
+        for _ in 0..100 {
+            if st.memory_held == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            st = c.stats().await.unwrap().sandbox;
+        }
+        assert_eq!(st.memory_held, 0, "after {name}: {st:?}");
+    }
+    // Not WebAssembly, or not a module.
+    for bytes in [
+        b"hello, not wasm".to_vec(),
+        b"\0asm\x01\0\0\0\xff\xff".to_vec(),
+    ] {
+        let e = c.put_module(&bytes).await.unwrap_err();
+        assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
+    }
+    // Larger than the node takes (32 MiB by default) / than a message carries.
+    let mut big = guest("trap");
+    big.resize(40 << 20, 0);
+    let e = c.put_module(&big).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("at most"), "{e}");
+    let mut huge = job("trap", &["l_orderkey"], None, &[]);
+    let mut bytes = huge.module.to_vec();
+    bytes.resize(100 << 20, 0);
+    huge.module = bytes.into();
+    let e = s.run_wasm(&huge).await.unwrap_err();
+    assert_eq!(code_of(&e), Some(StatusCode::ResourceExhausted), "{e}");
+    assert_eq!(pairs(&sql(&s, FILTER_MAP_SQL).await), baseline);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_does_not_compile_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("dev.img").display().to_string();
+    let cfg = config(&dev);
+    let node = start(&cfg).await;
+    load_lineitem(&node.url).await;
+    let j = job(
+        "filter_map",
+        FILTER_MAP_COLUMNS,
+        Some("l_quantity < 30"),
+        &[("mode", "AIR")],
+    );
+    let first = session(&node.url).await.run_wasm(&j).await.unwrap();
+    let compiled = NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap()
+        .sandbox;
+    assert_eq!(compiled.compiled, 1);
+    node.shutdown().await.unwrap();
+    let node = start(&cfg).await;
+    let again = session(&node.url).await.run_wasm(&j).await.unwrap();
+    assert_eq!(pairs(&again.batches), pairs(&first.batches));
+    assert!(again.endpoints.iter().all(|e| !e.module_sent));
+    let st = NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap()
+        .sandbox;
+    assert_eq!((st.compiled, st.loaded_from_device), (0, 1), "{st:?}");
+}
+
+#[test]
+fn a_module_error_keeps_its_kind() {
+    let e = Error::DeadlineExceeded("x".into());
+    assert_eq!(e.status_code(), StatusCode::DeadlineExceeded);
+    assert_eq!(e.to_status().code(), tonic::Code::DeadlineExceeded);
+}

@@ -1,0 +1,477 @@
+//! Shipped code: WebAssembly modules a tenant sends run here, sandboxed.
+//!
+//! A [`Sandbox`] holds one wasmtime [`Engine`] (Cranelift; epoch interruption on;
+//! no WASI: a guest reaches nothing but the two host functions below), a bounded
+//! cache of compiled modules keyed by the SHA-256 of their bytes ([`ModuleDigest`])
+//! and the engine's configuration, and — at a node — the device, where compiled
+//! modules are kept (`.csd/wasm/…`) so that a restart does not compile again.
+//! Nothing is deployed ahead: a request names its module by digest, and a node that
+//! lacks it says so ([`Error::NotFound`] naming the digest, see
+//! [`missing_module`]); the client then sends the bytes once.
+//!
+//! Every instance runs under [`SandboxLimits`]: CPU time (epoch deadlines, checked
+//! every [`EPOCH_TICK`]; past it the call ends with `DEADLINE_EXCEEDED`), memory (a
+//! [`ResourceLimiter`] that takes every page the guest grows from the node's
+//! [`MemoryLedger`], the same budget `--memory` gives operators' pools; a refusal ends
+//! the call with `RESOURCE_EXHAUSTED` and the pages come back when the instance
+//! drops), wasm stack, module size. A trap or an ABI violation ends the request with
+//! `INVALID_ARGUMENT` naming the module and the function; the node goes on serving.
+//!
+//! # The guest ABI, version 1
+//!
+//! A guest module exports its `memory` and:
+//!
+//! | export | signature | |
+//! |---|---|---|
+//! | `csd_abi_version` | `() -> i32` | must return 1 |
+//! | `csd_kind` | `() -> i32` | 0: rows (outputs are united); 1: aggregate (the compute side merges the partial outputs by running the module again with `csd.phase=merge`) |
+//! | `csd_alloc` | `(len: i32) -> i32` | memory for the host to write `len` bytes into; the callee it is passed to owns it |
+//! | `csd_init` | `(ptr: i32, len: i32) -> i64` | the arguments: u32 count, then (u32 length, UTF-8 bytes) key and value pairs, little-endian; `csd.phase` is `map` or `merge` |
+//! | `csd_batch` | `(ptr: i32, len: i32) -> i64` | one input batch as an Arrow IPC stream (schema, one batch, end) |
+//! | `csd_finish` | `() -> i64` | after the last batch |
+//!
+//! The `i64` results: `-1` is a failure whose message the guest passed to `fail`
+//! before returning; otherwise `(ptr << 32) | len` of an Arrow IPC stream of output
+//! batches in the guest's memory (length 0: no output), read before the next call.
+//!
+//! Host imports (module `csd`): `fail(ptr: i32, len: i32)` records the message of a
+//! failure; `read(object_ptr: i32, object_len: i32, offset: i64, dst: i32, len: i32) ->
+//! i32` reads up to `len` bytes (at most [`MAX_HOST_READ`]) of an object of a table the
+//! tenant may read into `dst` and returns how many (fewer only at its end); the node
+//! checks the permission and verifies checksums; a refused or failed read ends the
+//! request with the node's error.
+//!
+//! The Rust SDK (`csd-runtime/guest/sdk`, crate `csd-guest`) implements this ABI
+//! behind a trait over `RecordBatch`; any language that compiles to
+//! `wasm32-unknown-unknown` can implement it.
+
+mod cache;
+mod instance;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use wasmtime::{Config, Engine, Linker, OptLevel};
+
+use crate::error::{Error, Result};
+use crate::memory::MemoryLedger;
+use crate::store::ObjectStore;
+
+pub use cache::CompiledModule;
+pub use instance::{GuestInstance, GuestKind, GuestReader};
+
+/// How often the engine's epoch advances: the resolution of CPU-time limits.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Most bytes one host `read` returns.
+pub const MAX_HOST_READ: usize = 16 << 20;
+/// Objects on the device that hold compiled modules (and their bytes).
+pub const MODULE_PREFIX: &str = ".csd/wasm/";
+
+/// The limits every instance runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    /// CPU time one request's guest calls may take in all.
+    pub cpu_time: Duration,
+    /// Linear memory one instance may grow to (and never more than the node's
+    /// memory budget has free).
+    pub memory: u64,
+    /// Wasm stack of a call, in bytes.
+    pub stack: usize,
+    /// Largest module accepted, in bytes.
+    pub max_module_bytes: usize,
+    /// Compiled modules kept in memory.
+    pub cached_modules: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            cpu_time: Duration::from_secs(30),
+            memory: 256 << 20,
+            stack: 512 << 10,
+            max_module_bytes: 32 << 20,
+            cached_modules: 64,
+        }
+    }
+}
+
+/// A module's name: the SHA-256 of its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModuleDigest(pub [u8; 32]);
+
+impl ModuleDigest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        ModuleDigest(Sha256::digest(bytes).into())
+    }
+
+    /// Parses 64 hex digits (optionally prefixed `sha256:`), or 32 raw bytes.
+    pub fn parse(s: &[u8]) -> Result<Self> {
+        if let Ok(raw) = <[u8; 32]>::try_from(s) {
+            return Ok(ModuleDigest(raw));
+        }
+        let s = std::str::from_utf8(s).unwrap_or("");
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "a module digest is 32 bytes or 64 hex digits, not {:?}",
+                crate::error::truncated(s)
+            ))
+        };
+        if hex.len() != 64 {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+                .map_err(|_| bad())?;
+        }
+        Ok(ModuleDigest(out))
+    }
+
+    /// The 64 hex digits.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The first 12 hex digits, for messages.
+    pub fn short(&self) -> String {
+        self.hex()[..12].to_string()
+    }
+}
+
+impl fmt::Display for ModuleDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+impl fmt::Debug for ModuleDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.short())
+    }
+}
+
+/// The start of the message of the `NOT_FOUND` a node answers for a module it does
+/// not have; [`missing_module`] reads the digest back out of a status message.
+pub const MISSING_MODULE: &str = "wasm module not at this node: ";
+
+/// The error for a module this node does not have.
+pub fn module_not_here(digest: &ModuleDigest) -> Error {
+    Error::NotFound(format!(
+        "{MISSING_MODULE}{digest} (send its bytes: the put_module action, or in the request)"
+    ))
+}
+
+/// The digest a `NOT_FOUND` status message says is missing, if it says so.
+pub fn missing_module(message: &str) -> Option<ModuleDigest> {
+    let at = message.find(MISSING_MODULE)? + MISSING_MODULE.len();
+    let rest = message.get(at..)?.strip_prefix("sha256:")?;
+    ModuleDigest::parse(rest.get(..64)?.as_bytes()).ok()
+}
+
+/// The sandbox's counters.
+#[derive(Debug, Default)]
+struct Counters {
+    compiled: AtomicU64,
+    compile_us: AtomicU64,
+    loaded_from_device: AtomicU64,
+    cache_hits: AtomicU64,
+    instances: AtomicU64,
+    deadline_exceeded: AtomicU64,
+    memory_refused: AtomicU64,
+    traps: AtomicU64,
+}
+
+/// The sandbox's figures (in a node's `stats`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxStats {
+    /// Modules compiled from their bytes.
+    pub compiled: u64,
+    /// Time spent compiling, in all (ms).
+    pub compile_ms: f64,
+    /// Compiled modules read back from the device (after a restart or eviction).
+    pub loaded_from_device: u64,
+    /// Requests whose module was already compiled in memory.
+    pub cache_hits: u64,
+    /// Modules in the in-memory cache now.
+    pub cached: usize,
+    /// Instances created.
+    pub instances: u64,
+    /// Calls ended by the CPU-time limit.
+    pub deadline_exceeded: u64,
+    /// Instances refused memory.
+    pub memory_refused: u64,
+    /// Calls ended by a trap or an ABI violation.
+    pub traps: u64,
+    /// Linear memory live instances hold now (taken from the node's budget).
+    pub memory_held: u64,
+}
+
+/// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("csd-wasm-epoch".into())
+            .spawn({
+                let stop = stop.clone();
+                move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                }
+            })
+            .map_err(|e| Error::io("starting the wasm epoch thread", e))?;
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The engine, its module cache and its limits.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<instance::GuestState>,
+    limits: SandboxLimits,
+    memory: Arc<MemoryLedger>,
+    cache: cache::ModuleCache,
+    counters: Counters,
+    memory_held: Arc<AtomicU64>,
+    /// One compile at a time: two requests for a new module compile it once.
+    compiling: tokio::sync::Mutex<()>,
+    _ticker: EpochTicker,
+}
+
+impl fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps a wasmtime error met while setting up (not running) a module.
+fn setup_error(what: impl fmt::Display, e: wasmtime::Error) -> Error {
+    Error::Internal(format!("{what}: {e:#}"))
+}
+
+impl Sandbox {
+    /// A sandbox whose instances draw memory from `memory`, keeping compiled modules
+    /// on `device` too when given (a node's object store).
+    pub fn new(
+        limits: SandboxLimits,
+        memory: Arc<MemoryLedger>,
+        device: Option<ObjectStore>,
+    ) -> Result<Self> {
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            .max_wasm_stack(limits.stack.max(64 << 10))
+            .cranelift_opt_level(OptLevel::Speed);
+        let engine = Engine::new(&config).map_err(|e| setup_error("starting wasmtime", e))?;
+        let linker = instance::linker(&engine)?;
+        let cache = cache::ModuleCache::new(&engine, limits.cached_modules, device);
+        Ok(Sandbox {
+            _ticker: EpochTicker::start(engine.clone())?,
+            engine,
+            linker,
+            limits,
+            memory,
+            cache,
+            counters: Counters::default(),
+            memory_held: Arc::new(AtomicU64::new(0)),
+            compiling: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The limits instances run under.
+    pub fn limits(&self) -> SandboxLimits {
+        self.limits
+    }
+
+    /// Whether the module is here (compiled in memory or kept on the device).
+    pub fn has(&self, digest: &ModuleDigest) -> bool {
+        self.cache.has(digest)
+    }
+
+    /// The compiled module `digest`: from memory, else from the device, else
+    /// compiled from `bytes` (which must hash to `digest`); [`module_not_here`]
+    /// when none of these has it.
+    pub async fn module(
+        &self,
+        digest: &ModuleDigest,
+        bytes: Option<&[u8]>,
+    ) -> Result<Arc<CompiledModule>> {
+        if let Some(m) = self.cache.get(digest) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        let _one = self.compiling.lock().await;
+        if let Some(m) = self.cache.get(digest) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        if let Some(bytes) = bytes {
+            let got = ModuleDigest::of(bytes);
+            if got != *digest {
+                return Err(Error::InvalidArgument(format!(
+                    "the module's bytes hash to {got}, not to the {digest} the request names"
+                )));
+            }
+        }
+        if let Some(m) = self.cache.load(&self.linker, digest).await? {
+            self.counters
+                .loaded_from_device
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        match bytes {
+            Some(b) => self.compile_locked(b, *digest).await,
+            None => Err(module_not_here(digest)),
+        }
+    }
+
+    /// Compiles `bytes` (checking size and shape), caches it and keeps it on the
+    /// device; a module already here is not compiled again.
+    pub async fn compile(&self, bytes: &[u8]) -> Result<Arc<CompiledModule>> {
+        let digest = ModuleDigest::of(bytes);
+        let _one = self.compiling.lock().await;
+        if let Some(m) = self.cache.get(&digest) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        if let Some(m) = self.cache.load(&self.linker, &digest).await? {
+            self.counters
+                .loaded_from_device
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(m);
+        }
+        self.compile_locked(bytes, digest).await
+    }
+
+    /// Compiles, caches and keeps `bytes` (the caller holds `compiling`).
+    async fn compile_locked(
+        &self,
+        bytes: &[u8],
+        digest: ModuleDigest,
+    ) -> Result<Arc<CompiledModule>> {
+        if bytes.len() > self.limits.max_module_bytes {
+            return Err(Error::ResourcesExhausted(format!(
+                "the module is {} bytes; this node takes modules of at most {} bytes (--wasm-max-module)",
+                bytes.len(),
+                self.limits.max_module_bytes
+            )));
+        }
+        let started = std::time::Instant::now();
+        let m = cache::compile(&self.engine, &self.linker, digest, bytes)?;
+        self.counters.compiled.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .compile_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.cache.insert(m.clone());
+        self.cache.persist(&m, bytes).await?;
+        Ok(m)
+    }
+
+    /// A new instance of `module`, initialized with `args` (the request's arguments
+    /// plus `csd.phase`), whose host reads go to `reader`; its calls stop (within an
+    /// [`EPOCH_TICK`]) once `cancel` is set.
+    pub fn instantiate(
+        self: &Arc<Self>,
+        module: &Arc<CompiledModule>,
+        args: &BTreeMap<String, String>,
+        reader: Option<Arc<dyn GuestReader>>,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<GuestInstance> {
+        self.counters.instances.fetch_add(1, Ordering::Relaxed);
+        GuestInstance::new(self.clone(), module, args, reader, cancel)
+    }
+
+    /// The sandbox's figures now.
+    pub fn stats(&self) -> SandboxStats {
+        let c = &self.counters;
+        SandboxStats {
+            compiled: c.compiled.load(Ordering::Relaxed),
+            compile_ms: c.compile_us.load(Ordering::Relaxed) as f64 / 1e3,
+            loaded_from_device: c.loaded_from_device.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            cached: self.cache.len(),
+            instances: c.instances.load(Ordering::Relaxed),
+            deadline_exceeded: c.deadline_exceeded.load(Ordering::Relaxed),
+            memory_refused: c.memory_refused.load(Ordering::Relaxed),
+            traps: c.traps.load(Ordering::Relaxed),
+            memory_held: self.memory_held.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A node's [`GuestReader`]: objects of the tables the request's tenant may read,
+/// from the node's own store (checksums verified), counted as the request's reads.
+///
+/// Guests run on blocking threads (never on a runtime's workers): a read waits for
+/// the device there.
+pub struct NodeObjectReader {
+    /// The node's objects.
+    pub store: ObjectStore,
+    /// Who asked.
+    pub principal: crate::auth::Principal,
+    /// The request's bytes read.
+    pub bytes_read: Arc<AtomicU64>,
+}
+
+impl GuestReader for NodeObjectReader {
+    fn read(&self, object: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.principal.check_object_read(object)?;
+        let info = self.store.get(object).ok_or_else(|| {
+            Error::NotFound(format!("object {}", crate::error::truncated(object)))
+        })?;
+        let len = (len as u64).min(info.len.saturating_sub(offset));
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("a guest's read ran outside the node's runtime".into()))?;
+        let bytes = handle.block_on(self.store.read_range(object, offset, len))?;
+        self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        Ok(bytes.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_parse_back() {
+        let d = ModuleDigest::of(b"module");
+        assert_eq!(ModuleDigest::parse(d.hex().as_bytes()).unwrap(), d);
+        assert_eq!(ModuleDigest::parse(d.to_string().as_bytes()).unwrap(), d);
+        assert_eq!(ModuleDigest::parse(&d.0).unwrap(), d);
+        assert!(ModuleDigest::parse(b"sha256:xyz").is_err());
+        let msg = module_not_here(&d).to_status().message().to_string();
+        assert_eq!(missing_module(&msg), Some(d));
+        assert_eq!(missing_module("not found: table x"), None);
+    }
+}

@@ -1,0 +1,334 @@
+//! The compute side of shipped code: run a WebAssembly module over a table at the
+//! nodes that hold it ([`CsdSession::run_wasm`]).
+//!
+//! The input (`SELECT columns FROM table WHERE filter`) is planned by the session like
+//! any query, so it must push whole: the module sees exactly the rows the nodes
+//! return. Each partition's fragment travels in a `"wasm"` request naming the module
+//! by digest (its bytes ride along when small); a node that lacks the module says so
+//! and gets its bytes once (`put_module`). A request the node hands back (or a node
+//! without the operator) runs here: the same fragment over byte-range reads, then
+//! the same module in this process's sandbox, with host reads going to the node by
+//! range. An aggregate's partial outputs are merged here by the module itself
+//! (`csd.phase=merge`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use csd_runtime::memory::MemoryLedger;
+use csd_runtime::node_client::{Error as ClientError, NodeClient};
+use csd_runtime::protocol::OperatorReport;
+use csd_runtime::sandbox::{
+    GuestKind, GuestReader, ModuleDigest, Sandbox, SandboxLimits, missing_module,
+};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::compute::endpoints::Endpoint;
+use crate::compute::scan::CsdScanExec;
+use crate::compute::session::CsdSession;
+use crate::error::{to_datafusion, to_runtime};
+use crate::eval::wasm::{GuestFigures, guest_args, run_guest};
+use crate::wire::wasm::{MAX_INLINE_MODULE, OPERATOR_NAME, WasmRequest};
+
+/// A module to run over a table.
+#[derive(Debug, Clone)]
+pub struct WasmJob {
+    /// The module's bytes.
+    pub module: Bytes,
+    /// The table it runs over.
+    pub table: String,
+    /// The columns it receives (empty: all).
+    pub columns: Vec<String>,
+    /// A SQL filter on the rows it receives (pushed to the nodes).
+    pub filter: Option<String>,
+    /// Its arguments (`--arg KEY=VALUE`).
+    pub args: BTreeMap<String, String>,
+}
+
+/// What one partition did.
+#[derive(Debug, Clone, Default)]
+pub struct WasmEndpointRun {
+    /// `node-url/partition`.
+    pub endpoint: String,
+    /// Why the node handed it back (it ran here), if it did.
+    pub pushed_back: Option<String>,
+    /// The node's report, when it ran there.
+    pub report: Option<OperatorReport>,
+    /// Bytes received from the node for it.
+    pub bytes_received: u64,
+    /// Whether the module's bytes had to be sent to the node.
+    pub module_sent: bool,
+}
+
+/// A module's answer over a table.
+#[derive(Debug)]
+pub struct WasmRun {
+    /// The module.
+    pub digest: ModuleDigest,
+    /// Rows or a merged aggregate.
+    pub kind: GuestKind,
+    /// The answer.
+    pub batches: Vec<RecordBatch>,
+    /// Per partition.
+    pub endpoints: Vec<WasmEndpointRun>,
+}
+
+fn external(e: csd_runtime::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// This process's sandbox (for handed-back requests and merges), made on first use.
+pub fn local_sandbox() -> Result<Arc<Sandbox>> {
+    static LOCAL: Mutex<Option<Arc<Sandbox>>> = Mutex::new(None);
+    let mut g = LOCAL
+        .lock()
+        .map_err(|_| DataFusionError::Internal("the local sandbox's lock".into()))?;
+    if let Some(s) = g.as_ref() {
+        return Ok(s.clone());
+    }
+    let limits = SandboxLimits::default();
+    let ledger = MemoryLedger::new(4 * limits.memory);
+    let s = Arc::new(Sandbox::new(limits, ledger, None).map_err(external)?);
+    *g = Some(s.clone());
+    Ok(s)
+}
+
+/// Host reads of a guest running here: byte ranges from the node.
+struct RangeReader {
+    client: NodeClient,
+}
+
+impl GuestReader for RangeReader {
+    fn read(&self, object: &str, offset: u64, len: usize) -> csd_runtime::Result<Vec<u8>> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            csd_runtime::Error::Internal("a guest's read ran outside a runtime".into())
+        })?;
+        handle
+            .block_on(self.client.read_range(object, offset, len as u64))
+            .map(|b| b.to_vec())
+            .map_err(|e| match e {
+                ClientError::Runtime(e) => e,
+                e => csd_runtime::Error::external(e.status_code(), "a guest's range read", e),
+            })
+    }
+}
+
+fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// The one scan under `plan`, if the plan is nothing but that scan (and renaming).
+fn only_scan(plan: &Arc<dyn ExecutionPlan>) -> std::result::Result<&CsdScanExec, String> {
+    if let Some(scan) = plan.downcast_ref::<CsdScanExec>() {
+        return Ok(scan);
+    }
+    match (plan.name(), plan.children().as_slice()) {
+        (
+            "ProjectionExec" | "CoalesceBatchesExec" | "CooperativeExec" | "RepartitionExec",
+            [child],
+        ) => only_scan(child),
+        (name, _) => Err(name.to_string()),
+    }
+}
+
+impl CsdSession {
+    /// Runs `job`'s module over its table at the nodes (see the module docs).
+    pub async fn run_wasm(&self, job: &WasmJob) -> Result<WasmRun> {
+        // A module travels in one message (a request or a put_module action).
+        let most = csd_runtime::protocol::MAX_MESSAGE_BYTES - (64 << 10);
+        if job.module.len() > most {
+            return Err(DataFusionError::External(Box::new(
+                csd_runtime::Error::ResourcesExhausted(format!(
+                    "the module is {} bytes; a module travels in one message of at most {most} bytes",
+                    job.module.len()
+                )),
+            )));
+        }
+        let digest = ModuleDigest::of(&job.module);
+        let columns = if job.columns.is_empty() {
+            "*".to_string()
+        } else {
+            job.columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let filter = job
+            .filter
+            .as_deref()
+            .map(|f| format!(" WHERE {f}"))
+            .unwrap_or_default();
+        let sql = format!("SELECT {columns} FROM {}{filter}", quote(&job.table));
+        let df = self.ctx.sql(&sql).await?;
+        let plan = df.create_physical_plan().await?;
+        let scan = only_scan(&plan).map_err(|left| {
+            DataFusionError::Plan(format!(
+                "the module's input ({sql}) does not push whole to the nodes (a {left} stays here): \
+                 use only filters a node evaluates (see EXPLAIN), so the module sees exactly the rows the nodes return"
+            ))
+        })?;
+        let task = self.ctx.task_ctx();
+        let runs = scan.table().endpoints().iter().map(|endpoint| {
+            let opener = scan.opener(endpoint.clone(), task.clone());
+            let job = job.clone();
+            async move { run_endpoint(&job, digest, endpoint.clone(), opener).await }
+        });
+        let done: Vec<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> =
+            futures::future::try_join_all(runs).await?;
+        let kind = if done.iter().any(|d| d.2 == GuestKind::Aggregate) {
+            GuestKind::Aggregate
+        } else {
+            GuestKind::Rows
+        };
+        let mut batches = Vec::new();
+        let mut endpoints = Vec::new();
+        for (b, run, _) in done {
+            batches.extend(b);
+            endpoints.push(run);
+        }
+        if kind == GuestKind::Aggregate {
+            batches = merge(job, digest, batches).await?;
+        }
+        Ok(WasmRun {
+            digest,
+            kind,
+            batches,
+            endpoints,
+        })
+    }
+}
+
+/// Runs the module over one partition: at its node, or here if handed back.
+async fn run_endpoint(
+    job: &WasmJob,
+    digest: ModuleDigest,
+    endpoint: Endpoint,
+    opener: crate::compute::scan::opener::EndpointOpener,
+) -> Result<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> {
+    let input = opener.fragment.to_bytes();
+    let mut run = WasmEndpointRun {
+        endpoint: format!("{}/{}", endpoint.client.url(), endpoint.partition),
+        ..Default::default()
+    };
+    let mut request = WasmRequest {
+        module_digest: digest.0.to_vec(),
+        module: (job.module.len() <= MAX_INLINE_MODULE).then(|| job.module.to_vec()),
+        input: input.clone(),
+        args: job.args.clone(),
+    };
+    let compression = opener.table.compression();
+    let reply = loop {
+        let r = endpoint
+            .client
+            .operator_with(
+                OPERATOR_NAME,
+                request.to_bytes(),
+                compression,
+                false,
+                opener.table.local_gate().load(),
+            )
+            .await;
+        match r {
+            Err(e)
+                if !run.module_sent
+                    && e.code() == Some(tonic::Code::NotFound)
+                    && missing_module(&e.to_string()) == Some(digest) =>
+            {
+                endpoint
+                    .client
+                    .put_module(&job.module)
+                    .await
+                    .map_err(to_datafusion)?;
+                run.module_sent = true;
+                request.module = None;
+            }
+            r => break r,
+        }
+    };
+    let why = match reply {
+        Ok(reply) => {
+            let batches: Vec<RecordBatch> =
+                reply.batches.try_collect().await.map_err(to_datafusion)?;
+            run.report = reply.stats.report();
+            run.bytes_received = reply
+                .stats
+                .bytes_received
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let kind = match run
+                .report
+                .as_ref()
+                .and_then(|r| r.details.get("wasm_kind"))
+                .map(String::as_str)
+            {
+                Some("aggregate") => GuestKind::Aggregate,
+                _ => GuestKind::Rows,
+            };
+            return Ok((batches, run, kind));
+        }
+        Err(ClientError::PushedBack(p)) => p.reason,
+        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+            format!("the node cannot run it: {e}")
+        }
+        Err(e) => return Err(to_datafusion(e)),
+    };
+    // Handed back: the same fragment and the same module, here.
+    run.pushed_back = Some(why);
+    let scanned = opener.evaluate_here(&input, true).await?;
+    let sandbox = local_sandbox()?;
+    let module = sandbox
+        .module(&digest, Some(&job.module))
+        .await
+        .map_err(external)?;
+    let objects: Vec<String> = endpoint.objects.iter().map(|o| o.name.clone()).collect();
+    let args = guest_args(
+        &job.args,
+        "map",
+        &[
+            ("csd.table", job.table.clone()),
+            ("csd.objects", objects.join(",")),
+        ],
+    );
+    let figures = Arc::new(GuestFigures::default());
+    let out = run_guest(
+        sandbox,
+        module,
+        args,
+        Some(Arc::new(RangeReader {
+            client: endpoint.client.clone(),
+        })),
+        scanned.map(|b| b.map_err(to_runtime)).boxed(),
+        figures.clone(),
+    );
+    let batches: Vec<RecordBatch> = out.try_collect().await.map_err(external)?;
+    Ok((batches, run, figures.kind()))
+}
+
+/// An aggregate's partial states merged by the module itself.
+async fn merge(
+    job: &WasmJob,
+    digest: ModuleDigest,
+    partials: Vec<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    let sandbox = local_sandbox()?;
+    let module = sandbox
+        .module(&digest, Some(&job.module))
+        .await
+        .map_err(external)?;
+    let args = guest_args(&job.args, "merge", &[("csd.table", job.table.clone())]);
+    let input = futures::stream::iter(partials.into_iter().map(Ok)).boxed();
+    run_guest(
+        sandbox,
+        module,
+        args,
+        None,
+        input,
+        Arc::new(GuestFigures::default()),
+    )
+    .try_collect()
+    .await
+    .map_err(external)
+}

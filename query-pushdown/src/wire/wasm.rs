@@ -1,0 +1,114 @@
+//! The `"wasm"` operator's request: a shipped WebAssembly module run over the rows
+//! of one pushed scan.
+//!
+//! ```text
+//! message WasmRequest {
+//!   bytes module_digest = 1;          // SHA-256 of the module's bytes (32 bytes)
+//!   optional bytes module = 2;        // the bytes themselves, when small enough
+//!   bytes input = 3;                  // a SqlFragment: the scan (columns, filter) the guest's input is
+//!   map<string, string> args = 4;     // the guest's arguments
+//! }
+//! ```
+//!
+//! The node runs `input` as it runs any `"sql"` fragment (so its Parquet pruning and
+//! its checks apply), feeds the batches to the module through the guest ABI
+//! (`csd_runtime::sandbox`) and streams the module's outputs. A node that lacks the
+//! module answers `NOT_FOUND` naming its digest
+//! ([`csd_runtime::sandbox::missing_module`]); the client sends the bytes with the
+//! `put_module` action and asks again. The trailing report's details say
+//! `wasm_kind` (`rows` or `aggregate`) and `wasm_cpu_ms`.
+
+use std::collections::BTreeMap;
+
+use csd_runtime::Error;
+use csd_runtime::sandbox::ModuleDigest;
+use prost::Message;
+
+use crate::wire::fragment::SqlFragment;
+
+/// Name of the operator in tickets.
+pub const OPERATOR_NAME: &str = "wasm";
+/// Largest module sent inside a request (larger ones go by `put_module`).
+pub const MAX_INLINE_MODULE: usize = 256 << 10;
+/// Most arguments.
+pub const MAX_ARGS: usize = 256;
+/// Largest argument key or value.
+pub const MAX_ARG_BYTES: usize = 64 << 10;
+
+/// The `args` of a `"wasm"` operator ticket.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WasmRequest {
+    /// SHA-256 of the module's bytes.
+    #[prost(bytes = "vec", tag = "1")]
+    pub module_digest: Vec<u8>,
+    /// The module's bytes, when they ride in the request.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub module: Option<Vec<u8>>,
+    /// The scan whose rows the guest receives: a [`SqlFragment`], encoded.
+    #[prost(bytes = "vec", tag = "3")]
+    pub input: Vec<u8>,
+    /// The guest's arguments.
+    #[prost(btree_map = "string, string", tag = "4")]
+    pub args: BTreeMap<String, String>,
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+impl WasmRequest {
+    /// The request's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.encode_to_vec()
+    }
+
+    /// Decodes untrusted bytes: sizes, digest and the input fragment checked.
+    pub fn decode_checked(bytes: &[u8]) -> Result<(WasmRequest, ModuleDigest, SqlFragment), Error> {
+        let r = WasmRequest::decode(bytes)
+            .map_err(|e| invalid(format!("malformed wasm request: {e}")))?;
+        let digest = ModuleDigest::parse(&r.module_digest)?;
+        if r.args.len() > MAX_ARGS {
+            return Err(invalid(format!(
+                "a wasm request has {} arguments; at most {MAX_ARGS} are accepted",
+                r.args.len()
+            )));
+        }
+        if r.args
+            .iter()
+            .any(|(k, v)| k.len() > MAX_ARG_BYTES || v.len() > MAX_ARG_BYTES)
+        {
+            return Err(invalid(format!(
+                "a wasm request's argument exceeds {MAX_ARG_BYTES} bytes"
+            )));
+        }
+        if r.args.keys().any(|k| k.starts_with("csd.")) {
+            return Err(invalid("argument names starting with csd. are the node's"));
+        }
+        let (frag, _, _) = SqlFragment::decode_checked(&r.input)?;
+        Ok((r, digest, frag))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let e = WasmRequest::decode_checked(b"\xff\xff").unwrap_err();
+        assert!(e.to_string().contains("malformed wasm request"), "{e}");
+        let r = WasmRequest {
+            module_digest: vec![1, 2, 3],
+            ..Default::default()
+        };
+        let e = WasmRequest::decode_checked(&r.to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("module digest"), "{e}");
+        let r = WasmRequest {
+            module_digest: vec![7; 32],
+            args: [("csd.phase".to_string(), "merge".to_string())].into(),
+            ..Default::default()
+        };
+        let e = WasmRequest::decode_checked(&r.to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("csd."), "{e}");
+    }
+}
