@@ -251,3 +251,105 @@ async fn a_secure_node_from_the_command_line() {
     .await;
     assert_eq!(plain.status.code(), Some(2), "{:?}", text(&plain));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csd_run_ships_a_module_and_prints_what_sql_prints() {
+    let Some(module) = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")))
+        .map(|t| t.join("wasm/filter_map.wasm"))
+        .filter(|p| p.exists())
+    else {
+        panic!("build the example guests first: scripts/build-wasm-examples.sh");
+    };
+    let node = sql_node().await;
+    let dir = tempfile::tempdir().unwrap();
+    let part = csd_client::demo::lineitem(0.01, 1, 1).unwrap();
+    let file = dir.path().join("lineitem.parquet");
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&file).unwrap(),
+        part[0].schema(),
+        None,
+    )
+    .unwrap();
+    for b in &part {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let put = csd(args(
+        &["put", file.to_str().unwrap(), "--table", "lineitem"],
+        &node.url,
+    ))
+    .await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let run = csd(args(
+        &[
+            "run",
+            "--wasm",
+            module.to_str().unwrap(),
+            "--table",
+            "lineitem",
+            "--columns",
+            "l_orderkey,l_extendedprice,l_discount,l_shipmode",
+            "--where",
+            "l_quantity < 5",
+            "--arg",
+            "mode=MAIL",
+            "--format",
+            "csv",
+        ],
+        &node.url,
+    ))
+    .await;
+    let (out, err) = text(&run);
+    assert!(run.status.success(), "{out}\n{err}");
+    assert!(err.contains("module sent"), "{err}");
+    let sql = csd(args(
+        &[
+            "sql",
+            "--format",
+            "csv",
+            "SELECT l_orderkey, ROUND(CAST(l_extendedprice AS DOUBLE) * (1 - CAST(l_discount AS DOUBLE)), 4) AS revenue \
+             FROM lineitem WHERE l_quantity < 5 AND l_shipmode = 'MAIL' ORDER BY 1, 2",
+        ],
+        &node.url,
+    ))
+    .await;
+    assert!(sql.status.success(), "{:?}", text(&sql));
+    let rows = |s: &str| {
+        let mut v: Vec<(i64, f64)> = s
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let (k, r) = l.split_once(',').unwrap();
+                (k.parse().unwrap(), r.parse::<f64>().unwrap())
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        v
+    };
+    let (got, want) = (rows(&out), rows(&text(&sql).0));
+    assert!(!want.is_empty());
+    assert_eq!(got.len(), want.len());
+    // SQL rounded to 4 places; the module's doubles are not.
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.0, w.0);
+        assert!((g.1 - w.1).abs() < 1e-3, "{g:?} vs {w:?}");
+    }
+    // A bad argument is the user's error, said plainly, exit code 2.
+    let bad = csd(args(
+        &[
+            "run",
+            "--wasm",
+            module.to_str().unwrap(),
+            "--table",
+            "lineitem",
+            "--arg",
+            "mode",
+        ],
+        &node.url,
+    ))
+    .await;
+    assert_eq!(bad.status.code(), Some(2), "{:?}", text(&bad));
+    assert!(text(&bad).1.contains("KEY=VALUE"), "{:?}", text(&bad));
+}
