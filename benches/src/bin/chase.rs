@@ -70,6 +70,8 @@ struct Report {
     chase: Vec<ChasePoint>,
     overhead: Option<Overhead>,
     start: Option<Start>,
+    /// Time until a spinning guest with a 500 ms CPU-time limit is stopped.
+    spin_ms: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -273,11 +275,37 @@ async fn main() {
     }
 
     report.start = Some(start_latency(&guest("filter_map")).await);
+    report.spin_ms = Some(spin_time(&guest("spin")).await);
     write_json(
         &args.json.unwrap_or_else(|| default_json_path("chase")),
         &report,
     )
     .expect("json");
+}
+
+/// How long after its start a guest that never returns is stopped, with a 500 ms
+/// CPU-time limit.
+async fn spin_time(module: &[u8]) -> f64 {
+    let limits = SandboxLimits {
+        cpu_time: std::time::Duration::from_millis(500),
+        ..SandboxLimits::default()
+    };
+    let sandbox =
+        Arc::new(Sandbox::new(limits, MemoryLedger::new(1 << 30), None).expect("sandbox"));
+    let m = sandbox.compile(module).await.expect("compile");
+    let batch =
+        arrow::record_batch::RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+    let t = Instant::now();
+    let mut g = sandbox
+        .instantiate(&m, &BTreeMap::new(), None, Arc::new(AtomicBool::new(false)))
+        .expect("instance");
+    let e = g.batch(&batch).expect_err("spin never returns");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "
+a guest that never returns, 500 ms CPU-time limit: stopped after {ms:.1} ms ({e})"
+    );
+    ms
 }
 
 /// Cold, warm and hot invocations of a guest on one small batch, in this process.
