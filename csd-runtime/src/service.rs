@@ -954,17 +954,18 @@ impl FlightService for FlightNode {
             }
             crate::protocol::actions::PUT_MODULE => {
                 who.check_any(Permission::Code, "ship code (put_module)")?;
-                let sandbox = &self.state.node.sandbox;
-                let digest = crate::sandbox::ModuleDigest::of(body);
-                let had = sandbox.has(&digest);
                 let body = body.clone();
-                let sb = sandbox.clone();
-                // Compiling is CPU work: on the pool, never on the RPC threads.
-                let m = self
+                let sandbox = self.state.node.sandbox.clone();
+                // Hashing and compiling are CPU work: on the pool, never on the RPC
+                // threads.
+                let (m, had) = self
                     .state
                     .node
                     .pool
-                    .spawn(async move { sb.compile(&body).await })
+                    .spawn(async move {
+                        let had = sandbox.has(&crate::sandbox::ModuleDigest::of(&body));
+                        sandbox.compile(&body).await.map(|m| (m, had))
+                    })
                     .await?;
                 json_result(&crate::protocol::actions::PutModuleResponse {
                     digest: m.digest.to_string(),

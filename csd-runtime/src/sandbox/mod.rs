@@ -116,27 +116,19 @@ impl ModuleDigest {
             return Ok(ModuleDigest(raw));
         }
         let s = std::str::from_utf8(s).unwrap_or("");
-        let hex = s.strip_prefix("sha256:").unwrap_or(s);
-        let bad = || {
-            Error::InvalidArgument(format!(
-                "a module digest is 32 bytes or 64 hex digits, not {:?}",
-                crate::error::truncated(s)
-            ))
-        };
-        if hex.len() != 64 {
-            return Err(bad());
-        }
-        let mut out = [0u8; 32];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
-                .map_err(|_| bad())?;
-        }
-        Ok(ModuleDigest(out))
+        crate::auth::unhex32(s.strip_prefix("sha256:").unwrap_or(s))
+            .map(ModuleDigest)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "a module digest is 32 bytes or 64 hex digits, not {:?}",
+                    crate::error::truncated(s)
+                ))
+            })
     }
 
     /// The 64 hex digits.
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::auth::hex(&self.0)
     }
 
     /// The first 12 hex digits, for messages.
@@ -356,19 +348,7 @@ impl Sandbox {
     /// Compiles `bytes` (checking size and shape), caches it and keeps it on the
     /// device; a module already here is not compiled again.
     pub async fn compile(&self, bytes: &[u8]) -> Result<Arc<CompiledModule>> {
-        let digest = ModuleDigest::of(bytes);
-        let _one = self.compiling.lock().await;
-        if let Some(m) = self.cache.get(&digest) {
-            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(m);
-        }
-        if let Some(m) = self.cache.load(&self.linker, &digest).await? {
-            self.counters
-                .loaded_from_device
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(m);
-        }
-        self.compile_locked(bytes, digest).await
+        self.module(&ModuleDigest::of(bytes), Some(bytes)).await
     }
 
     /// Compiles, caches and keeps `bytes` (the caller holds `compiling`).
