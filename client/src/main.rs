@@ -224,10 +224,33 @@ struct SqlArgs {
     /// Read the SQL from this file.
     #[arg(short = 'f', long = "file")]
     file: Option<PathBuf>,
+    /// A SQL function computed by a WebAssembly module's export (repeatable): its
+    /// calls are pushed to the nodes inside fragments like a built-in's.
+    #[arg(long = "wasm-fn", value_name = "NAME=FILE.wasm:EXPORT")]
+    wasm_fns: Vec<String>,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
     #[command(flatten)]
     creds: ClientCreds,
+}
+
+/// `NAME=FILE.wasm:EXPORT` (`:EXPORT` may be left out when it is NAME).
+fn parse_wasm_fn(spec: &str) -> Result<(String, PathBuf, String)> {
+    let bad = || {
+        Error::InvalidInput(format!(
+            "--wasm-fn {spec:?}: expected NAME=FILE.wasm:EXPORT (e.g. discounted=functions.wasm:discounted)"
+        ))
+    };
+    let (name, rest) = spec.split_once('=').ok_or_else(bad)?;
+    let (file, export) = match rest.rsplit_once(':') {
+        Some((f, e)) if f.ends_with(".wasm") && !e.is_empty() => (f, e),
+        _ if rest.ends_with(".wasm") => (rest, name),
+        _ => return Err(bad()),
+    };
+    if name.is_empty() {
+        return Err(bad());
+    }
+    Ok((name.to_string(), PathBuf::from(file), export.to_string()))
 }
 
 #[derive(clap::Args)]
@@ -247,6 +270,10 @@ struct RunArgs {
     /// A SQL filter on the rows it receives, evaluated at the nodes.
     #[arg(long = "where")]
     filter: Option<String>,
+    /// Give the module no rows: it only reads the table's objects (a traversal, a
+    /// pointer chase), so nothing is planned or scanned.
+    #[arg(long, conflicts_with_all = ["columns", "filter"])]
+    no_rows: bool,
     /// An argument for the module (repeatable).
     #[arg(long = "arg", value_name = "KEY=VALUE")]
     args: Vec<String>,
@@ -450,6 +477,7 @@ async fn run_wasm(args: RunArgs) -> Result<()> {
             columns: args.columns.clone(),
             filter: args.filter.clone(),
             args: kv,
+            rows: !args.no_rows,
         })
         .await?;
     print_batches(&r.batches, args.format)?;
@@ -566,6 +594,11 @@ async fn sql(args: SqlArgs) -> Result<()> {
             ..Default::default()
         })
         .await?;
+    for spec in &args.wasm_fns {
+        let (name, file, export) = parse_wasm_fn(spec)?;
+        let module = std::fs::read(&file).map_err(|e| Error::io(file.display(), e))?;
+        session.register_wasm_udf(&name, &module, &export).await?;
+    }
     let script = match (&args.query, &args.file) {
         (Some(_), Some(_)) => {
             return Err(Error::InvalidInput(

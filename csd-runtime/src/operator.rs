@@ -117,9 +117,9 @@ pub trait Operator: Send + Sync + 'static {
         None
     }
 
-    /// Whether its requests run code the tenant sent (WebAssembly): the node then
+    /// Whether this request runs code the tenant sent (WebAssembly): the node then
     /// checks the tenant's `code` permission too.
-    fn ships_code(&self) -> bool {
+    fn ships_code(&self, _args: &Bytes) -> bool {
         false
     }
 

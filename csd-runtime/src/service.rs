@@ -829,10 +829,11 @@ impl FlightService for FlightNode {
                 if who.tenant().is_some()
                     && let Some(op) = self.state.operators.get(&name)
                 {
-                    if op.ships_code() {
+                    let args = Bytes::copy_from_slice(&args);
+                    if op.ships_code(&args) {
                         who.check_any(Permission::Code, "run code it ships (WebAssembly)")?;
                     }
-                    for t in op.tables(&Bytes::copy_from_slice(&args))? {
+                    for t in op.tables(&args)? {
                         who.check(Permission::Read, &t)?;
                     }
                 }

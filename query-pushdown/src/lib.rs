@@ -47,10 +47,12 @@ pub mod wire;
 
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
+pub use compute::provider::Encoded;
 pub use compute::scan::{CsdScanExec, EndpointRun};
 pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
 pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun, local_sandbox};
 pub use eval::Parallelism;
+pub use eval::wasm_fn::{ShippedFunction, WasmScalarUdf, parse_signature};
 pub use node::{SqlNodeOptions, SqlOperator, WasmOperator};
 pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};

@@ -252,6 +252,9 @@ pub enum WorkloadSpec {
         /// Replaces `{selectivity}` in SQL text (0–1).
         #[serde(default)]
         selectivity: Option<f64>,
+        /// Wasm SQL functions the queries call, registered on every session.
+        #[serde(default)]
+        wasm_functions: Vec<WasmFunctionSpec>,
     },
     /// A feature-extraction job (one epoch over the data set per run).
     Features {
@@ -265,6 +268,20 @@ pub enum WorkloadSpec {
         #[serde(default = "one")]
         epochs: usize,
     },
+}
+
+/// A Wasm SQL function (`csd sql --wasm-fn NAME=MODULE:EXPORT`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WasmFunctionSpec {
+    /// The SQL name.
+    pub name: String,
+    /// The module: relative to the scenario file's folder; a leading `$CSD_WASM` is
+    /// where `scripts/build-wasm-examples.sh` puts the example guests.
+    pub module: PathBuf,
+    /// Its export (default: the name).
+    #[serde(default)]
+    pub export: Option<String>,
 }
 
 fn default_batch() -> usize {
@@ -424,6 +441,14 @@ impl Scenario {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
+        if let WorkloadSpec::Sql { wasm_functions, .. } = &mut self.workload {
+            for f in wasm_functions {
+                f.module = expand(&f.module);
+                if f.module.is_relative() {
+                    f.module = base.join(&f.module);
+                }
+            }
+        }
         if let DataSpec::Images {
             dir,
             labels,
@@ -538,9 +563,20 @@ impl Scenario {
                 duration_s,
                 repetitions,
                 selectivity,
+                wasm_functions,
             } => {
                 if queries.is_empty() {
                     return Err(bad("workload.queries", "expected at least one query"));
+                }
+                for (i, f) in wasm_functions.iter().enumerate() {
+                    csd_query_pushdown::wire::wasm::check_function_name(&f.name)
+                        .map_err(|e| bad("workload.wasm_functions", e.to_string()))?;
+                    if wasm_functions[..i].iter().any(|g| g.name == f.name) {
+                        return Err(bad(
+                            "workload.wasm_functions",
+                            format!("{} is registered twice", f.name),
+                        ));
+                    }
                 }
                 for q in queries {
                     match q {
@@ -857,12 +893,20 @@ impl Scenario {
     }
 }
 
-/// `$CSD_ML_HOME/...` → the ML assets folder (`scripts/setup-ml.sh`'s; set or not).
+/// `$CSD_ML_HOME/...` → the ML assets folder (`scripts/setup-ml.sh`'s; set or not);
+/// `$CSD_WASM/...` → the example guests (`$CARGO_TARGET_DIR/wasm`, else
+/// `target/wasm` of this checkout).
 pub fn expand(p: &Path) -> PathBuf {
-    match p.strip_prefix("$CSD_ML_HOME") {
-        Ok(rest) => csd_ml_pushdown::assets_dir().join(rest),
-        Err(_) => p.to_path_buf(),
+    if let Ok(rest) = p.strip_prefix("$CSD_ML_HOME") {
+        return csd_ml_pushdown::assets_dir().join(rest);
     }
+    if let Ok(rest) = p.strip_prefix("$CSD_WASM") {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        return target.join("wasm").join(rest);
+    }
+    p.to_path_buf()
 }
 
 /// A label for a point: `link.bandwidth_mbit=100, nodes.count=2`.

@@ -49,13 +49,33 @@ pub fn mix(s: &Scenario) -> Vec<(String, String)> {
 pub async fn session(s: &Scenario, links: &Links, policy: PolicyName) -> Result<CsdSession> {
     let cluster =
         csd_query_pushdown::Cluster::connect_with(&links.urls(), links.credentials()).await?;
-    Ok(cluster
+    let session = cluster
         .session(SessionOptions {
             pushdown: policy != PolicyName::None,
             target_partitions: s.compute.partitions,
             ..SessionOptions::default()
         })
-        .await?)
+        .await?;
+    if let WorkloadSpec::Sql { wasm_functions, .. } = &s.workload {
+        for f in wasm_functions {
+            let path = crate::scenario::expand(&f.module);
+            let module = std::fs::read(&path).map_err(|e| {
+                Error::Scenario(format!(
+                    "workload.wasm_functions: {} ({}): {e}{}",
+                    f.name,
+                    path.display(),
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        "; build the example guests with scripts/build-wasm-examples.sh"
+                    } else {
+                        ""
+                    }
+                ))
+            })?;
+            let export = f.export.as_deref().unwrap_or(&f.name);
+            session.register_wasm_udf(&f.name, &module, export).await?;
+        }
+    }
+    Ok(session)
 }
 
 /// The cluster's capacity in queries/s: nodes × CPUs ÷ the mean latency of the mix

@@ -136,6 +136,50 @@ values = [50, 0]
     assert_report_files(dir.path(), &["time.svg", "latency-0.svg", "cpu-1.svg"]);
 }
 
+/// `code.toml`, small: Wasm SQL functions at the node against the same module run
+/// here over pulled columns; the same answers, far fewer bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_functions_vs_pulling_the_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "code-small"
+policies = ["none", "full"]
+timeout_s = 120
+[nodes]
+count = 1
+cpus = 2
+memory = "512MiB"
+capacity = "256MiB"
+[link]
+latency_us = 200
+bandwidth_mbit = 200
+[data]
+kind = "tpch"
+scale = 0.01
+[workload]
+kind = "sql"
+queries = ["SELECT l_returnflag, COUNT(*), SUM(discounted(l_extendedprice, l_discount)) FROM lineitem WHERE word_count(l_comment) > 4 GROUP BY l_returnflag ORDER BY l_returnflag"]
+wasm_functions = [
+  { name = "discounted", module = "$CSD_WASM/functions.wasm" },
+  { name = "word_count", module = "$CSD_WASM/functions.wasm", export = "word_count" },
+]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    let at = |p: PolicyName| r.runs.iter().find(|x| x.policy == p).expect("run");
+    let (none, full) = (at(PolicyName::None), at(PolicyName::Full));
+    assert!(full.fragments > 0 && full.pushed_back == 0);
+    assert!(
+        full.bytes_from_nodes * 20 < none.bytes_from_nodes,
+        "full {} B vs none {} B",
+        full.bytes_from_nodes,
+        none.bytes_from_nodes
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_answers_on_one_and_three_nodes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -310,7 +354,7 @@ fn shipped_scenarios_are_valid() {
             n += 1;
         }
     }
-    assert!(n >= 4, "expected the four shipped scenarios, found {n}");
+    assert!(n >= 5, "expected the five shipped scenarios, found {n}");
 }
 
 /// This crate's directory, read at run time: a test binary cached in a shared target

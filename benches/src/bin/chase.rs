@@ -162,8 +162,9 @@ async fn main() {
         let job = |hops: u64, start: u64| WasmJob {
             module: chase.clone().into(),
             table: "chain".into(),
-            columns: vec!["id".into()],
+            columns: vec![],
             filter: None,
+            rows: false,
             args: BTreeMap::from([
                 ("object".to_string(), object.clone()),
                 ("base".to_string(), base.to_string()),
@@ -237,6 +238,7 @@ async fn main() {
                 .to_vec(),
             filter: Some("l_quantity < 30".into()),
             args: BTreeMap::from([("mode".to_string(), "AIR".to_string())]),
+            rows: true,
         };
         s.run_wasm(&job).await.expect("warm");
         let (mut native, mut wasm) = (Vec::new(), Vec::new());

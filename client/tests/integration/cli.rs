@@ -352,4 +352,45 @@ async fn csd_run_ships_a_module_and_prints_what_sql_prints() {
     .await;
     assert_eq!(bad.status.code(), Some(2), "{:?}", text(&bad));
     assert!(text(&bad).1.contains("KEY=VALUE"), "{:?}", text(&bad));
+
+    // Wasm SQL functions from the command line, read from a SQL file with a
+    // comment: pushed and not pushed print the same rows.
+    let functions = module.with_file_name("functions.wasm");
+    let wc = format!("word_count={}:word_count", functions.display());
+    let disc = format!("discounted={}", functions.display());
+    let q = dir.path().join("q.sql");
+    std::fs::write(
+        &q,
+        "-- words per comment, priced\nSELECT l_linestatus, COUNT(*) AS n, \
+         ROUND(SUM(discounted(l_extendedprice, l_discount)), 2) AS revenue \
+         FROM lineitem WHERE word_count(l_comment) > 4 GROUP BY l_linestatus ORDER BY 1;\n",
+    )
+    .unwrap();
+    let run_fn = |extra: &'static [&'static str]| {
+        let mut a = vec![
+            "sql",
+            "--format",
+            "csv",
+            "--wasm-fn",
+            &wc,
+            "--wasm-fn",
+            &disc,
+        ];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["-f", q.to_str().unwrap()]);
+        csd(args(&a, &node.url))
+    };
+    let pushed = run_fn(&[]).await;
+    let here = run_fn(&["--no-pushdown"]).await;
+    assert!(pushed.status.success(), "{:?}", text(&pushed));
+    assert!(here.status.success(), "{:?}", text(&here));
+    assert_eq!(text(&pushed).0, text(&here).0);
+    assert_eq!(text(&pushed).0.lines().count(), 3, "{:?}", text(&pushed));
+    let bad = csd(args(&["sql", "--wasm-fn", "nope", "SELECT 1"], &node.url)).await;
+    assert_eq!(bad.status.code(), Some(2), "{:?}", text(&bad));
+    assert!(
+        text(&bad).1.contains("NAME=FILE.wasm:EXPORT"),
+        "{:?}",
+        text(&bad)
+    );
 }

@@ -347,6 +347,23 @@ async fn every_call_is_authenticated_and_checked() {
             .to_string()
     );
 
+    // A Wasm SQL function ships code: a tenant without `code` may not push it.
+    let with_fn = cluster.session(Default::default()).await.unwrap();
+    with_fn
+        .register_wasm_udf("word_count", &crate::wasm::guest("functions"), "word_count")
+        .await
+        .unwrap();
+    let e = with_fn
+        .run("SELECT count(*) FROM lineitem WHERE word_count(l_comment) > 3")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        csd_query_pushdown::error::status_code(&e),
+        csd_runtime::StatusCode::PermissionDenied,
+        "{e}"
+    );
+    assert!(e.to_string().contains("code"), "{e}");
+
     let st = ops.stats().await.unwrap().requests;
     assert!(st.unauthenticated >= 12, "{st:?}");
     assert!(st.permission_denied >= 10, "{st:?}");

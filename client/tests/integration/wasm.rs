@@ -98,6 +98,7 @@ fn job(module: &str, columns: &[&str], filter: Option<&str>, args: &[(&str, &str
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        rows: true,
     }
 }
 
@@ -225,13 +226,15 @@ async fn handed_back_code_runs_here_with_the_same_answer() {
     assert_eq!(pairs(&run.batches), pairs(&sql(&s, FILTER_MAP_SQL).await));
 }
 
-/// The Rust chase guest from record 7, `hops` hops.
+/// The Rust chase guest from record 7, `hops` hops: it reads the chain's object
+/// and needs no rows.
 fn chase_job(object: &str, base: u64, hops: u64) -> WasmJob {
     WasmJob {
         module: guest("chase").into(),
         table: "chain".into(),
-        columns: vec!["id".into()],
+        columns: vec![],
         filter: None,
+        rows: false,
         args: BTreeMap::from([
             ("object".to_string(), object.to_string()),
             ("base".to_string(), base.to_string()),
@@ -286,6 +289,7 @@ async fn the_pointer_chase_at_the_node_equals_hop_by_hop_reads() {
             columns: vec!["id".into()],
             filter: None,
             args: BTreeMap::from([("object".to_string(), ".csd/ticket-key".to_string())]),
+            rows: true,
         })
         .await
         .unwrap_err();
@@ -388,4 +392,152 @@ fn a_module_error_keeps_its_kind() {
     let e = Error::DeadlineExceeded("x".into());
     assert_eq!(e.status_code(), StatusCode::DeadlineExceeded);
     assert_eq!(e.to_status().code(), tonic::Code::DeadlineExceeded);
+}
+
+/// A session with the example module's three SQL functions registered.
+async fn session_with_functions(url: &str, pushdown: bool) -> CsdSession {
+    let s = Cluster::connect(&[url.to_string()])
+        .await
+        .unwrap()
+        .session(SessionOptions {
+            pushdown,
+            ..SessionOptions::default()
+        })
+        .await
+        .unwrap();
+    let module = guest("functions");
+    for f in ["discounted", "word_count", "strict_sqrt"] {
+        s.register_wasm_udf(f, &module, f).await.unwrap();
+    }
+    s
+}
+
+/// Rows as text, doubles rounded to 1e-6 relative (the order of a sum's terms
+/// differs between plans).
+fn rows_text(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| match c.data_type() {
+                    DataType::Float64 => {
+                        let v = c.as_primitive::<Float64Type>().value(i);
+                        format!("{:.6e}", v)
+                    }
+                    _ => arrow::util::display::array_value_to_string(c, i).unwrap(),
+                })
+                .collect();
+            out.push(cells.join("|"));
+        }
+    }
+    out.sort();
+    out
+}
+
+const FUNCTIONS_SQL: &str = "SELECT l_returnflag, COUNT(*), SUM(discounted(l_extendedprice, l_discount)) \
+     FROM lineitem WHERE word_count(l_comment) > 3 GROUP BY l_returnflag";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_sql_functions_filter_at_the_node_with_the_local_answer() {
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let pushed = session_with_functions(&node.url, true).await;
+    let local = session_with_functions(&node.url, false).await;
+
+    // EXPLAIN shows the functions inside the fragment the nodes run.
+    let explain = arrow::util::pretty::pretty_format_batches(
+        &sql(&pushed, &format!("EXPLAIN {FUNCTIONS_SQL}")).await,
+    )
+    .unwrap()
+    .to_string();
+    let scan_line = explain
+        .lines()
+        .find(|l| l.contains("CsdScanExec"))
+        .unwrap_or_else(|| panic!("no CsdScanExec in\n{explain}"));
+    assert!(
+        scan_line.contains("word_count") && scan_line.contains("discounted"),
+        "{explain}"
+    );
+
+    let run = pushed.run(FUNCTIONS_SQL).await.unwrap();
+    assert_eq!(run.node_runs.len(), 2);
+    assert!(
+        run.node_runs.iter().all(|r| r.pushed_back.is_none()),
+        "{:?}",
+        run.node_runs
+    );
+    let got = rows_text(&run.batches);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(
+        got,
+        rows_text(&local.run(FUNCTIONS_SQL).await.unwrap().batches)
+    );
+    // `discounted` equals the same arithmetic in SQL.
+    let builtin = FUNCTIONS_SQL.replace(
+        "discounted(l_extendedprice, l_discount)",
+        "CAST(l_extendedprice AS DOUBLE) * (1 - CAST(l_discount AS DOUBLE))",
+    );
+    assert_eq!(got, rows_text(&sql(&pushed, &builtin).await));
+    // The filter really ran at the node: it sent a few partial states, not lineitem.
+    assert!(run.bytes_moved < 20_000, "{} bytes", run.bytes_moved);
+    let st = sandbox_stats(&node.url).await;
+    assert_eq!(st.compiled, 1, "one module, compiled once: {st:?}");
+    assert_eq!(
+        st.memory_held, 0,
+        "instances dropped with their fragments: {st:?}"
+    );
+
+    // A function that refuses its input fails the query with its own message.
+    let e = pushed
+        .run("SELECT COUNT(*) FROM lineitem WHERE strict_sqrt(CAST(l_quantity AS DOUBLE) - 10) > 1")
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Some(StatusCode::InvalidArgument), "{e}");
+    assert!(
+        e.to_string().contains("strict_sqrt of a negative number"),
+        "{e}"
+    );
+    // A call with the wrong arguments is the planner's error, before anything runs.
+    let e = pushed
+        .run("SELECT word_count(l_comment, 2) FROM lineitem")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("takes 1 arguments"), "{e}");
+    // The node still answers, and holds no guest memory.
+    let again = pushed.run(FUNCTIONS_SQL).await.unwrap();
+    assert_eq!(rows_text(&again.batches), got);
+    assert_eq!(sandbox_stats(&node.url).await.memory_held, 0);
+
+    // Bad registrations say what is wrong.
+    let module = guest("functions");
+    for (name, export, want) in [
+        ("abs", "discounted", "built-in"),
+        ("Bad-Name", "discounted", "not a usable name"),
+        ("nope", "no_such_export", "no SQL function"),
+    ] {
+        let e = pushed
+            .register_wasm_udf(name, &module, export)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{name}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handed_back_fragments_run_their_wasm_functions_here() {
+    let mut cfg = config("emulated:mem");
+    cfg.policy = Policy::Never;
+    let node = start(&cfg).await;
+    load_lineitem(&node.url).await;
+    let pushed = session_with_functions(&node.url, true).await;
+    let run = pushed.run(FUNCTIONS_SQL).await.unwrap();
+    assert!(run.node_runs.iter().all(|r| r.pushed_back.is_some()));
+    let local = session_with_functions(&node.url, false).await;
+    assert_eq!(
+        rows_text(&run.batches),
+        rows_text(&local.run(FUNCTIONS_SQL).await.unwrap().batches)
+    );
+    assert_eq!(sandbox_stats(&node.url).await.compiled, 0);
 }

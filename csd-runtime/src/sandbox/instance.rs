@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use arrow::array::ArrayRef;
 use arrow::record_batch::RecordBatch;
 use wasmtime::{
     Caller, Engine, Extern, Linker, Memory, ResourceLimiter, Store, Trap, TypedFunc, UpdateDeadline,
@@ -178,18 +179,27 @@ pub(super) fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     Ok(l)
 }
 
-/// A running guest (one per request and partition).
+/// A running guest: an operator (one per request and partition), or the SQL
+/// functions of a module (a few per fragment, reused batch after batch).
 pub struct GuestInstance {
     sandbox: Arc<Sandbox>,
     digest: ModuleDigest,
     store: Store<GuestState>,
+    instance: wasmtime::Instance,
     memory: Memory,
     alloc: TypedFunc<i32, i32>,
-    batch: TypedFunc<(i32, i32), i64>,
-    finish: TypedFunc<(), i64>,
+    /// `csd_batch` and `csd_finish` (operators only).
+    operator: Option<OperatorCalls>,
+    functions: BTreeMap<String, TypedFunc<(i32, i32), i64>>,
     kind: GuestKind,
     cpu_used: Duration,
 }
+
+/// An operator's `csd_batch` and `csd_finish`.
+type OperatorCalls = (TypedFunc<(i32, i32), i64>, TypedFunc<(), i64>);
+
+/// Most bytes of a function's signature text.
+const MAX_SIGNATURE: usize = 4096;
 
 impl std::fmt::Debug for GuestInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -198,10 +208,12 @@ impl std::fmt::Debug for GuestInstance {
 }
 
 impl GuestInstance {
+    /// An instance of `module` set up as an operator (`args` given: `csd_init`
+    /// runs) or for its SQL functions (`None`: only the common exports are needed).
     pub(super) fn new(
         sandbox: Arc<Sandbox>,
         module: &Arc<CompiledModule>,
-        args: &BTreeMap<String, String>,
+        args: Option<&BTreeMap<String, String>>,
         reader: Option<Arc<dyn GuestReader>>,
         cancel: Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Self> {
@@ -249,29 +261,18 @@ impl GuestInstance {
         let version = instance
             .get_typed_func::<(), i32>(&mut store, "csd_abi_version")
             .map_err(|_| who("csd_abi_version: () -> i32"))?;
-        let kind = instance
-            .get_typed_func::<(), i32>(&mut store, "csd_kind")
-            .map_err(|_| who("csd_kind: () -> i32"))?;
         let alloc = instance
             .get_typed_func::<i32, i32>(&mut store, "csd_alloc")
             .map_err(|_| who("csd_alloc: (i32) -> i32"))?;
-        let init = instance
-            .get_typed_func::<(i32, i32), i64>(&mut store, "csd_init")
-            .map_err(|_| who("csd_init: (i32, i32) -> i64"))?;
-        let batch = instance
-            .get_typed_func::<(i32, i32), i64>(&mut store, "csd_batch")
-            .map_err(|_| who("csd_batch: (i32, i32) -> i64"))?;
-        let finish = instance
-            .get_typed_func::<(), i64>(&mut store, "csd_finish")
-            .map_err(|_| who("csd_finish: () -> i64"))?;
         let mut me = GuestInstance {
             sandbox,
             digest,
             store,
+            instance,
             memory,
             alloc,
-            batch,
-            finish,
+            operator: None,
+            functions: BTreeMap::new(),
             kind: GuestKind::Rows,
             cpu_used: started.elapsed(),
         };
@@ -281,6 +282,23 @@ impl GuestInstance {
                 "wasm module {digest:?} speaks guest ABI {v}; this node speaks 1"
             )));
         }
+        let Some(args) = args else {
+            return Ok(me);
+        };
+        let (inst, store) = (me.instance, &mut me.store);
+        let kind = inst
+            .get_typed_func::<(), i32>(&mut *store, "csd_kind")
+            .map_err(|_| who("csd_kind: () -> i32"))?;
+        let init = inst
+            .get_typed_func::<(i32, i32), i64>(&mut *store, "csd_init")
+            .map_err(|_| who("csd_init: (i32, i32) -> i64"))?;
+        let batch = inst
+            .get_typed_func::<(i32, i32), i64>(&mut *store, "csd_batch")
+            .map_err(|_| who("csd_batch: (i32, i32) -> i64"))?;
+        let finish = inst
+            .get_typed_func::<(), i64>(&mut *store, "csd_finish")
+            .map_err(|_| who("csd_finish: () -> i64"))?;
+        me.operator = Some((batch, finish));
         me.kind = match me.call(&kind, "csd_kind", ())? {
             0 => GuestKind::Rows,
             1 => GuestKind::Aggregate,
@@ -308,20 +326,94 @@ impl GuestInstance {
         self.cpu_used
     }
 
+    fn operator(&self) -> Result<OperatorCalls> {
+        self.operator.clone().ok_or_else(|| {
+            Error::Internal("a wasm instance made for functions was run as an operator".into())
+        })
+    }
+
     /// Runs the guest over one input batch.
     pub fn batch(&mut self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let (f, _) = self.operator()?;
         let bytes = encode_batch(batch)?;
         let (ptr, len) = self.write_input(&bytes, "csd_batch")?;
-        let f = self.batch.clone();
         let r = self.call(&f, "csd_batch", (ptr, len))?;
         self.output(r, "csd_batch")
     }
 
     /// Ends the input; returns the guest's last outputs.
     pub fn finish(&mut self) -> Result<Vec<RecordBatch>> {
-        let f = self.finish.clone();
+        let (_, f) = self.operator()?;
         let r = self.call(&f, "csd_finish", ())?;
         self.output(r, "csd_finish")
+    }
+
+    /// The signature of the module's SQL function `export`, as its
+    /// `csd_signature_<export>` export returns it (`ARG_TYPE, … -> RETURN_TYPE`, Arrow
+    /// type names).
+    pub fn signature(&mut self, export: &str) -> Result<String> {
+        let name = format!("csd_signature_{export}");
+        let f = self
+            .instance
+            .get_typed_func::<(), i64>(&mut self.store, &name)
+            .map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "wasm module {:?} has no SQL function {export:?}: it does not export {name}: () -> i64",
+                    self.digest
+                ))
+            })?;
+        let r = self.call(&f, &name, ())?;
+        let bytes = self.returned(r, &name)?.to_vec();
+        if bytes.len() > MAX_SIGNATURE {
+            return Err(self.abi_violation(format!(
+                "{name} returned {} bytes; a signature has at most {MAX_SIGNATURE}",
+                bytes.len()
+            )));
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| self.abi_violation(format!("{name} returned text that is not UTF-8")))
+    }
+
+    /// Calls the module's SQL function `export` on `args` (one column per argument):
+    /// its result column, as many rows as `args`. The function is
+    /// `(ptr: i32, len: i32) -> i64` over an Arrow IPC stream of that one batch and
+    /// returns an Arrow IPC stream of one batch of one column.
+    pub fn call_function(&mut self, export: &str, args: &RecordBatch) -> Result<ArrayRef> {
+        let f = match self.functions.get(export) {
+            Some(f) => f.clone(),
+            None => {
+                let f = self
+                    .instance
+                    .get_typed_func::<(i32, i32), i64>(&mut self.store, export)
+                    .map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "wasm module {:?} does not export the SQL function {export}: (i32, i32) -> i64",
+                            self.digest
+                        ))
+                    })?;
+                self.functions.insert(export.to_string(), f.clone());
+                f
+            }
+        };
+        let bytes = encode_batch(args)?;
+        let (ptr, len) = self.write_input(&bytes, export)?;
+        let r = self.call(&f, export, (ptr, len))?;
+        let out = self.output(r, export)?;
+        let [batch] = out.as_slice() else {
+            return Err(self.abi_violation(format!(
+                "{export} returned {} batches; a SQL function returns one",
+                out.len()
+            )));
+        };
+        if batch.num_columns() != 1 || batch.num_rows() != args.num_rows() {
+            return Err(self.abi_violation(format!(
+                "{export} returned {} columns of {} rows for {} rows; a SQL function returns one column, a value per row",
+                batch.num_columns(),
+                batch.num_rows(),
+                args.num_rows()
+            )));
+        }
+        Ok(batch.column(0).clone())
     }
 
     fn call<P, R>(&mut self, f: &TypedFunc<P, R>, name: &str, params: P) -> Result<R>
@@ -386,6 +478,19 @@ impl GuestInstance {
 
     /// Decodes a call's result: a failure, or Arrow IPC in the guest's memory.
     fn output(&mut self, r: i64, func: &str) -> Result<Vec<RecordBatch>> {
+        let decoded = match self.returned(r, func)? {
+            [] => return Ok(Vec::new()),
+            bytes => decode_output(bytes),
+        };
+        decoded.map_err(|e| {
+            self.abi_violation(format!(
+                "{func} returned bytes that are not an Arrow IPC stream: {e}"
+            ))
+        })
+    }
+
+    /// The bytes a call returned: a failure, or `(ptr << 32) | len` in its memory.
+    fn returned(&mut self, r: i64, func: &str) -> Result<&[u8]> {
         if r == -1 {
             if let Some(e) = self.refused(func) {
                 return Err(e);
@@ -406,20 +511,15 @@ impl GuestInstance {
         }
         let (ptr, len) = ((r >> 32) as u32 as usize, (r & 0xffff_ffff) as usize);
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(&[]);
         }
-        let data = self.memory.data(&self.store);
-        let Some(bytes) = ptr.checked_add(len).and_then(|end| data.get(ptr..end)) else {
-            let size = data.len();
+        let size = self.memory.data_size(&self.store);
+        if ptr.checked_add(len).is_none_or(|end| end > size) {
             return Err(self.abi_violation(format!(
                 "{func} returned {len} bytes at {ptr:#x}, outside its {size} bytes of memory"
             )));
-        };
-        decode_output(bytes).map_err(|e| {
-            self.abi_violation(format!(
-                "{func} returned bytes that are not an Arrow IPC stream: {e}"
-            ))
-        })
+        }
+        Ok(&self.memory.data(&self.store)[ptr..ptr + len])
     }
 
     fn refused(&mut self, func: &str) -> Option<Error> {

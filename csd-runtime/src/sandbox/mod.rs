@@ -41,6 +41,21 @@
 //! checks the permission and verifies checksums; a refused or failed read ends the
 //! request with the node's error.
 //!
+//! ## SQL functions
+//!
+//! A module may also export scalar SQL functions (the compute tier registers one
+//! with `csd sql --wasm-fn NAME=FILE.wasm:EXPORT` and pushes calls to it inside
+//! fragments). It then needs `memory`, `csd_abi_version` and `csd_alloc` as above,
+//! and for each function:
+//!
+//! | export | signature | |
+//! |---|---|---|
+//! | `EXPORT` | `(ptr: i32, len: i32) -> i64` | an Arrow IPC stream of one batch, a column per argument in order; returns as above an Arrow IPC stream of one batch of one column with one value per input row |
+//! | `csd_signature_EXPORT` | `() -> i64` | `(ptr << 32) \| len` of UTF-8 text `ARG, … -> RET` in Arrow's type names (`Float64, Utf8 -> Int64`) |
+//!
+//! A function must give the same output for the same input (it runs at the node or
+//! at the compute side, in as many instances as a fragment has streams).
+//!
 //! The Rust SDK (`csd-runtime/guest/sdk`, crate `csd-guest`) implements this ABI
 //! behind a trait over `RecordBatch`; any language that compiles to
 //! `wasm32-unknown-unknown` can implement it.
@@ -386,7 +401,19 @@ impl Sandbox {
         cancel: Arc<AtomicBool>,
     ) -> Result<GuestInstance> {
         self.counters.instances.fetch_add(1, Ordering::Relaxed);
-        GuestInstance::new(self.clone(), module, args, reader, cancel)
+        GuestInstance::new(self.clone(), module, Some(args), reader, cancel)
+    }
+
+    /// A new instance of `module` for calling its SQL functions
+    /// ([`GuestInstance::call_function`]); no host reads. Its calls stop once
+    /// `cancel` is set.
+    pub fn instantiate_functions(
+        self: &Arc<Self>,
+        module: &Arc<CompiledModule>,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<GuestInstance> {
+        self.counters.instances.fetch_add(1, Ordering::Relaxed);
+        GuestInstance::new(self.clone(), module, None, None, cancel)
     }
 
     /// The sandbox's figures now.

@@ -31,6 +31,7 @@ use prost::Message;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::scan::CsdScanExec;
 use crate::eval::scan::balanced_conjunction;
+use crate::eval::wasm_fn::{ShippedFunction, functions_in};
 use crate::options::CsdOptions;
 use crate::wire::connectives::flatten_connectives;
 use crate::wire::fragment::Mode;
@@ -71,7 +72,7 @@ impl CsdTable {
         &self,
         fragment: &LogicalPlan,
         state: &SessionState,
-    ) -> Result<std::result::Result<Vec<u8>, String>> {
+    ) -> Result<std::result::Result<Encoded, String>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
         let bare = fragment
             .clone()
@@ -93,9 +94,15 @@ impl CsdTable {
                 other => Ok(Transformed::no(other)),
             })?
             .data;
+        let functions = functions_in(&bare);
         let mut plan = to_substrait_plan(&bare, state)?;
         flatten_connectives(&mut plan);
-        Ok(sendable(&plan, self.name(), MAX_PLAN_BYTES).map(|()| plan.encode_to_vec()))
+        Ok(
+            sendable(&plan, self.name(), MAX_PLAN_BYTES, &functions).map(|()| Encoded {
+                plan: plan.encode_to_vec(),
+                functions,
+            }),
+        )
     }
 
     /// Rows in all its partitions.
@@ -203,11 +210,11 @@ impl CsdTable {
         )
         .and_then(|b| b.filter(e.clone()))
         .and_then(|b| b.build())
-        .and_then(|p| to_substrait_plan(&p, state));
+        .and_then(|p| Ok((functions_in(&p), to_substrait_plan(&p, state)?)));
         match plan {
-            Ok(mut p) => {
+            Ok((functions, mut p)) => {
                 flatten_connectives(&mut p);
-                sendable(&p, self.name(), MAX_PLAN_BYTES / 4).is_ok()
+                sendable(&p, self.name(), MAX_PLAN_BYTES / 4, &functions).is_ok()
             }
             Err(_) => false,
         }
@@ -216,14 +223,32 @@ impl CsdTable {
 
 /// Whether a node would take `plan` (a fragment over `table`): within `max_bytes`
 /// and the node's limits, calling only functions nodes evaluate. Else why not.
-fn sendable(plan: &Plan, table: &str, max_bytes: usize) -> std::result::Result<(), String> {
+fn sendable(
+    plan: &Plan,
+    table: &str,
+    max_bytes: usize,
+    functions: &[Arc<ShippedFunction>],
+) -> std::result::Result<(), String> {
     let len = plan.encoded_len();
     if len > max_bytes {
         return Err(format!(
             "its Substrait plan is {len} bytes, over the {max_bytes} bytes sent to a node"
         ));
     }
-    validate(plan, table, &node_evaluates).map_err(|e| e.to_string())
+    validate(plan, table, &|f| {
+        node_evaluates(f) || functions.iter().any(|s| s.name == f)
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// A fragment encoded for a node: its Substrait plan and the Wasm SQL functions it
+/// calls.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The Substrait plan, protobuf-encoded.
+    pub plan: Vec<u8>,
+    /// The Wasm SQL functions the plan calls (their modules travel with it).
+    pub functions: Vec<Arc<ShippedFunction>>,
 }
 
 /// `session` as the full state the Substrait producer needs.
@@ -281,8 +306,8 @@ impl TableProvider for CsdTable {
         }
         let fragment = b.build()?;
         let schema = Arc::new(fragment.schema().as_arrow().clone());
-        let plan = match self.substrait(&fragment, state)? {
-            Ok(plan) => plan,
+        let encoded = match self.substrait(&fragment, state)? {
+            Ok(e) => e,
             // Legal, but past what a node takes (an IN list of 20,000 items, a plan
             // over 1 MiB): the compute tier reads the table by byte range and
             // evaluates it all itself.
@@ -296,10 +321,11 @@ impl TableProvider for CsdTable {
         let scan = CsdScanExec::new(
             self.inner.clone(),
             schema,
-            plan,
+            encoded.plan,
             Mode::Complete,
             describe(&fragment),
         )
+        .with_functions(encoded.functions)
         .with_estimate(Some(fraction), limit);
         let reduces_nothing = filters.is_empty() && limit.is_none();
         let direct = CsdOptions::of(session.config_options()).direct_unfiltered;

@@ -284,8 +284,8 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         };
         let state = session_state(session)?;
         let table = table_of(&node.fragment)?;
-        let plan = match table.substrait(&node.fragment, state)? {
-            Ok(plan) => plan,
+        let (plan, functions) = match table.substrait(&node.fragment, state)? {
+            Ok(e) => (e.plan, e.functions),
             // Past what a node takes: the fragment as DataFusion planned it here
             // (its scan still pushes what each filter alone may).
             Err(why) => {
@@ -298,7 +298,8 @@ impl ExtensionPlanner for CsdExtensionPlanner {
             PushKind::TopK | PushKind::WholeAggregate => {
                 let schema = Arc::new(node.fragment.schema().as_arrow().clone());
                 let mut scan =
-                    CsdScanExec::new(table.at().clone(), schema, plan, Mode::Complete, what);
+                    CsdScanExec::new(table.at().clone(), schema, plan, Mode::Complete, what)
+                        .with_functions(functions);
                 if node.kind == PushKind::WholeAggregate {
                     // As DataFusion would estimate it here: an aggregate keeps its
                     // input's rows, each filter (HAVING too) keeps 20%. Lets its join
@@ -322,13 +323,16 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                         && *a.mode() == AggregateMode::Partial
                     {
                         replaced += 1;
-                        let scan: Arc<dyn ExecutionPlan> = Arc::new(CsdScanExec::new(
-                            table.at().clone(),
-                            a.schema(),
-                            plan.clone(),
-                            Mode::PartialAggregate,
-                            what.clone(),
-                        ));
+                        let scan: Arc<dyn ExecutionPlan> = Arc::new(
+                            CsdScanExec::new(
+                                table.at().clone(),
+                                a.schema(),
+                                plan.clone(),
+                                Mode::PartialAggregate,
+                                what.clone(),
+                            )
+                            .with_functions(functions.clone()),
+                        );
                         return Ok(Transformed::new(scan, true, TreeNodeRecursion::Jump));
                     }
                     Ok(Transformed::no(p))

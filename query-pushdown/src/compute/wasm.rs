@@ -26,12 +26,16 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};
 
-use crate::compute::endpoints::Endpoint;
+use crate::compute::endpoints::{Endpoint, TableEndpoints};
+use crate::compute::provider::CsdTable;
 use crate::compute::scan::CsdScanExec;
 use crate::compute::session::CsdSession;
 use crate::error::{to_datafusion, to_runtime};
 use crate::eval::wasm::{GuestFigures, guest_args, run_guest};
-use crate::wire::wasm::{MAX_INLINE_MODULE, OPERATOR_NAME, WasmRequest};
+use crate::eval::wasm_fn::{ShippedFunction, WasmScalarUdf};
+use crate::wire::wasm::{MAX_INLINE_MODULE, OPERATOR_NAME, WasmFunctionMsg, WasmRequest};
+use datafusion::execution::FunctionRegistry;
+use datafusion::logical_expr::ScalarUDF;
 
 /// A module to run over a table.
 #[derive(Debug, Clone)]
@@ -46,6 +50,11 @@ pub struct WasmJob {
     pub filter: Option<String>,
     /// Its arguments (`--arg KEY=VALUE`).
     pub args: BTreeMap<String, String>,
+    /// Whether the module receives the table's rows. `false`: it runs over no rows
+    /// at each partition and only reads objects (`csd::read`: a traversal, a
+    /// pointer chase); nothing is planned or scanned, and `columns` and `filter`
+    /// must be empty.
+    pub rows: bool,
 }
 
 /// What one partition did.
@@ -135,6 +144,50 @@ fn only_scan(plan: &Arc<dyn ExecutionPlan>) -> std::result::Result<&CsdScanExec,
 }
 
 impl CsdSession {
+    /// Registers the SQL function `name`, computed by the export `export` of the
+    /// WebAssembly module `module` (the guest ABI's SQL functions): its signature
+    /// comes from the module. Queries may then call it like a built-in, and filters,
+    /// projections and aggregate arguments that call it are pushed to the nodes with
+    /// the module's digest (the bytes follow to a node that lacks them); a fragment
+    /// a node hands back runs the same module here.
+    pub async fn register_wasm_udf(&self, name: &str, module: &[u8], export: &str) -> Result<()> {
+        crate::wire::wasm::check_function_name(name).map_err(external)?;
+        let most = csd_runtime::protocol::MAX_MESSAGE_BYTES - (64 << 10);
+        if module.len() > most {
+            return Err(external(csd_runtime::Error::ResourcesExhausted(format!(
+                "the module is {} bytes; a module travels in one message of at most {most} bytes",
+                module.len()
+            ))));
+        }
+        if self.ctx.udf(name).is_ok() {
+            return Err(external(csd_runtime::Error::InvalidArgument(format!(
+                "a function called {name} is already registered on this session"
+            ))));
+        }
+        let sandbox = local_sandbox()?;
+        let compiled = sandbox.compile(module).await.map_err(external)?;
+        let shipped = ShippedFunction {
+            name: name.to_string(),
+            export: export.to_string(),
+            digest: compiled.digest,
+            bytes: Some(Arc::from(module)),
+        };
+        let check = WasmFunctionMsg {
+            module: None,
+            ..shipped.to_msg()
+        };
+        crate::wire::wasm::check_functions(std::slice::from_ref(&check)).map_err(external)?;
+        let udf = WasmScalarUdf::load(
+            sandbox,
+            compiled,
+            shipped,
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        )
+        .map_err(external)?;
+        self.ctx.register_udf(ScalarUDF::new_from_impl(udf));
+        Ok(())
+    }
+
     /// Runs `job`'s module over its table at the nodes (see the module docs).
     pub async fn run_wasm(&self, job: &WasmJob) -> Result<WasmRun> {
         // A module travels in one message (a request or a put_module action).
@@ -148,35 +201,42 @@ impl CsdSession {
             )));
         }
         let digest = ModuleDigest::of(&job.module);
-        let columns = if job.columns.is_empty() {
-            "*".to_string()
-        } else {
-            job.columns
+        let runs: Vec<_> = if job.rows {
+            let plan = self.wasm_input(job).await?;
+            let scan = only_scan(&plan).map_err(DataFusionError::Plan)?;
+            let task = self.ctx.task_ctx();
+            scan.table()
+                .endpoints()
                 .iter()
-                .map(|c| quote(c))
-                .collect::<Vec<_>>()
-                .join(", ")
+                .map(|endpoint| {
+                    let opener = scan.opener(endpoint.clone(), task.clone());
+                    let table = opener.table.clone();
+                    run_endpoint(job, digest, endpoint.clone(), table, Some(opener))
+                })
+                .collect()
+        } else {
+            if !job.columns.is_empty() || job.filter.is_some() {
+                return Err(DataFusionError::Plan(
+                    "a module that receives no rows takes no columns or filter".into(),
+                ));
+            }
+            let provider = self.ctx.table_provider(job.table.as_str()).await?;
+            let table = provider
+                .downcast_ref::<CsdTable>()
+                .ok_or_else(|| {
+                    DataFusionError::Plan(format!(
+                        "{} is not a table of the storage nodes",
+                        job.table
+                    ))
+                })?
+                .at()
+                .clone();
+            table
+                .endpoints()
+                .iter()
+                .map(|endpoint| run_endpoint(job, digest, endpoint.clone(), table.clone(), None))
+                .collect()
         };
-        let filter = job
-            .filter
-            .as_deref()
-            .map(|f| format!(" WHERE {f}"))
-            .unwrap_or_default();
-        let sql = format!("SELECT {columns} FROM {}{filter}", quote(&job.table));
-        let df = self.ctx.sql(&sql).await?;
-        let plan = df.create_physical_plan().await?;
-        let scan = only_scan(&plan).map_err(|left| {
-            DataFusionError::Plan(format!(
-                "the module's input ({sql}) does not push whole to the nodes (a {left} stays here): \
-                 use only filters a node evaluates (see EXPLAIN), so the module sees exactly the rows the nodes return"
-            ))
-        })?;
-        let task = self.ctx.task_ctx();
-        let runs = scan.table().endpoints().iter().map(|endpoint| {
-            let opener = scan.opener(endpoint.clone(), task.clone());
-            let job = job.clone();
-            async move { run_endpoint(&job, digest, endpoint.clone(), opener).await }
-        });
         let done: Vec<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> =
             futures::future::try_join_all(runs).await?;
         let kind = if done.iter().any(|d| d.2 == GuestKind::Aggregate) {
@@ -202,14 +262,49 @@ impl CsdSession {
     }
 }
 
+impl CsdSession {
+    /// The scan a module's rows come from (`SELECT columns FROM table WHERE filter`),
+    /// planned here; it must push whole.
+    async fn wasm_input(&self, job: &WasmJob) -> Result<Arc<dyn ExecutionPlan>> {
+        let columns = if job.columns.is_empty() {
+            "*".to_string()
+        } else {
+            job.columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let filter = job
+            .filter
+            .as_deref()
+            .map(|f| format!(" WHERE {f}"))
+            .unwrap_or_default();
+        let sql = format!("SELECT {columns} FROM {}{filter}", quote(&job.table));
+        let df = self.ctx.sql(&sql).await?;
+        let plan = df.create_physical_plan().await?;
+        only_scan(&plan).map_err(|left| {
+            DataFusionError::Plan(format!(
+                "the module's input ({sql}) does not push whole to the nodes (a {left} stays here): \
+                 use only filters a node evaluates (see EXPLAIN), so the module sees exactly the rows the nodes return"
+            ))
+        })?;
+        Ok(plan)
+    }
+}
+
 /// Runs the module over one partition: at its node, or here if handed back.
 async fn run_endpoint(
     job: &WasmJob,
     digest: ModuleDigest,
     endpoint: Endpoint,
-    opener: crate::compute::scan::opener::EndpointOpener,
+    table: Arc<TableEndpoints>,
+    opener: Option<crate::compute::scan::opener::EndpointOpener>,
 ) -> Result<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> {
-    let input = opener.fragment.to_bytes();
+    let input = opener
+        .as_ref()
+        .map(|o| o.fragment.to_bytes())
+        .unwrap_or_default();
     let mut run = WasmEndpointRun {
         endpoint: format!("{}/{}", endpoint.client.url(), endpoint.partition),
         ..Default::default()
@@ -219,8 +314,14 @@ async fn run_endpoint(
         module: (job.module.len() <= MAX_INLINE_MODULE).then(|| job.module.to_vec()),
         input: input.clone(),
         args: job.args.clone(),
+        table: if opener.is_none() {
+            job.table.clone()
+        } else {
+            String::new()
+        },
+        partition: opener.is_none().then(|| endpoint.partition.clone()),
     };
-    let compression = opener.table.compression();
+    let compression = table.compression();
     let reply = loop {
         let r = endpoint
             .client
@@ -229,7 +330,7 @@ async fn run_endpoint(
                 request.to_bytes(),
                 compression,
                 false,
-                opener.table.local_gate().load(),
+                table.local_gate().load(),
             )
             .await;
         match r {
@@ -277,7 +378,15 @@ async fn run_endpoint(
     };
     // Handed back: the same fragment and the same module, here.
     run.pushed_back = Some(why);
-    let scanned = opener.evaluate_here(&input, true).await?;
+    let scanned = match &opener {
+        Some(o) => o.evaluate_here(&input, true).await?,
+        None => Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                Arc::new(arrow::datatypes::Schema::empty()),
+                futures::stream::empty(),
+            ),
+        ),
+    };
     let sandbox = local_sandbox()?;
     let module = sandbox
         .module(&digest, Some(&job.module))

@@ -7,6 +7,7 @@ pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod scan;
 pub(crate) mod wasm;
+pub(crate) mod wasm_fn;
 
 use std::sync::{Arc, OnceLock};
 

@@ -129,7 +129,21 @@ pub(crate) fn run_guest(
 }
 
 /// Stops a guest (within an epoch tick) once its answer's stream is dropped.
-struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+pub(crate) struct CancelOnDrop(pub(crate) Arc<std::sync::atomic::AtomicBool>);
+
+/// `stream`, which sets `cancel`'s flag when it is dropped (its Wasm SQL functions
+/// then stop within an epoch tick).
+pub(crate) fn cancel_on_drop(
+    stream: datafusion::physical_plan::SendableRecordBatchStream,
+    cancel: CancelOnDrop,
+) -> datafusion::physical_plan::SendableRecordBatchStream {
+    let schema = stream.schema();
+    let inner = stream.map(move |b| {
+        let _keep = &cancel;
+        b
+    });
+    Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, inner))
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {

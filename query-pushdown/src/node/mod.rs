@@ -45,6 +45,8 @@ use serde::Deserialize;
 
 use crate::error::to_runtime;
 use crate::eval::keyfilter::filter_stream;
+use crate::eval::wasm::CancelOnDrop;
+use crate::eval::wasm_fn::register_functions;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment, scan};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
 use crate::wire::functions::node_evaluates;
@@ -141,20 +143,30 @@ impl SqlOperator {
     }
 }
 
+/// The objects of `table` (or of its `partition`) at this node.
+fn objects_in(
+    ctx: &OperatorContext,
+    table: &str,
+    partition: Option<&str>,
+) -> Result<(SchemaRef, Vec<ParquetObject>)> {
+    let t = ctx.node.tables.table(table)?;
+    let objects: Vec<ParquetObject> = match partition {
+        Some(p) => t
+            .partitions
+            .get(p)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("partition {p} of table {table}")))?,
+        None => t.partitions.values().flatten().cloned().collect(),
+    };
+    Ok((t.schema.clone(), objects))
+}
+
 /// The objects of `frag`'s table (or partition) at this node.
 fn objects_of(
     ctx: &OperatorContext,
     frag: &SqlFragment,
 ) -> Result<(SchemaRef, Vec<ParquetObject>)> {
-    let table = ctx.node.tables.table(&frag.table)?;
-    let objects: Vec<ParquetObject> = match &frag.partition {
-        Some(p) => table
-            .partitions
-            .get(p)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("partition {p} of table {}", frag.table)))?,
-        None => table.partitions.values().flatten().cloned().collect(),
-    };
+    let (schema, objects) = objects_in(ctx, &frag.table, frag.partition.as_deref())?;
     if !frag.objects.is_empty() {
         let mut have: Vec<&str> = objects.iter().map(|o| o.object.name.as_str()).collect();
         let mut want: Vec<&str> = frag.objects.iter().map(String::as_str).collect();
@@ -170,7 +182,7 @@ fn objects_of(
             )));
         }
     }
-    Ok((table.schema.clone(), objects))
+    Ok((schema, objects))
 }
 
 #[async_trait]
@@ -182,6 +194,19 @@ impl Operator for SqlOperator {
     fn tables(&self, args: &Bytes) -> Result<Vec<String>> {
         let (frag, _mode, _plan) = SqlFragment::decode_checked(args)?;
         Ok(vec![frag.table])
+    }
+
+    /// A fragment that calls Wasm SQL functions runs the tenant's code.
+    fn ships_code(&self, args: &Bytes) -> bool {
+        SqlFragment::decode_checked(args).is_ok_and(|(f, _, _)| !f.functions.is_empty())
+    }
+
+    /// Fragments with Wasm SQL functions learn their cost apart, by their modules.
+    fn cost_key(&self, args: &Bytes) -> Option<String> {
+        let (frag, _, _) = SqlFragment::decode_checked(args).ok()?;
+        let digests = crate::wire::wasm::check_functions(&frag.functions).ok()?;
+        let first = digests.first()?;
+        Some(format!("sql+wasm:{}", first.short()))
     }
 
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
@@ -244,7 +269,12 @@ impl Operator for SqlOperator {
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
         let session = fragment_session(runtime, &frag.table, Arc::new(provider), self.parallel())?;
-        let physical = plan_fragment(&session, &frag.table, &plan, mode, &|f| self.runs(f)).await?;
+        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let shipped =
+            register_functions(&session, &ctx.node.sandbox, &frag.functions, &cancel).await?;
+        let on_drop = CancelOnDrop(cancel);
+        let runs = |f: &str| self.runs(f) || shipped.iter().any(|s| s == f);
+        let physical = plan_fragment(&session, &frag.table, &plan, mode, &runs).await?;
         let schema: SchemaRef = physical.schema();
         let (physical, filters) = key_filtered(&frag, physical)?;
         ctx.metrics.set_detail("streams", scan_streams(&physical));
@@ -257,6 +287,7 @@ impl Operator for SqlOperator {
         };
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
+            let _cancel = on_drop;
             metrics
                 .rows_scanned
                 .fetch_add(rows_scanned(&physical), Ordering::Relaxed);

@@ -10,7 +10,7 @@ use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream}
 use csd_runtime::sandbox::{GuestKind, NodeObjectReader};
 use futures::StreamExt;
 
-use super::{SqlOperator, objects_of};
+use super::{SqlOperator, objects_in, objects_of};
 use crate::eval::wasm::{GuestFigures, guest_args, peek_schema, run_guest};
 use crate::wire::wasm::{OPERATOR_NAME, WasmRequest};
 
@@ -33,11 +33,11 @@ impl Operator for WasmOperator {
     }
 
     fn tables(&self, args: &Bytes) -> Result<Vec<String>> {
-        let (_, _, frag) = WasmRequest::decode_checked(args)?;
-        Ok(vec![frag.table])
+        let (_, _, input) = WasmRequest::decode_checked(args)?;
+        Ok(vec![input.table])
     }
 
-    fn ships_code(&self) -> bool {
+    fn ships_code(&self, _args: &Bytes) -> bool {
         true
     }
 
@@ -48,21 +48,38 @@ impl Operator for WasmOperator {
 
     /// The input scan's estimate, plus the memory an instance may grow to.
     async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> Result<Estimate> {
-        let (r, _, _) = WasmRequest::decode_checked(args)?;
-        let input = self.sql.estimate(ctx, &Bytes::from(r.input)).await?;
+        let (r, _, input) = WasmRequest::decode_checked(args)?;
+        let scan = match input.scan {
+            Some(_) => self.sql.estimate(ctx, &Bytes::from(r.input)).await?,
+            None => Estimate {
+                bytes: 0,
+                memory: 0,
+            },
+        };
         Ok(Estimate {
-            bytes: input.bytes,
-            memory: input.memory + ctx.node.sandbox.limits().memory,
+            bytes: scan.bytes,
+            memory: scan.memory + ctx.node.sandbox.limits().memory,
         })
     }
 
     async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream> {
-        let (r, digest, frag) = WasmRequest::decode_checked(&args)?;
+        let (r, digest, input) = WasmRequest::decode_checked(&args)?;
         let sandbox = ctx.node.sandbox.clone();
         let module = sandbox.module(&digest, r.module.as_deref()).await?;
-        let (_, objects) = objects_of(&ctx, &frag)?;
+        let (_, objects) = match &input.scan {
+            Some(frag) => objects_of(&ctx, frag)?,
+            None => objects_in(&ctx, &input.table, input.partition.as_deref())?,
+        };
         let objects: Vec<String> = objects.iter().map(|o| o.object.name.clone()).collect();
-        let input = self.sql.open(ctx.clone(), Bytes::from(r.input)).await?;
+        let rows = match input.scan {
+            Some(_) => {
+                self.sql
+                    .open(ctx.clone(), Bytes::from(r.input))
+                    .await?
+                    .batches
+            }
+            None => futures::stream::empty().boxed(),
+        };
         let reader = Arc::new(NodeObjectReader {
             store: ctx.node.tables.object_store().clone(),
             principal: ctx.principal.clone(),
@@ -73,18 +90,11 @@ impl Operator for WasmOperator {
             &r.args,
             "map",
             &[
-                ("csd.table", frag.table.clone()),
+                ("csd.table", input.table.clone()),
                 ("csd.objects", objects.join(",")),
             ],
         );
-        let out = run_guest(
-            sandbox,
-            module,
-            args,
-            Some(reader),
-            input.batches,
-            figures.clone(),
-        );
+        let out = run_guest(sandbox, module, args, Some(reader), rows, figures.clone());
         let (schema, batches) = peek_schema(out).await?;
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {

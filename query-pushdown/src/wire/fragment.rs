@@ -11,8 +11,15 @@
 //!   repeated KeyFilter key_filters = 5;  // join keys the output rows may have
 //!   optional float direct_above = 6;     // hand back if the filters keep more
 //!   repeated string objects = 7;         // run only on exactly these objects
+//!   repeated WasmFunction functions = 8; // Wasm SQL functions the plan calls
 //! }
 //! ```
+//!
+//! `functions` (see [`crate::wire::wasm::WasmFunctionMsg`]) declares the shipped
+//! scalar functions the plan calls by name: each names its module by digest (the
+//! bytes ride along when small; else a node that lacks the module answers
+//! `NOT_FOUND` naming it and the compute tier sends it with `put_module`). A
+//! fragment with functions needs the tenant's `code` permission.
 //!
 //! `COMPLETE` runs the plan and returns its rows. `PARTIAL_AGGREGATE` requires the
 //! plan's root to be an aggregate (under renaming projections at most) and returns
@@ -66,6 +73,7 @@ use datafusion_substrait::substrait::proto::{
 use prost::Message;
 
 use crate::wire::keyfilter::{KeyFilterMsg, MAX_FILTER_BYTES};
+use crate::wire::wasm::{MAX_INLINE_MODULE, WasmFunctionMsg, check_functions};
 
 /// Name of the operator in tickets.
 pub const OPERATOR_NAME: &str = "sql";
@@ -121,6 +129,9 @@ pub struct SqlFragment {
     /// these objects' statistics.
     #[prost(string, repeated, tag = "7")]
     pub objects: Vec<String>,
+    /// Wasm SQL functions the plan calls.
+    #[prost(message, repeated, tag = "8")]
+    pub functions: Vec<WasmFunctionMsg>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).
@@ -143,9 +154,11 @@ impl SqlFragment {
 
     /// Decodes untrusted bytes and the plan inside (sizes checked first).
     pub fn decode_checked(bytes: &[u8]) -> Result<(SqlFragment, Mode, Plan), Error> {
-        if bytes.len() > MAX_PLAN_BYTES + MAX_FILTERS * MAX_FILTER_BYTES + 4096 {
+        if bytes.len()
+            > MAX_PLAN_BYTES + MAX_FILTERS * MAX_FILTER_BYTES + MAX_INLINE_MODULE + (64 << 10)
+        {
             return Err(invalid(format!(
-                "SQL fragment of {} bytes exceeds the {MAX_PLAN_BYTES}-byte plan and {MAX_FILTERS} x {MAX_FILTER_BYTES}-byte key filter limits",
+                "SQL fragment of {} bytes exceeds the {MAX_PLAN_BYTES}-byte plan, {MAX_FILTERS} x {MAX_FILTER_BYTES}-byte key filter and {MAX_INLINE_MODULE}-byte inline module limits",
                 bytes.len()
             )));
         }
@@ -170,6 +183,7 @@ impl SqlFragment {
                 "direct_above must be a fraction between 0 and 1, not {d}"
             )));
         }
+        check_functions(&f.functions)?;
         let mode = Mode::try_from(f.mode)
             .map_err(|_| invalid(format!("unknown fragment mode {}", f.mode)))?;
         if f.plan.len() > MAX_PLAN_BYTES {

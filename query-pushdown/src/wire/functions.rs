@@ -92,7 +92,8 @@ pub fn pushable(e: &Expr) -> bool {
             Expr::BinaryExpr(b) => node_evaluates(operator_to_name(b.op)),
             Expr::ScalarFunction(f) => {
                 f.func.signature().volatility != Volatility::Volatile
-                    && node_evaluates(f.func.name())
+                    && (node_evaluates(f.func.name())
+                        || crate::eval::wasm_fn::is_wasm_function(&f.func))
             }
             _ => false,
         };

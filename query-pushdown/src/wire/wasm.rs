@@ -7,12 +7,17 @@
 //!   optional bytes module = 2;        // the bytes themselves, when small enough
 //!   bytes input = 3;                  // a SqlFragment: the scan (columns, filter) the guest's input is
 //!   map<string, string> args = 4;     // the guest's arguments
+//!   string table = 5;                 // with no input: the table whose objects it reads
+//!   optional string partition = 6;    // … and its partition (absent: all at this node)
 //! }
 //! ```
 //!
 //! The node runs `input` as it runs any `"sql"` fragment (so its Parquet pruning and
 //! its checks apply), feeds the batches to the module through the guest ABI
-//! (`csd_runtime::sandbox`) and streams the module's outputs. A node that lacks the
+//! (`csd_runtime::sandbox`) and streams the module's outputs. A request without
+//! `input` runs the module over no rows (`csd_init`, then `csd_finish`): a guest that
+//! only reads objects of `table` (a traversal, a pointer chase) skips planning and
+//! scanning altogether. A node that lacks the
 //! module answers `NOT_FOUND` naming its digest
 //! ([`csd_runtime::sandbox::missing_module`]); the client sends the bytes with the
 //! `put_module` action and asks again. The trailing report's details say
@@ -35,6 +40,106 @@ pub const MAX_ARGS: usize = 256;
 /// Largest argument key or value.
 pub const MAX_ARG_BYTES: usize = 64 << 10;
 
+/// Most Wasm SQL functions one fragment calls.
+pub const MAX_SHIPPED_FUNCTIONS: usize = 16;
+/// Longest Wasm SQL function name or export.
+pub const MAX_FUNCTION_NAME: usize = 64;
+
+/// A Wasm SQL function a fragment calls (see [`crate::wire::fragment`]):
+///
+/// ```text
+/// message WasmFunction {
+///   string name = 1;           // as the plan calls it (lower case: [a-z_][a-z0-9_]*)
+///   bytes module_digest = 2;   // SHA-256 of the module's bytes
+///   string export = 3;         // the module's export (and csd_signature_<export>)
+///   optional bytes module = 4; // the module's bytes, when small enough
+/// }
+/// ```
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WasmFunctionMsg {
+    /// The function's SQL name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// SHA-256 of the module's bytes.
+    #[prost(bytes = "vec", tag = "2")]
+    pub module_digest: Vec<u8>,
+    /// The module's export that computes it.
+    #[prost(string, tag = "3")]
+    pub export: String,
+    /// The module's bytes, when they ride in the fragment.
+    #[prost(bytes = "vec", optional, tag = "4")]
+    pub module: Option<Vec<u8>>,
+}
+
+/// Checks a Wasm SQL function's name: what SQL calls it by (unquoted names fold to
+/// lower case) and what a fragment may declare.
+pub fn check_function_name(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if !first_ok
+        || name.len() > MAX_FUNCTION_NAME
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(invalid(format!(
+            "{:?} is not a usable name for a Wasm SQL function: use lower-case letters, digits and _ (at most {MAX_FUNCTION_NAME}, not starting with a digit)",
+            csd_runtime::error::truncated(name)
+        )));
+    }
+    if crate::wire::functions::node_evaluates(name) {
+        return Err(invalid(format!(
+            "a Wasm SQL function may not be called {name}: that is a built-in function"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the Wasm SQL functions a fragment declares: their names, exports and
+/// digests, and that their inline bytes stay within [`MAX_INLINE_MODULE`].
+pub fn check_functions(functions: &[WasmFunctionMsg]) -> Result<Vec<ModuleDigest>, Error> {
+    if functions.len() > MAX_SHIPPED_FUNCTIONS {
+        return Err(invalid(format!(
+            "a fragment declares {} Wasm SQL functions; at most {MAX_SHIPPED_FUNCTIONS} are accepted",
+            functions.len()
+        )));
+    }
+    let mut inline = 0usize;
+    let mut digests = Vec::with_capacity(functions.len());
+    for (i, f) in functions.iter().enumerate() {
+        check_function_name(&f.name)?;
+        if functions[..i].iter().any(|g| g.name == f.name) {
+            return Err(invalid(format!(
+                "a fragment declares the Wasm SQL function {} twice",
+                f.name
+            )));
+        }
+        if f.export.is_empty()
+            || f.export.len() > MAX_FUNCTION_NAME
+            || !f
+                .export
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(invalid(format!(
+                "the Wasm SQL function {} names the export {:?}: use letters, digits and _ (at most {MAX_FUNCTION_NAME})",
+                f.name,
+                csd_runtime::error::truncated(&f.export)
+            )));
+        }
+        digests.push(ModuleDigest::parse(&f.module_digest)?);
+        inline += f.module.as_ref().map_or(0, Vec::len);
+    }
+    if inline > MAX_INLINE_MODULE {
+        return Err(invalid(format!(
+            "a fragment carries {inline} bytes of Wasm modules; at most {MAX_INLINE_MODULE} ride inline (send larger ones with put_module)"
+        )));
+    }
+    Ok(digests)
+}
+
 /// The `args` of a `"wasm"` operator ticket.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WasmRequest {
@@ -50,6 +155,23 @@ pub struct WasmRequest {
     /// The guest's arguments.
     #[prost(btree_map = "string, string", tag = "4")]
     pub args: BTreeMap<String, String>,
+    /// Without `input`: the table whose objects the guest reads.
+    #[prost(string, tag = "5")]
+    pub table: String,
+    /// Without `input`: one partition of it (absent: all at the node).
+    #[prost(string, optional, tag = "6")]
+    pub partition: Option<String>,
+}
+
+/// What a wasm request runs over.
+#[derive(Debug, Clone)]
+pub struct WasmInput {
+    /// The table (whose read permission the request needs).
+    pub table: String,
+    /// Its partition (absent: all at the node).
+    pub partition: Option<String>,
+    /// The scan whose rows the guest receives; `None`: no rows.
+    pub scan: Option<SqlFragment>,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -63,7 +185,7 @@ impl WasmRequest {
     }
 
     /// Decodes untrusted bytes: sizes, digest and the input fragment checked.
-    pub fn decode_checked(bytes: &[u8]) -> Result<(WasmRequest, ModuleDigest, SqlFragment), Error> {
+    pub fn decode_checked(bytes: &[u8]) -> Result<(WasmRequest, ModuleDigest, WasmInput), Error> {
         let r = WasmRequest::decode(bytes)
             .map_err(|e| invalid(format!("malformed wasm request: {e}")))?;
         let digest = ModuleDigest::parse(&r.module_digest)?;
@@ -84,8 +206,33 @@ impl WasmRequest {
         if r.args.keys().any(|k| k.starts_with("csd.")) {
             return Err(invalid("argument names starting with csd. are the node's"));
         }
+        if r.input.is_empty() {
+            if r.table.is_empty() {
+                return Err(invalid(
+                    "a wasm request without input rows must name the table it reads",
+                ));
+            }
+            let input = WasmInput {
+                table: r.table.clone(),
+                partition: r.partition.clone(),
+                scan: None,
+            };
+            return Ok((r, digest, input));
+        }
         let (frag, _, _) = SqlFragment::decode_checked(&r.input)?;
-        Ok((r, digest, frag))
+        if !r.table.is_empty() && r.table != frag.table {
+            return Err(invalid(format!(
+                "a wasm request names table {:?} but its input reads {:?}",
+                csd_runtime::error::truncated(&r.table),
+                frag.table
+            )));
+        }
+        let input = WasmInput {
+            table: frag.table.clone(),
+            partition: frag.partition.clone(),
+            scan: Some(frag),
+        };
+        Ok((r, digest, input))
     }
 }
 
@@ -110,5 +257,18 @@ mod tests {
         };
         let e = WasmRequest::decode_checked(&r.to_bytes()).unwrap_err();
         assert!(e.to_string().contains("csd."), "{e}");
+        let r = WasmRequest {
+            module_digest: vec![7; 32],
+            ..Default::default()
+        };
+        let e = WasmRequest::decode_checked(&r.to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("must name the table"), "{e}");
+        let r = WasmRequest {
+            module_digest: vec![7; 32],
+            table: "chain".into(),
+            ..Default::default()
+        };
+        let (_, _, input) = WasmRequest::decode_checked(&r.to_bytes()).unwrap();
+        assert!(input.scan.is_none() && input.table == "chain");
     }
 }

@@ -348,6 +348,7 @@ async fn hostile_fragments_are_refused() {
             key_filters: vec![f],
             direct_above,
             objects: vec![],
+            functions: vec![],
         }
         .to_bytes()
     };
@@ -458,6 +459,7 @@ async fn write_fuzz_seeds() {
         key_filters: vec![Bloom::with_keys(&[1, 2, 3]).unwrap().to_msg(&[0])],
         direct_above: Some(0.3),
         objects: vec![],
+        functions: vec![],
     };
     std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }

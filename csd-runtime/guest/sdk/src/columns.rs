@@ -43,3 +43,73 @@ pub fn int_at(a: &dyn Array, i: usize) -> Result<Option<i64>, String> {
         t => return Err(format!("expected an integer column, got {t}")),
     }))
 }
+
+/// A whole numeric column as doubles (decimals scaled): one type dispatch per
+/// batch, then a tight loop (what a per-row [`float_at`] repeats for every value).
+pub fn floats(a: &dyn Array) -> Result<Vec<Option<f64>>, String> {
+    fn collect<T: arrow_array::ArrowPrimitiveType>(
+        a: &dyn Array,
+        f: impl Fn(T::Native) -> f64,
+    ) -> Vec<Option<f64>> {
+        let p = a.as_primitive::<T>();
+        if p.null_count() == 0 {
+            p.values().iter().map(|v| Some(f(*v))).collect()
+        } else {
+            p.iter().map(|v| v.map(&f)).collect()
+        }
+    }
+    Ok(match a.data_type() {
+        DataType::Float64 => collect::<Float64Type>(a, |v| v),
+        DataType::Int64 => collect::<Int64Type>(a, |v| v as f64),
+        DataType::Int32 => collect::<Int32Type>(a, f64::from),
+        DataType::Decimal128(_, s) => {
+            let scale = 10f64.powi(i32::from(*s));
+            collect::<Decimal128Type>(a, |v| v as f64 / scale)
+        }
+        t => return Err(format!("expected a numeric column, got {t}")),
+    })
+}
+
+/// A whole integer column (see [`floats`]).
+pub fn ints(a: &dyn Array) -> Result<Vec<Option<i64>>, String> {
+    Ok(match a.data_type() {
+        DataType::Int64 => a.as_primitive::<Int64Type>().iter().collect(),
+        DataType::Int32 => a
+            .as_primitive::<Int32Type>()
+            .iter()
+            .map(|v| v.map(i64::from))
+            .collect(),
+        t => return Err(format!("expected an integer column, got {t}")),
+    })
+}
+
+/// A string column of any layout, its type dispatched once per batch.
+pub enum Strings<'a> {
+    /// Utf8.
+    Utf8(&'a arrow_array::StringArray),
+    /// LargeUtf8.
+    Large(&'a arrow_array::LargeStringArray),
+    /// Utf8View.
+    View(&'a arrow_array::StringViewArray),
+}
+
+impl<'a> Strings<'a> {
+    /// `a` as strings.
+    pub fn of(a: &'a dyn Array) -> Result<Self, String> {
+        Ok(match a.data_type() {
+            DataType::Utf8 => Strings::Utf8(a.as_string::<i32>()),
+            DataType::LargeUtf8 => Strings::Large(a.as_string::<i64>()),
+            DataType::Utf8View => Strings::View(a.as_string_view()),
+            t => return Err(format!("expected a string column, got {t}")),
+        })
+    }
+
+    /// Row `i`, `None` when null.
+    pub fn get(&self, i: usize) -> Option<&'a str> {
+        match self {
+            Strings::Utf8(s) => s.is_valid(i).then(|| s.value(i)),
+            Strings::Large(s) => s.is_valid(i).then(|| s.value(i)),
+            Strings::View(s) => s.is_valid(i).then(|| s.value(i)),
+        }
+    }
+}

@@ -247,10 +247,87 @@ pub mod __private {
         })
     }
 
+    /// Runs a SQL function's export: decodes the argument batch, calls `f` on its
+    /// columns and returns its one result column as the ABI's output.
+    pub fn call_function(
+        ptr: i32,
+        len: i32,
+        f: fn(&[ArrayRef]) -> Result<ArrayRef, String>,
+    ) -> i64 {
+        // SAFETY: the host wrote `len` bytes into memory from `csd_alloc(len)`.
+        let bytes = unsafe { take(ptr, len) };
+        let out = decode_batch(&bytes).and_then(|b| {
+            let col = f(b.columns())?;
+            if col.len() != b.num_rows() {
+                return Err(format!(
+                    "the function returned {} values for {} rows",
+                    col.len(),
+                    b.num_rows()
+                ));
+            }
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                "out",
+                col.data_type().clone(),
+                true,
+            )]));
+            RecordBatch::try_new(schema, vec![col])
+                .map(Some)
+                .map_err(|e| e.to_string())
+        });
+        output(out)
+    }
+
+    /// `s` as the ABI's `(ptr << 32) | len` (for a signature: static text).
+    pub fn static_text(s: &'static str) -> i64 {
+        ((s.as_ptr() as usize as i64) << 32) | s.len() as i64
+    }
+
     /// A schema-only batch helper for guests that build outputs.
     pub fn schema(fields: Vec<Field>) -> SchemaRef {
         Arc::new(Schema::new(fields))
     }
+}
+
+/// Exports scalar SQL functions: each `name: "ARG, … -> RET" => path` becomes the
+/// export `name` (a function over Arrow arrays, one per argument, returning one
+/// array of as many values) and `csd_signature_name`, plus the ABI's
+/// `csd_abi_version` and `csd_alloc`. A module exports either functions or an
+/// operator ([`export_operator!`]), not both. Types are Arrow's names (`Float64`,
+/// `Utf8`, `Int64`, …); the compute tier casts arguments to them.
+///
+/// ```ignore
+/// fn double(args: &[ArrayRef]) -> Result<ArrayRef, String> { … }
+/// csd_guest::export_functions! {
+///     double: "Float64 -> Float64" => double,
+/// }
+/// ```
+#[macro_export]
+macro_rules! export_functions {
+    ($($name:ident : $sig:literal => $f:path),+ $(,)?) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn csd_abi_version() -> i32 {
+            $crate::ABI_VERSION
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn csd_alloc(len: i32) -> i32 {
+            $crate::__private::alloc(len)
+        }
+
+        $(
+            const _: () = {
+                #[unsafe(export_name = stringify!($name))]
+                pub extern "C" fn call(ptr: i32, len: i32) -> i64 {
+                    $crate::__private::call_function(ptr, len, $f)
+                }
+
+                #[unsafe(export_name = concat!("csd_signature_", stringify!($name)))]
+                pub extern "C" fn signature() -> i64 {
+                    $crate::__private::static_text($sig)
+                }
+            };
+        )+
+    };
 }
 
 /// Exports `$t` (an [`Operator`]) as this module's operator: the ABI's

@@ -31,6 +31,7 @@ use futures::StreamExt;
 
 use crate::compute::endpoints::TableEndpoints;
 use crate::compute::key_collector::KeyCollector;
+use crate::eval::wasm_fn::ShippedFunction;
 use crate::options::CsdOptions;
 use crate::wire::fragment::{Mode, SqlFragment};
 use metrics::ScanMetrics;
@@ -80,6 +81,7 @@ pub struct CsdScanExec {
     key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
     direct: bool,
     pinned: bool,
+    functions: Arc<Vec<Arc<ShippedFunction>>>,
 }
 
 impl CsdScanExec {
@@ -113,7 +115,15 @@ impl CsdScanExec {
             key_filters: Vec::new(),
             direct: false,
             pinned: false,
+            functions: Arc::new(Vec::new()),
         }
+    }
+
+    /// The Wasm SQL functions the plan calls: declared in every fragment (their
+    /// modules sent to a node that lacks them).
+    pub fn with_functions(mut self, functions: Vec<Arc<ShippedFunction>>) -> Self {
+        self.functions = Arc::new(functions);
+        self
     }
 
     /// What opens partition `endpoint`'s share of the scan.
@@ -135,6 +145,7 @@ impl CsdScanExec {
             } else {
                 vec![]
             },
+            functions: self.functions.iter().map(|f| f.to_msg()).collect(),
         };
         EndpointOpener {
             table: self.table.clone(),
@@ -142,6 +153,7 @@ impl CsdScanExec {
             fragment,
             key_filters: self.key_filters.clone(),
             direct: self.direct,
+            functions: self.functions.clone(),
             context,
         }
     }
@@ -181,6 +193,7 @@ impl CsdScanExec {
         .with_estimate(self.row_fraction, self.limit);
         s.direct = self.direct;
         s.pinned = self.pinned;
+        s.functions = self.functions.clone();
         s.key_filters = self.key_filters.clone();
         s.key_filters.push((collector, columns));
         s

@@ -14,10 +14,15 @@ use futures::stream::BoxStream;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::key_collector::KeyCollector;
+use crate::compute::wasm::local_sandbox;
 use crate::error::to_datafusion;
 use crate::eval::keyfilter::filter_stream;
+use crate::eval::wasm::{CancelOnDrop, cancel_on_drop};
+use crate::eval::wasm_fn::{ShippedFunction, register_functions};
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
+use csd_runtime::sandbox::{ModuleDigest, missing_module};
+use std::sync::atomic::AtomicBool;
 
 /// What opening an endpoint gave.
 pub(crate) enum Opened {
@@ -43,6 +48,8 @@ pub(crate) struct EndpointOpener {
     pub key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
     /// A scan that reduces nothing by itself (see `CsdScanExec::direct`).
     pub direct: bool,
+    /// The Wasm SQL functions the fragment calls (with their modules' bytes).
+    pub functions: Arc<Vec<Arc<ShippedFunction>>>,
     pub context: Arc<TaskContext>,
 }
 
@@ -86,6 +93,7 @@ impl EndpointOpener {
         // (once more if it was handed back and this tier filled up since).
         let gate = self.table.local_gate();
         let mut patient = gate.saturated() && !self.direct;
+        let mut sent: Vec<ModuleDigest> = Vec::new();
         let reply = loop {
             let r = client
                 .operator_with(
@@ -99,6 +107,17 @@ impl EndpointOpener {
             match r {
                 Err(ClientError::PushedBack(_)) if !patient && !self.direct && gate.saturated() => {
                     patient = true;
+                }
+                // A node without a Wasm function's module: send it once, ask again.
+                Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                    let missing = missing_module(&e.to_string())
+                        .filter(|d| !sent.contains(d))
+                        .and_then(|d| self.functions.iter().find(|f| f.digest == d));
+                    let Some((f, bytes)) = missing.and_then(|f| Some((f, f.bytes.clone()?))) else {
+                        break Err(e);
+                    };
+                    client.put_module(&bytes).await.map_err(to_datafusion)?;
+                    sent.push(f.digest);
                 }
                 r => break r,
             }
@@ -147,6 +166,23 @@ impl EndpointOpener {
             Parallelism::ONE,
         )
         .map_err(external)?;
+        // The same modules the node would run, from this process's sandbox (which
+        // compiled them when they were registered).
+        let mut cancel = None;
+        if !frag.functions.is_empty() {
+            let sandbox = local_sandbox()?;
+            for f in self.functions.iter() {
+                sandbox
+                    .module(&f.digest, f.bytes.as_deref())
+                    .await
+                    .map_err(external)?;
+            }
+            let flag = Arc::new(AtomicBool::new(false));
+            register_functions(&session, &sandbox, &frag.functions, &flag)
+                .await
+                .map_err(external)?;
+            cancel = Some(CancelOnDrop(flag));
+        }
         // Here the compute tier's own registry decides: a function a node refused
         // runs here if DataFusion has it.
         let physical = plan_fragment(&session, &frag.table, &plan, mode, &|_| true)
@@ -154,6 +190,10 @@ impl EndpointOpener {
             .map_err(external)?;
         let (physical, filters) = key_filtered(&frag, physical).map_err(external)?;
         let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
+        let stream = match cancel {
+            Some(c) => cancel_on_drop(stream, c),
+            None => stream,
+        };
         Ok(if gated {
             self.table.local_gate().run(stream)
         } else {

@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use csd_guest::arrow_array::{Array, Float64Array, Int64Array};
+use csd_guest::arrow_array::{Float64Array, Int64Array};
 use csd_guest::{Args, DataType, Field, Operator, RecordBatch, Schema, SchemaRef};
 
-use csd_guest::columns::{float_at, int_at, str_at};
+use csd_guest::columns::{Strings, floats, ints};
 
 struct FilterMap {
     mode: String,
@@ -38,19 +38,24 @@ impl Operator for FilterMap {
             col("l_discount")?,
             col("l_shipmode")?,
         );
+        // Each column's type is dispatched once per batch, not once per value.
+        let (key, price, disc) = (
+            ints(key.as_ref())?,
+            floats(price.as_ref())?,
+            floats(disc.as_ref())?,
+        );
+        let mode = Strings::of(mode.as_ref())?;
         let mut keys = Vec::new();
         let mut revenue = Vec::new();
         for i in 0..b.num_rows() {
-            if mode.is_null(i) || str_at(mode.as_ref(), i)? != self.mode {
+            if mode.get(i) != Some(self.mode.as_str()) {
                 continue;
             }
-            keys.push(int_at(key.as_ref(), i)?);
-            revenue.push(
-                match (float_at(price.as_ref(), i)?, float_at(disc.as_ref(), i)?) {
-                    (Some(p), Some(d)) => Some(p * (1.0 - d)),
-                    _ => None,
-                },
-            );
+            keys.push(key[i]);
+            revenue.push(match (price[i], disc[i]) {
+                (Some(p), Some(d)) => Some(p * (1.0 - d)),
+                _ => None,
+            });
         }
         if keys.is_empty() {
             return Ok(None);
