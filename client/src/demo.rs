@@ -240,9 +240,15 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     );
     drop((on, off, cluster, client));
     node.shutdown().await?;
-    if opts.keep {
-        let kept = dir.keep();
-        say!("kept           device in {}", kept.display());
+    match (&opts.device, opts.keep) {
+        // The user's own device stays where it is; the scratch folder goes.
+        (Some(d), true) => say!("kept           device {d} (csd serve --device {d})"),
+        (Some(_), false) => {}
+        (None, true) => {
+            let kept = dir.keep();
+            say!("kept           device in {}", kept.display());
+        }
+        (None, false) => {}
     }
     Ok(())
 }

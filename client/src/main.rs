@@ -119,7 +119,7 @@ enum Command {
         /// Device spec (default: an io_uring file in the temp directory).
         #[arg(long)]
         device: Option<String>,
-        /// Keep the device file.
+        /// Keep the device file (with --device it is kept anyway; this prints how to serve it).
         #[arg(long)]
         keep: bool,
     },

@@ -1,7 +1,9 @@
-//! Compiled modules: a bounded in-memory cache, and the device.
+//! Compiled modules: a bounded in-memory cache, and a lasting copy — on the device
+//! at a node, in a private directory of the user's cache at the compute side.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use wasmtime::{Engine, InstancePre, Linker, Module};
@@ -75,17 +77,84 @@ type Lru = (
     VecDeque<ModuleDigest>,
 );
 
-/// The in-memory cache (least recently used out first) and the device copy.
+/// Where compiled modules last beyond the process.
+pub enum ModuleStore {
+    /// A node's device (`.csd/wasm/`: tenants can neither read nor write it; the
+    /// object store checksums every read).
+    Device(ObjectStore),
+    /// A directory of this user's (mode 0700): the compute side's cache, so that a
+    /// `csd sql --wasm-fn` does not compile the module again at every run. Compiled
+    /// files carry the SHA-256 of their contents, and module bytes are checked
+    /// against their digest: a damaged file is compiled again, never loaded.
+    Dir(PathBuf),
+}
+
+/// The in-memory cache (least recently used out first) and the lasting copy.
 pub(super) struct ModuleCache {
     engine: Engine,
     config: String,
     capacity: usize,
     map: Mutex<Lru>,
-    device: Option<ObjectStore>,
+    device: Option<ModuleStore>,
+}
+
+impl ModuleStore {
+    fn path(dir: &Path, name: &str) -> PathBuf {
+        dir.join(name.strip_prefix(MODULE_PREFIX).unwrap_or(name))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        match self {
+            ModuleStore::Device(d) => d.get(name).is_some(),
+            ModuleStore::Dir(dir) => Self::path(dir, name).is_file(),
+        }
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self {
+            ModuleStore::Device(d) => match d.get(name) {
+                Some(_) => Ok(Some(d.get_all(name).await?.to_vec())),
+                None => Ok(None),
+            },
+            ModuleStore::Dir(dir) => match std::fs::read(Self::path(dir, name)) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(Error::Internal(format!("reading {name}: {e}"))),
+            },
+        }
+    }
+
+    async fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        match self {
+            ModuleStore::Device(d) => d.put(name, bytes).await.map(|_| ()),
+            ModuleStore::Dir(dir) => {
+                let path = Self::path(dir, name);
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, bytes)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| Error::Internal(format!("writing {}: {e}", path.display())))
+            }
+        }
+    }
+}
+
+/// `bytes` behind the SHA-256 of them (a compiled module in a directory).
+fn sealed(bytes: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut out = Sha256::digest(bytes).to_vec();
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// What [`sealed`] sealed, if it is intact.
+fn unsealed(bytes: &[u8]) -> Option<&[u8]> {
+    use sha2::{Digest, Sha256};
+    let (sum, rest) = bytes.split_at_checked(32)?;
+    (Sha256::digest(rest).as_slice() == sum).then_some(rest)
 }
 
 impl ModuleCache {
-    pub(super) fn new(engine: &Engine, capacity: usize, device: Option<ObjectStore>) -> Self {
+    pub(super) fn new(engine: &Engine, capacity: usize, device: Option<ModuleStore>) -> Self {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
         ModuleCache {
@@ -122,7 +191,7 @@ impl ModuleCache {
             || self
                 .device
                 .as_ref()
-                .is_some_and(|d| d.get(&Self::source_object(digest)).is_some())
+                .is_some_and(|d| d.has(&Self::source_object(digest)))
     }
 
     pub(super) fn insert(&self, module: Arc<CompiledModule>) {
@@ -150,45 +219,64 @@ impl ModuleCache {
             Error::Internal(format!("serializing module {:?}: {e:#}", module.digest))
         })?;
         let source = Self::source_object(&module.digest);
-        if dev.get(&source).is_none() {
-            dev.put(&source, bytes).await?;
+        if !dev.has(&source) {
+            dev.write(&source, bytes).await?;
         }
-        dev.put(&self.compiled_object(&module.digest), &compiled)
+        let compiled = match dev {
+            ModuleStore::Device(_) => compiled,
+            ModuleStore::Dir(_) => sealed(&compiled),
+        };
+        dev.write(&self.compiled_object(&module.digest), &compiled)
             .await?;
         Ok(())
     }
 
-    /// The module from the device: its compiled form for this engine, else its bytes
-    /// compiled again (another engine configuration wrote it); `None` if absent.
+    /// The module from the lasting copy: its compiled form for this engine, else its
+    /// bytes compiled again (another engine configuration wrote it, or the compiled
+    /// file is damaged; the time it took is returned); `None` if absent.
     pub(super) async fn load(
         &self,
         linker: &Linker<GuestState>,
         digest: &ModuleDigest,
-    ) -> Result<Option<Arc<CompiledModule>>> {
+    ) -> Result<Option<(Arc<CompiledModule>, Option<std::time::Duration>)>> {
         let Some(dev) = &self.device else {
             return Ok(None);
         };
-        let source = Self::source_object(digest);
-        let Some(info) = dev.get(&source) else {
+        let Some(source) = dev.read(&Self::source_object(digest)).await? else {
             return Ok(None);
         };
-        let compiled = self.compiled_object(digest);
-        let module = if dev.get(&compiled).is_some() {
-            let bytes = dev.get_all(&compiled).await?;
-            // SAFETY: the compiled form was written by this node's own engine (same
-            // configuration hash) under `.csd/`, which no tenant can write or read,
-            // and the object store verified its checksums on the way back.
-            let m = unsafe { Module::deserialize(&self.engine, &bytes) }.map_err(|e| {
-                Error::Corrupt(format!("the compiled form of module {digest:?}: {e:#}"))
-            })?;
-            link(linker, *digest, info.len as usize, &m)?
-        } else {
-            let bytes = dev.get_all(&source).await?;
-            let m = compile(&self.engine, linker, *digest, &bytes)?;
-            self.persist(&m, &bytes).await?;
-            m
+        if ModuleDigest::of(&source) != *digest {
+            // A damaged copy: as if it were not there (the client sends it again).
+            return Ok(None);
+        }
+        let compiled = match dev.read(&self.compiled_object(digest)).await? {
+            Some(c) => match dev {
+                ModuleStore::Device(_) => Some(c),
+                ModuleStore::Dir(_) => unsealed(&c).map(<[u8]>::to_vec),
+            },
+            None => None,
         };
-        self.insert(module.clone());
+        let module = match compiled {
+            Some(bytes) => {
+                // SAFETY: the compiled form was written by an engine of this
+                // configuration (its hash is in the name): at a node under `.csd/`,
+                // which no tenant can write or read, read back with its checksums
+                // verified; at the compute side in this user's private directory,
+                // behind the SHA-256 of its contents, checked above.
+                let m = unsafe { Module::deserialize(&self.engine, &bytes) }.map_err(|e| {
+                    Error::Corrupt(format!("the compiled form of module {digest:?}: {e:#}"))
+                })?;
+                (link(linker, *digest, source.len(), &m)?, None)
+            }
+            None => {
+                let started = std::time::Instant::now();
+                let m = compile(&self.engine, linker, *digest, &source)?;
+                let took = started.elapsed();
+                self.persist(&m, &source).await?;
+                (m, Some(took))
+            }
+        };
+        self.insert(module.0.clone());
         Ok(Some(module))
     }
 }

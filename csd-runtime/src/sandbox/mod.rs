@@ -77,7 +77,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryLedger;
 use crate::store::ObjectStore;
 
-pub use cache::CompiledModule;
+pub use cache::{CompiledModule, ModuleStore};
 pub use instance::{GuestInstance, GuestKind, GuestReader};
 
 /// How often the engine's epoch advances: the resolution of CPU-time limits.
@@ -292,6 +292,15 @@ impl Sandbox {
         memory: Arc<MemoryLedger>,
         device: Option<ObjectStore>,
     ) -> Result<Self> {
+        Self::with_store(limits, memory, device.map(ModuleStore::Device))
+    }
+
+    /// A sandbox keeping compiled modules in `store` (see [`ModuleStore`]).
+    pub fn with_store(
+        limits: SandboxLimits,
+        memory: Arc<MemoryLedger>,
+        store: Option<ModuleStore>,
+    ) -> Result<Self> {
         let mut config = Config::new();
         config
             .epoch_interruption(true)
@@ -299,7 +308,7 @@ impl Sandbox {
             .cranelift_opt_level(OptLevel::Speed);
         let engine = Engine::new(&config).map_err(|e| setup_error("starting wasmtime", e))?;
         let linker = instance::linker(&engine)?;
-        let cache = cache::ModuleCache::new(&engine, limits.cached_modules, device);
+        let cache = cache::ModuleCache::new(&engine, limits.cached_modules, store);
         Ok(Sandbox {
             _ticker: EpochTicker::start(engine.clone())?,
             engine,
@@ -348,10 +357,18 @@ impl Sandbox {
                 )));
             }
         }
-        if let Some(m) = self.cache.load(&self.linker, digest).await? {
-            self.counters
-                .loaded_from_device
-                .fetch_add(1, Ordering::Relaxed);
+        if let Some((m, compiled)) = self.cache.load(&self.linker, digest).await? {
+            let c = &self.counters;
+            match compiled {
+                Some(t) => {
+                    c.compiled.fetch_add(1, Ordering::Relaxed);
+                    c.compile_us
+                        .fetch_add(t.as_micros() as u64, Ordering::Relaxed);
+                }
+                None => {
+                    c.loaded_from_device.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             return Ok(m);
         }
         match bytes {
@@ -480,5 +497,63 @@ mod tests {
         let msg = module_not_here(&d).to_status().message().to_string();
         assert_eq!(missing_module(&msg), Some(d));
         assert_eq!(missing_module("not found: table x"), None);
+    }
+
+    /// The smallest valid module: `(module)`.
+    const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0";
+
+    fn dir_sandbox(dir: &std::path::Path) -> Arc<Sandbox> {
+        Arc::new(
+            Sandbox::with_store(
+                SandboxLimits::default(),
+                MemoryLedger::new(1 << 30),
+                Some(ModuleStore::Dir(dir.to_path_buf())),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_cache_directory_spares_a_compile_and_survives_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = ModuleDigest::of(EMPTY_MODULE);
+        let first = dir_sandbox(dir.path());
+        first.compile(EMPTY_MODULE).await.unwrap();
+        assert_eq!(first.stats().compiled, 1);
+
+        // Another process: loaded, not compiled.
+        let second = dir_sandbox(dir.path());
+        second.module(&digest, None).await.unwrap();
+        let st = second.stats();
+        assert_eq!((st.compiled, st.loaded_from_device), (0, 1), "{st:?}");
+
+        // Every byte of the compiled file flipped in turn: compiled again from the
+        // module's bytes, never loaded damaged.
+        let cwasm = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "cwasm"))
+            .unwrap();
+        let good = std::fs::read(&cwasm).unwrap();
+        for i in (0..good.len()).step_by((good.len() / 64).max(1)) {
+            let mut bad = good.clone();
+            bad[i] ^= 0x40;
+            std::fs::write(&cwasm, &bad).unwrap();
+            let s = dir_sandbox(dir.path());
+            s.module(&digest, None).await.unwrap();
+            assert_eq!(s.stats().compiled, 1, "byte {i}");
+        }
+
+        // Damaged module bytes: as if absent (the caller sends them again).
+        let wasm = dir.path().join(format!("{}.wasm", digest.hex()));
+        std::fs::write(&wasm, b"\0asm\x01\0\0\x01").unwrap();
+        let e = dir_sandbox(dir.path())
+            .module(&digest, None)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            missing_module(e.to_status().message()),
+            Some(digest)
+        );
     }
 }

@@ -20,7 +20,7 @@ use csd_runtime::memory::MemoryLedger;
 use csd_runtime::node_client::{Error as ClientError, NodeClient};
 use csd_runtime::protocol::OperatorReport;
 use csd_runtime::sandbox::{
-    GuestKind, GuestReader, ModuleDigest, Sandbox, SandboxLimits, missing_module,
+    GuestKind, GuestReader, ModuleDigest, ModuleStore, Sandbox, SandboxLimits, missing_module,
 };
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
@@ -100,9 +100,35 @@ pub fn local_sandbox() -> Result<Arc<Sandbox>> {
     }
     let limits = SandboxLimits::default();
     let ledger = MemoryLedger::new(4 * limits.memory);
-    let s = Arc::new(Sandbox::new(limits, ledger, None).map_err(external)?);
+    let s = Arc::new(Sandbox::with_store(limits, ledger, module_cache_dir()).map_err(external)?);
     *g = Some(s.clone());
     Ok(s)
+}
+
+/// Where this process keeps compiled modules: `$CSD_WASM_CACHE`, else
+/// `$XDG_CACHE_HOME/csd/wasm`, else `~/.cache/csd/wasm` (made private, mode 0700);
+/// `None` (memory only) when it cannot be made.
+fn module_cache_dir() -> Option<ModuleStore> {
+    let dir = match std::env::var_os("CSD_WASM_CACHE") {
+        Some(d) if d.is_empty() => return None,
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?
+            .join("csd")
+            .join("wasm"),
+    };
+    let made = std::fs::create_dir_all(&dir).and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+    });
+    match made {
+        Ok(()) => Some(ModuleStore::Dir(dir)),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "no module cache directory: {e}");
+            None
+        }
+    }
 }
 
 /// Host reads of a guest running here: byte ranges from the node.

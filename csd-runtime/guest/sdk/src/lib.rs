@@ -26,6 +26,11 @@
 //! `crate-type = ["cdylib"]` library. A guest may read byte ranges of objects of the
 //! tables its tenant may read with [`read`] (a traversal, a pointer chase).
 //!
+//! SQL functions: [`export_functions!`] exports plain functions over Arrow arrays as
+//! scalar SQL functions (`csd sql --wasm-fn NAME=FILE.wasm:EXPORT`), which the
+//! compute tier pushes to the nodes inside fragments. [`columns`] reads whole
+//! columns of any layout with one type dispatch per batch.
+//!
 //! Aggregates: an operator whose [`Operator::AGGREGATE`] is `true` runs twice. At
 //! each node (phase [`Phase::Map`]) its `finish` output is a partial state; at the
 //! compute side (phase [`Phase::Merge`]) the same module is fed those partial states
@@ -296,7 +301,7 @@ pub mod __private {
 /// `Utf8`, `Int64`, …); the compute tier casts arguments to them.
 ///
 /// ```ignore
-/// fn double(args: &[ArrayRef]) -> Result<ArrayRef, String> { … }
+/// fn double(args: &[ArrayRef]) -> Result<ArrayRef, String> { todo!() }
 /// csd_guest::export_functions! {
 ///     double: "Float64 -> Float64" => double,
 /// }
