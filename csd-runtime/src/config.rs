@@ -176,6 +176,12 @@ pub struct NodeConfig {
     /// Compiled Wasm modules kept in memory (all are kept on the device).
     #[arg(long, env = "CSD_WASM_CACHED_MODULES", default_value_t = 64)]
     pub wasm_cached_modules: usize,
+    /// Wasm instances kept in a pre-reserved pool (wasmtime's pooling allocator:
+    /// memories reused between requests); 0 allocates each instance on demand.
+    /// More instances than this at once wait for a slot's request to end or fail
+    /// with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CSD_WASM_POOL", default_value_t = 0)]
+    pub wasm_pool: u32,
     /// Raw reads served at once.
     #[arg(long, env = "CSD_READ_SLOTS", default_value_t = 64)]
     pub read_slots: usize,
@@ -297,6 +303,7 @@ impl NodeConfig {
             stack: self.wasm_stack.bytes() as usize,
             max_module_bytes: self.wasm_max_module.bytes() as usize,
             cached_modules: self.wasm_cached_modules.max(1),
+            pool: self.wasm_pool,
         }
     }
 

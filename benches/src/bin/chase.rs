@@ -70,6 +70,8 @@ struct Report {
     chase: Vec<ChasePoint>,
     overhead: Option<Overhead>,
     start: Option<Start>,
+    /// The same with wasmtime's pooling allocator (16 slots).
+    start_pooled: Option<Start>,
     /// Time until a spinning guest with a 500 ms CPU-time limit is stopped.
     spin_ms: Option<f64>,
 }
@@ -276,7 +278,8 @@ async fn main() {
         report.overhead = Some(o);
     }
 
-    report.start = Some(start_latency(&guest("filter_map")).await);
+    report.start = Some(start_latency(&guest("filter_map"), 0).await);
+    report.start_pooled = Some(start_latency(&guest("filter_map"), 16).await);
     report.spin_ms = Some(spin_time(&guest("spin")).await);
     write_json(
         &args.json.unwrap_or_else(|| default_json_path("chase")),
@@ -311,7 +314,9 @@ a guest that never returns, 500 ms CPU-time limit: stopped after {ms:.1} ms ({e}
 }
 
 /// Cold, warm and hot invocations of a guest on one small batch, in this process.
-async fn start_latency(module: &[u8]) -> Start {
+/// Start latency of the filter_map guest; `pool` slots in wasmtime's pooling
+/// allocator (0: instances allocated on demand).
+async fn start_latency(module: &[u8], pool: u32) -> Start {
     let schema = Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new("l_orderkey", arrow::datatypes::DataType::Int64, false),
         arrow::datatypes::Field::new(
@@ -340,10 +345,11 @@ async fn start_latency(module: &[u8]) -> Start {
     .expect("batch");
     let args = BTreeMap::from([("mode".to_string(), "AIR".to_string())]);
     let sandbox = |_: ()| {
-        Arc::new(
-            Sandbox::new(SandboxLimits::default(), MemoryLedger::new(1 << 30), None)
-                .expect("sandbox"),
-        )
+        let limits = SandboxLimits {
+            pool,
+            ..SandboxLimits::default()
+        };
+        Arc::new(Sandbox::new(limits, MemoryLedger::new(1 << 30), None).expect("sandbox"))
     };
     let t = Instant::now();
     let cold = sandbox(());
@@ -374,7 +380,7 @@ async fn start_latency(module: &[u8]) -> Start {
         hot_p99_us: pct(hot, 0.99),
     };
     println!(
-        "\ninvoking filter_map on a 64-row batch (in process, 500 runs):\n  cold (compile + instantiate + call) {:.1} ms\n  warm (instantiate + call) p50 {:.0} us, p99 {:.0} us\n  hot (call on a live instance) p50 {:.0} us, p99 {:.0} us",
+        "\ninvoking filter_map on a 64-row batch (in process, 500 runs, pool {pool}):\n  cold (compile + instantiate + call) {:.1} ms\n  warm (instantiate + call) p50 {:.0} us, p99 {:.0} us\n  hot (call on a live instance) p50 {:.0} us, p99 {:.0} us",
         s.cold_ms, s.warm_p50_us, s.warm_p99_us, s.hot_p50_us, s.hot_p99_us
     );
     s

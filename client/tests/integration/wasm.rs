@@ -541,3 +541,51 @@ async fn handed_back_fragments_run_their_wasm_functions_here() {
     );
     assert_eq!(sandbox_stats(&node.url).await.compiled, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_sandbox_answers_alike_and_refuses_past_its_slots() {
+    use csd_runtime::memory::MemoryLedger;
+    use csd_runtime::sandbox::{Sandbox, SandboxLimits};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let make = |pool: u32| {
+        let limits = SandboxLimits {
+            pool,
+            memory: 64 << 20,
+            ..SandboxLimits::default()
+        };
+        Arc::new(Sandbox::new(limits, MemoryLedger::new(1 << 30), None).unwrap())
+    };
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let input = sql(
+        &session(&node.url).await,
+        "SELECT l_orderkey, l_extendedprice, l_discount, l_shipmode FROM lineitem WHERE l_quantity < 30",
+    )
+    .await;
+    let args = BTreeMap::from([("mode".to_string(), "AIR".to_string())]);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let module = guest("filter_map");
+    let mut answers = Vec::new();
+    for pool in [0, 1] {
+        let s = make(pool);
+        let m = s.compile(&module).await.unwrap();
+        let mut g = s.instantiate(&m, &args, None, cancel.clone()).unwrap();
+        let mut out = Vec::new();
+        for b in &input {
+            out.extend(g.batch(b).unwrap());
+        }
+        if pool == 1 {
+            // Its one slot is taken: a second instance is refused, not queued
+            // forever; the slot comes back when the first instance drops.
+            let e = s.instantiate(&m, &args, None, cancel.clone()).unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::ResourceExhausted, "{e}");
+            assert!(e.to_string().contains("--wasm-pool"), "{e}");
+            drop(g);
+            s.instantiate(&m, &args, None, cancel.clone()).unwrap();
+        }
+        answers.push(pairs(&out));
+    }
+    assert!(!answers[0].is_empty());
+    assert_eq!(answers[0], answers[1]);
+}

@@ -566,6 +566,14 @@ fn classify(
         return r;
     }
     let c = &sandbox.counters;
+    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+    {
+        return Error::ResourcesExhausted(format!(
+            "no Wasm instance slot free for module {digest:?} ({func}): all {} are in use (--wasm-pool)",
+            sandbox.limits.pool
+        ));
+    }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) if store.data().cancel.load(Ordering::Relaxed) => Error::Cancelled(
             format!("wasm module {digest:?} stopped in {func}: nobody waits for its answer"),

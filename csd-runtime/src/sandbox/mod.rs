@@ -71,7 +71,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use wasmtime::{Config, Engine, Linker, OptLevel};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, Linker, OptLevel, PoolingAllocationConfig,
+};
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryLedger;
@@ -101,6 +103,9 @@ pub struct SandboxLimits {
     pub max_module_bytes: usize,
     /// Compiled modules kept in memory.
     pub cached_modules: usize,
+    /// Instances in wasmtime's pooling allocator (0: allocated on demand).
+    #[serde(default)]
+    pub pool: u32,
 }
 
 impl Default for SandboxLimits {
@@ -111,6 +116,7 @@ impl Default for SandboxLimits {
             stack: 512 << 10,
             max_module_bytes: 32 << 20,
             cached_modules: 64,
+            pool: 0,
         }
     }
 }
@@ -306,6 +312,14 @@ impl Sandbox {
             .epoch_interruption(true)
             .max_wasm_stack(limits.stack.max(64 << 10))
             .cranelift_opt_level(OptLevel::Speed);
+        if limits.pool > 0 {
+            let mut pool = PoolingAllocationConfig::new();
+            pool.total_core_instances(limits.pool)
+                .total_memories(limits.pool)
+                .total_tables(limits.pool)
+                .max_memory_size(usize::try_from(limits.memory).unwrap_or(usize::MAX));
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
         let engine = Engine::new(&config).map_err(|e| setup_error("starting wasmtime", e))?;
         let linker = instance::linker(&engine)?;
         let cache = cache::ModuleCache::new(&engine, limits.cached_modules, store);
@@ -551,9 +565,6 @@ mod tests {
             .module(&digest, None)
             .await
             .unwrap_err();
-        assert_eq!(
-            missing_module(e.to_status().message()),
-            Some(digest)
-        );
+        assert_eq!(missing_module(e.to_status().message()), Some(digest));
     }
 }
