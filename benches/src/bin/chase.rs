@@ -54,6 +54,10 @@ struct Args {
     /// Write the JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The chase guest: `chase` (Rust, with the SDK: 1.3 MB) or `chase_c` (C, no
+    /// SDK: 9 KB, rides inside the request).
+    #[arg(long, default_value = "chase")]
+    chase_guest: String,
 }
 
 #[derive(Serialize)]
@@ -146,7 +150,7 @@ async fn main() {
         .trim_start_matches("grpc://")
         .parse()
         .expect("addr");
-    let chase = guest("chase");
+    let chase = guest(&args.chase_guest);
     let mut report = Report::default();
     println!(
         "pointer chase, {n} records, {} Mbit/s, median of {}",
