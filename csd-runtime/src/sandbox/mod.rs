@@ -312,6 +312,11 @@ impl Sandbox {
             .epoch_interruption(true)
             .max_wasm_stack(limits.stack.max(64 << 10))
             .cranelift_opt_level(OptLevel::Speed);
+        // `perf` names guest functions when CSD_WASM_PERFMAP is set (writes
+        // /tmp/perf-PID.map); it does not change the compiled code.
+        if std::env::var_os("CSD_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if limits.pool > 0 {
             let mut pool = PoolingAllocationConfig::new();
             pool.total_core_instances(limits.pool)

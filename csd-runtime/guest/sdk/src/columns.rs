@@ -83,6 +83,56 @@ pub fn ints(a: &dyn Array) -> Result<Vec<Option<i64>>, String> {
     })
 }
 
+/// The rows `rows` of a numeric column as doubles (decimals scaled): what
+/// [`floats`] returns, gathered, for a guest that selects rows before it converts.
+pub fn floats_at(a: &dyn Array, rows: &[usize]) -> Result<Vec<Option<f64>>, String> {
+    fn gather<T: arrow_array::ArrowPrimitiveType>(
+        a: &dyn Array,
+        rows: &[usize],
+        f: impl Fn(T::Native) -> f64,
+    ) -> Vec<Option<f64>> {
+        let p = a.as_primitive::<T>();
+        let values = p.values();
+        if p.null_count() == 0 {
+            rows.iter().map(|&i| Some(f(values[i]))).collect()
+        } else {
+            rows.iter()
+                .map(|&i| p.is_valid(i).then(|| f(values[i])))
+                .collect()
+        }
+    }
+    Ok(match a.data_type() {
+        DataType::Float64 => gather::<Float64Type>(a, rows, |v| v),
+        DataType::Int64 => gather::<Int64Type>(a, rows, |v| v as f64),
+        DataType::Int32 => gather::<Int32Type>(a, rows, f64::from),
+        DataType::Decimal128(_, s) => {
+            let scale = 10f64.powi(i32::from(*s));
+            gather::<Decimal128Type>(a, rows, |v| v as f64 / scale)
+        }
+        t => return Err(format!("expected a numeric column, got {t}")),
+    })
+}
+
+/// The rows `rows` of an integer column (see [`floats_at`]).
+pub fn ints_at(a: &dyn Array, rows: &[usize]) -> Result<Vec<Option<i64>>, String> {
+    fn gather<T: arrow_array::ArrowPrimitiveType>(
+        a: &dyn Array,
+        rows: &[usize],
+        f: impl Fn(T::Native) -> i64,
+    ) -> Vec<Option<i64>> {
+        let p = a.as_primitive::<T>();
+        let values = p.values();
+        rows.iter()
+            .map(|&i| p.is_valid(i).then(|| f(values[i])))
+            .collect()
+    }
+    Ok(match a.data_type() {
+        DataType::Int64 => gather::<Int64Type>(a, rows, |v| v),
+        DataType::Int32 => gather::<Int32Type>(a, rows, i64::from),
+        t => return Err(format!("expected an integer column, got {t}")),
+    })
+}
+
 /// A string column of any layout, its type dispatched once per batch.
 pub enum Strings<'a> {
     /// Utf8.

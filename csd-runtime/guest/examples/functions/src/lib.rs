@@ -12,7 +12,7 @@ use std::sync::Arc;
 use csd_guest::ArrayRef;
 use csd_guest::arrow_array::{Array, Float64Array, Int64Array, StringArray};
 
-fn floats<'a>(args: &'a [ArrayRef], i: usize) -> Result<&'a Float64Array, String> {
+fn floats(args: &[ArrayRef], i: usize) -> Result<&Float64Array, String> {
     args.get(i)
         .and_then(|a| a.as_any().downcast_ref::<Float64Array>())
         .ok_or_else(|| format!("argument {} is not Float64", i + 1))
