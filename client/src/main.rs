@@ -90,6 +90,47 @@ enum Command {
         #[command(flatten)]
         creds: ClientCreds,
     },
+    /// Stream kept results (references printed by `csd sql --keep`) and print them.
+    Get {
+        /// References: JSON objects, files of them (one a line), or - for stdin.
+        #[arg(required = true)]
+        refs: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+        #[command(flatten)]
+        creds: ClientCreds,
+    },
+    /// List this tenant's kept results at a node, one JSON object a line.
+    Refs {
+        /// Node URL.
+        #[arg(long, default_value = "grpc://127.0.0.1:50051")]
+        node: String,
+        #[command(flatten)]
+        creds: ClientCreds,
+    },
+    /// Free kept results now.
+    Release {
+        /// References: JSON objects, files of them (one a line), or - for stdin.
+        #[arg(required = true)]
+        refs: Vec<String>,
+        /// Node URL (default: each reference's location).
+        #[arg(long)]
+        node: Option<String>,
+        #[command(flatten)]
+        creds: ClientCreds,
+    },
+    /// Extend kept results to --ttl from now.
+    Renew {
+        /// References: JSON objects, files of them (one a line), or - for stdin.
+        #[arg(required = true)]
+        refs: Vec<String>,
+        /// How long from now.
+        #[arg(long, default_value = "10m", value_parser = parse_ttl)]
+        ttl: std::time::Duration,
+        #[command(flatten)]
+        creds: ClientCreds,
+    },
     /// Print node, device and object-store figures as JSON.
     Stats {
         /// Node URL.
@@ -228,10 +269,66 @@ struct SqlArgs {
     /// calls are pushed to the nodes inside fragments like a built-in's.
     #[arg(long = "wasm-fn", value_name = "NAME=FILE.wasm:EXPORT")]
     wasm_fns: Vec<String>,
+    /// Keep the answer at the nodes instead of printing it: prints one reference per
+    /// partition on stdout, one JSON object a line (`{"location", "ticket",
+    /// "expires"}`), for `csd get`, `csd release` or any Flight client's `DoGet`.
+    /// The query must push whole (filters and projections over one table).
+    #[arg(long, conflicts_with = "no_pushdown")]
+    keep: bool,
+    /// With --keep: how long the nodes keep it (e.g. 90s, 10m, 2h, 1d).
+    #[arg(long, default_value = "10m", requires = "keep", value_parser = parse_ttl)]
+    ttl: std::time::Duration,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
     #[command(flatten)]
     creds: ClientCreds,
+}
+
+/// `90s`, `10m`, `2h`, `1d` or plain seconds.
+fn parse_ttl(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (n, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: use e.g. 90s, 10m, 2h or 1d"))?;
+    let secs = match unit.trim() {
+        "s" | "" => n,
+        "m" | "min" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        u => return Err(format!("unknown unit {u:?} in {s:?}: use s, m, h or d")),
+    };
+    if secs == 0 {
+        return Err("a lifetime must be above zero".into());
+    }
+    Ok(std::time::Duration::from_secs(secs))
+}
+
+/// References given on the command line: JSON objects (one per argument, or one a
+/// line from a file or `-` for stdin).
+fn read_refs(args: &[String]) -> Result<Vec<csd_runtime::refs::Reference>> {
+    let mut out = Vec::new();
+    for a in args {
+        let text = if a == "-" {
+            std::io::read_to_string(std::io::stdin()).map_err(|e| Error::io("stdin", e))?
+        } else if a.trim_start().starts_with('{') {
+            a.clone()
+        } else {
+            std::fs::read_to_string(a).map_err(|e| Error::io(a, e))?
+        };
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            out.push(csd_runtime::refs::Reference::parse(line)?);
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::InvalidInput(
+            "no reference given: pass the JSON `csd sql --keep` printed, a file of them, or - for stdin".into(),
+        ));
+    }
+    Ok(out)
 }
 
 /// `NAME=FILE.wasm:EXPORT` (`:EXPORT` may be left out when it is NAME).
@@ -609,6 +706,34 @@ async fn sql(args: SqlArgs) -> Result<()> {
         (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| Error::io(f.display(), e))?),
         (None, None) => None,
     };
+    if args.keep {
+        let script = script.ok_or_else(|| {
+            Error::InvalidInput("--keep needs the query as an argument or in -f FILE".into())
+        })?;
+        let statements = statements(&script)?;
+        let [query] = statements.as_slice() else {
+            return Err(Error::InvalidInput(format!(
+                "--keep keeps the answer of one query; {} statements were given",
+                statements.len()
+            )));
+        };
+        let started = std::time::Instant::now();
+        let kept = session.keep(query, args.ttl).await?;
+        for k in &kept {
+            println!(
+                "{}",
+                serde_json::to_string(&k.reference).unwrap_or_default()
+            );
+        }
+        eprintln!(
+            "kept {} rows ({} bytes) at the nodes in {} reference(s), in {:.1} ms",
+            kept.iter().map(|k| k.rows).sum::<u64>(),
+            kept.iter().map(|k| k.bytes).sum::<u64>(),
+            kept.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        return Ok(());
+    }
     if let Some(script) = script {
         for s in statements(&script)? {
             run_sql(&session, &s, args.format).await?;
@@ -795,6 +920,49 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             };
             let n = creds.connect(&node).await?.delete(table, partition).await?;
             println!("deleted {target} ({n} objects)");
+            Ok(())
+        }
+        Command::Get {
+            refs,
+            format,
+            creds,
+        } => {
+            use futures::TryStreamExt;
+            let mut batches = Vec::new();
+            for r in read_refs(&refs)? {
+                let client = creds.connect(&r.location).await?;
+                let got: Vec<_> = client.resolve(&r).await?.try_collect().await?;
+                batches.extend(got);
+            }
+            print_batches(&batches, format)?;
+            eprintln!(
+                "{} rows",
+                batches.iter().map(|b| b.num_rows()).sum::<usize>()
+            );
+            Ok(())
+        }
+        Command::Refs { node, creds } => {
+            for r in creds.connect(&node).await?.refs().await? {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            }
+            Ok(())
+        }
+        Command::Release { refs, node, creds } => {
+            for r in read_refs(&refs)? {
+                let at = node.clone().unwrap_or_else(|| r.location.clone());
+                let info = creds.connect(&at).await?.release(&r).await?;
+                eprintln!(
+                    "released {} ({} rows, {} bytes)",
+                    info.id, info.rows, info.bytes
+                );
+            }
+            Ok(())
+        }
+        Command::Renew { refs, ttl, creds } => {
+            for r in read_refs(&refs)? {
+                let renewed = creds.connect(&r.location).await?.renew(&r, ttl).await?;
+                println!("{}", serde_json::to_string(&renewed).unwrap_or_default());
+            }
             Ok(())
         }
         Command::Stats { node, creds } => {

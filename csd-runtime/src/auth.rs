@@ -743,7 +743,13 @@ impl TicketKey {
 
     /// `ticket` (an encoded ticket) sealed for `tenant` until `ttl` from now.
     pub fn seal(&self, ticket: Vec<u8>, tenant: &str, ttl: Duration) -> Vec<u8> {
-        let expires_unix_ms = unix_ms(SystemTime::now() + ttl);
+        self.seal_until(ticket, tenant, unix_ms(SystemTime::now() + ttl))
+    }
+
+    /// `ticket` sealed for `tenant` until `expires_unix_ms` (`u64::MAX`: the seal
+    /// never expires, for tickets whose target has its own lifetime, as a kept
+    /// result's).
+    pub fn seal_until(&self, ticket: Vec<u8>, tenant: &str, expires_unix_ms: u64) -> Vec<u8> {
         let mac = self
             .mac(&ticket, tenant, expires_unix_ms)
             .finalize()

@@ -161,6 +161,9 @@ pub struct NodeConfig {
     /// How long the tickets a node hands out stay valid, in seconds.
     #[arg(long, env = "CSD_TICKET_TTL_S", default_value_t = 3600)]
     pub ticket_ttl_s: u64,
+    /// Longest a kept result (a reference) may live, in seconds (keep and renew).
+    #[arg(long, env = "CSD_REF_MAX_TTL_S", default_value_t = 86_400)]
+    pub ref_max_ttl_s: u64,
     /// CPU time a shipped (Wasm) module may use per request, in milliseconds.
     #[arg(long, env = "CSD_WASM_CPU_MS", default_value_t = 30_000)]
     pub wasm_cpu_ms: u64,

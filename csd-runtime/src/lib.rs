@@ -37,6 +37,7 @@ pub mod node_client;
 pub mod operator;
 pub mod pool;
 pub mod protocol;
+pub mod refs;
 pub mod sandbox;
 mod service;
 mod state;

@@ -34,6 +34,7 @@ pub struct RunningNode {
     pub metrics_addr: Option<SocketAddr>,
     metrics_task: Option<JoinHandle<()>>,
     reload_task: Option<JoinHandle<()>>,
+    sweep_task: Option<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<Result<()>>,
 }
@@ -48,6 +49,9 @@ impl RunningNode {
             t.abort();
         }
         if let Some(t) = self.reload_task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.sweep_task.take() {
             t.abort();
         }
         (&mut self.server)
@@ -72,6 +76,9 @@ impl Drop for RunningNode {
             t.abort();
         }
         if let Some(t) = self.reload_task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.sweep_task.take() {
             t.abort();
         }
     }
@@ -227,6 +234,15 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             "metrics would be served in clear to anyone on {m} while the Flight port is protected: bind them to 127.0.0.1, or pass --metrics-public"
         )));
     }
+    let refs = crate::refs::RefStore::open(
+        tables.object_store().clone(),
+        std::time::Duration::from_secs(config.ref_max_ttl_s.max(1)),
+    )
+    .await?;
+    let sweep_task = tokio::spawn(crate::refs::sweep_every(
+        Arc::downgrade(&refs),
+        std::time::Duration::from_secs(1),
+    ));
     let state = Arc::new(
         NodeState::new(
             tables,
@@ -234,6 +250,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             url.clone(),
             memory_budget,
             config.sandbox_limits(),
+            refs,
         )?
         .with_operators(operators)
         .with_admission(Admission::new(admission))
@@ -317,6 +334,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         metrics_addr,
         metrics_task,
         reload_task,
+        sweep_task: Some(sweep_task),
         stop: Some(stop),
         server,
     })

@@ -349,8 +349,12 @@ impl NodeClient {
     /// `DoGet` of `ticket`; a refusal with a retry hint (the node is saturated) is
     /// retried after the hint, for up to [`RETRY_BUDGET`].
     async fn do_get(&self, ticket: &Ticket) -> Result<tonic::Streaming<FlightData>> {
+        self.do_get_bytes(ticket.encode()).await
+    }
+
+    /// [`Self::do_get`] of a ticket's bytes as they are (a sealed one, a reference's).
+    async fn do_get_bytes(&self, bytes: Vec<u8>) -> Result<tonic::Streaming<FlightData>> {
         let started = std::time::Instant::now();
-        let bytes = ticket.encode();
         let mut attempt = 0u32;
         loop {
             let mut req = tonic::Request::new(FlightTicket::new(bytes.clone()));
@@ -553,6 +557,7 @@ impl NodeClient {
                     0.0
                 },
             }),
+            keep_ms: None,
         };
         let inner = self.do_get(&ticket).await?;
         let stats = Arc::new(ReplyStats::default());
@@ -636,6 +641,97 @@ impl NodeClient {
             .map_err(|e| Error::Protocol(format!("the answer to put_module: {e}")))
     }
 
+    /// Runs operator `name` at the node and keeps its answer there for `ttl` instead
+    /// of streaming it (see [`crate::refs`]): a reference any Flight client can
+    /// resolve, renew or release. The node queues the request rather than hand it
+    /// back for queueing delay (a kept result cannot be finished here).
+    pub async fn keep(
+        &self,
+        name: &str,
+        args: Vec<u8>,
+        compression: Compression,
+        ttl: Duration,
+    ) -> Result<Kept> {
+        let ticket = Ticket::Operator {
+            name: name.into(),
+            args,
+            compression,
+            patient: true,
+            asker: None,
+            keep_ms: Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let info = self
+            .flight()
+            .get_flight_info(arrow_flight::FlightDescriptor::new_cmd(ticket.encode()))
+            .await?;
+        let endpoint = info
+            .endpoint
+            .first()
+            .ok_or_else(|| Error::Protocol("a kept result came back without an endpoint".into()))?;
+        Ok(Kept {
+            reference: crate::refs::Reference::of_endpoint(endpoint, &self.url)
+                .map_err(|e| Error::Protocol(e.to_string()))?,
+            rows: u64::try_from(info.total_records).unwrap_or(0),
+            bytes: u64::try_from(info.total_bytes).unwrap_or(0),
+            report: serde_json::from_slice(&info.app_metadata).ok(),
+        })
+    }
+
+    /// Streams a kept result held by this node (`DoGet` of its ticket).
+    pub async fn resolve(
+        &self,
+        reference: &crate::refs::Reference,
+    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+        let ticket = reference
+            .ticket_bytes()
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let inner = self.do_get_bytes(ticket).await?;
+        let stream = FlightRecordBatchStream::new_from_flight_data(
+            inner.map_err(|s| FlightError::Tonic(Box::new(s))),
+        );
+        Ok(stream.map_err(Error::from).boxed())
+    }
+
+    /// Extends a kept result to `ttl` from now (Flight's `RenewFlightEndpoint`).
+    pub async fn renew(
+        &self,
+        reference: &crate::refs::Reference,
+        ttl: Duration,
+    ) -> Result<crate::refs::Reference> {
+        let mut endpoint = reference
+            .endpoint()
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let until = crate::refs::now_unix_ms().saturating_add(ttl.as_millis() as u64);
+        endpoint.expiration_time = Some(prost_types::Timestamp {
+            seconds: (until / 1000) as i64,
+            nanos: ((until % 1000) * 1_000_000) as i32,
+        });
+        let renewed = self
+            .flight()
+            .renew_flight_endpoint(arrow_flight::RenewFlightEndpointRequest {
+                endpoint: Some(endpoint),
+            })
+            .await?;
+        crate::refs::Reference::of_endpoint(&renewed, &self.url)
+            .map_err(|e| Error::Protocol(e.to_string()))
+    }
+
+    /// Frees a kept result now.
+    pub async fn release(
+        &self,
+        reference: &crate::refs::Reference,
+    ) -> Result<crate::refs::RefInfo> {
+        self.action(&crate::protocol::ReleaseRequest {
+            ticket: reference.ticket.clone(),
+        })
+        .await
+    }
+
+    /// This tenant's kept results at the node (all of them, for an admin).
+    pub async fn refs(&self) -> Result<Vec<crate::protocol::RefDescription>> {
+        self.action(&crate::protocol::RefsRequest {}).await
+    }
+
     /// Node, device, store, admission and request figures.
     pub async fn stats(&self) -> Result<NodeStats> {
         self.action(&StatsRequest {}).await
@@ -648,6 +744,19 @@ impl NodeClient {
         })
         .await
     }
+}
+
+/// What [`NodeClient::keep`] answers.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// The reference (print it as JSON; resolve it from anywhere).
+    pub reference: crate::refs::Reference,
+    /// Rows kept.
+    pub rows: u64,
+    /// Bytes it takes at the node.
+    pub bytes: u64,
+    /// The operator's report of the run.
+    pub report: Option<OperatorReport>,
 }
 
 /// The answer of [`NodeClient::operator`]: a stream of batches and, once it has

@@ -29,10 +29,12 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
     Ticket as FlightTicket,
 };
+use base64::Engine as _;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use prost::Message as _;
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -46,7 +48,8 @@ use crate::protocol::OperatorReport;
 use crate::protocol::actions::ACTIONS;
 use crate::protocol::{
     ActionRequest, Compression, DeleteRequest, DeleteResponse, ObjectDescription, ObjectsRequest,
-    PartitionDescription, StatsRequest, TENANT_METADATA, TableDescription, Ticket,
+    PartitionDescription, RefsRequest, ReleaseRequest, StatsRequest, TENANT_METADATA,
+    TableDescription, Ticket,
 };
 use crate::state::NodeState;
 use crate::table::{ObjectReader, ParquetObject, Table};
@@ -511,7 +514,167 @@ impl FlightNode {
         Ok(s.boxed())
     }
 
-    /// Bytes stored now in the tables `who` may write (its quota's measure).
+    /// An operator request from `who`: its permissions checked, the asker's figures
+    /// completed with what this node learned of its link, then run.
+    #[allow(clippy::too_many_arguments)]
+    async fn operator_request(
+        &self,
+        who: &Principal,
+        peer: Option<std::net::IpAddr>,
+        tenant: String,
+        name: String,
+        args: Vec<u8>,
+        compression: Compression,
+        patient: bool,
+        asker: Option<crate::protocol::AskerFigures>,
+    ) -> Result<TaskStream> {
+        if who.tenant().is_some()
+            && let Some(op) = self.state.operators.get(&name)
+        {
+            let args = Bytes::copy_from_slice(&args);
+            if op.ships_code(&args) {
+                who.check_any(Permission::Code, "run code it ships (WebAssembly)")?;
+            }
+            for t in op.tables(&args)? {
+                who.check(Permission::Read, &t)?;
+            }
+        }
+        // The asker's own figures first; else what this node learned of its link.
+        let known = |v: f64| (v > 0.0).then_some(v);
+        let asker = Asker {
+            link_bytes_per_s: asker
+                .and_then(|a| known(a.link_bytes_per_s))
+                .or_else(|| peer.and_then(|p| self.state.links.bytes_per_sec(p))),
+            ns_per_byte: asker.and_then(|a| known(a.ns_per_byte)),
+            load: asker.map(|a| a.load).unwrap_or(0.0),
+        };
+        self.operator(
+            &name,
+            args.into(),
+            compression,
+            who.clone(),
+            tenant,
+            patient,
+            asker,
+        )
+        .await
+    }
+
+    /// Whose references `who` may use: its own when the node has tenants (all, for
+    /// an admin); on an open node a reference's ticket is the capability.
+    fn ref_owner(who: &Principal) -> Option<&str> {
+        match who.tenant() {
+            Some(t) if !t.has(Permission::Admin) => Some(who.name()),
+            _ => None,
+        }
+    }
+
+    /// The endpoint of a kept result: a `Ref` ticket (sealed for its tenant, the seal
+    /// lasting as long as the reference does, renewals included), this node, and
+    /// the reference's expiry.
+    fn ref_endpoint(&self, who: &Principal, r: &crate::refs::RefInfo) -> FlightEndpoint {
+        let ticket = Ticket::Ref { id: r.id.clone() }.encode();
+        let ticket = match who.tenant() {
+            Some(_) => self
+                .state
+                .ticket_key
+                .seal_until(ticket, &r.tenant, u64::MAX),
+            None => ticket,
+        };
+        FlightEndpoint::new()
+            .with_ticket(FlightTicket::new(ticket))
+            .with_location(self.state.location.clone())
+            .with_expiration_time(timestamp(r.expires_unix_ms))
+            .with_app_metadata(r.id.clone())
+    }
+
+    /// `GetFlightInfo` with a command: runs the operator ticket in it and keeps its
+    /// answer at the node (see [`crate::refs`]).
+    async fn keep(
+        &self,
+        who: Principal,
+        peer: Option<std::net::IpAddr>,
+        cmd: &[u8],
+    ) -> Result<FlightInfo> {
+        let (ticket, seal) = Ticket::decode_sealed(cmd)?;
+        if let Some(seal) = &seal {
+            self.state.ticket_key.verify(seal, &who)?;
+        }
+        let Ticket::Operator {
+            name,
+            args,
+            compression,
+            patient: _,
+            asker,
+            keep_ms: Some(keep_ms),
+        } = ticket
+        else {
+            return Err(Error::InvalidArgument(
+                "a GetFlightInfo command must be an operator ticket with keep_ms (a result to keep); tables are described by a path descriptor".into(),
+            ));
+        };
+        let ttl = self
+            .state
+            .refs
+            .check_ttl(std::time::Duration::from_millis(keep_ms))?;
+        let _slot = who.request_slot()?;
+        let room = match who.tenant().and_then(|t| t.max_stored_bytes) {
+            Some(limit) => {
+                let stored = self.stored_by(&who);
+                who.check_stored(stored, 1)?;
+                Some(limit.saturating_sub(stored))
+            }
+            None => None,
+        };
+        let tenant = self.state.admission.bucket(who.name());
+        // A kept result cannot be finished by the asker: it queues rather than being
+        // handed back for queueing delay (memory still hands it back).
+        let answer = self
+            .operator_request(
+                &who,
+                peer,
+                tenant,
+                name.clone(),
+                args,
+                compression,
+                true,
+                asker,
+            )
+            .await?;
+        let kept = self
+            .state
+            .refs
+            .keep(who.name(), &name, ttl, room, answer)
+            .await?;
+        tracing::info!(id = %kept.info.id, tenant = %kept.info.tenant, rows = kept.info.rows, bytes = kept.info.bytes, "result kept");
+        let mut info = FlightInfo::new()
+            .with_endpoint(self.ref_endpoint(&who, &kept.info))
+            .with_total_records(kept.info.rows as i64)
+            .with_total_bytes(kept.info.bytes as i64)
+            .with_descriptor(FlightDescriptor::new_cmd(cmd.to_vec()))
+            .with_app_metadata(kept.report.unwrap_or_default());
+        if let Some(schema) = &kept.schema {
+            info = info.try_with_schema(schema)?;
+        }
+        Ok(info)
+    }
+
+    /// The kept result a ticket of an endpoint names (its seal checked for `who`).
+    fn ref_of(&self, who: &Principal, ticket: &[u8]) -> Result<String> {
+        let (t, seal) = Ticket::decode_sealed(ticket)?;
+        if let Some(seal) = &seal {
+            self.state.ticket_key.verify(seal, who)?;
+        }
+        match t {
+            Ticket::Ref { id } => Ok(id),
+            _ => Err(Error::InvalidArgument(
+                "the endpoint's ticket is not a kept result's (only those can be renewed or released)".into(),
+            )),
+        }
+    }
+
+    /// Bytes stored now in the tables `who` may write and its kept results (its
+    /// quota's measure).
     fn stored_by(&self, who: &Principal) -> u64 {
         self.state
             .node
@@ -520,7 +683,8 @@ impl FlightNode {
             .iter()
             .filter(|t| who.may(Permission::Write, &t.name))
             .map(Table::bytes)
-            .sum()
+            .sum::<u64>()
+            + self.state.refs.bytes_of(who.name())
     }
 
     async fn put(
@@ -771,6 +935,11 @@ impl FlightService for FlightNode {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let who = self.who(&request)?;
+        if request.get_ref().r#type == arrow_flight::flight_descriptor::DescriptorType::Cmd as i32 {
+            let peer = request.remote_addr().map(|a| a.ip());
+            let cmd = request.get_ref().cmd.clone();
+            return Ok(Response::new(self.keep(who, peer, &cmd).await?));
+        }
         let table = Self::table_of(request.get_ref())?;
         who.check(Permission::Read, &table)?;
         Ok(Response::new(self.flight_info(
@@ -819,43 +988,37 @@ impl FlightService for FlightNode {
         }
         let stream = match ticket {
             Ticket::Operator {
+                keep_ms: Some(_), ..
+            } => {
+                return Err(Error::InvalidArgument(
+                    "an operator ticket with keep_ms asks to keep the result: send it as the command of GetFlightInfo, not to DoGet".into(),
+                )
+                .into());
+            }
+            Ticket::Operator {
                 name,
                 args,
                 compression,
                 patient,
                 asker,
-            } => {
-                // The asker's own figures first; else what this node learned of its link.
-                if who.tenant().is_some()
-                    && let Some(op) = self.state.operators.get(&name)
-                {
-                    let args = Bytes::copy_from_slice(&args);
-                    if op.ships_code(&args) {
-                        who.check_any(Permission::Code, "run code it ships (WebAssembly)")?;
-                    }
-                    for t in op.tables(&args)? {
-                        who.check(Permission::Read, &t)?;
-                    }
-                }
-                let known = |v: f64| (v > 0.0).then_some(v);
-                let asker = Asker {
-                    link_bytes_per_s: asker
-                        .and_then(|a| known(a.link_bytes_per_s))
-                        .or_else(|| peer.and_then(|p| self.state.links.bytes_per_sec(p))),
-                    ns_per_byte: asker.and_then(|a| known(a.ns_per_byte)),
-                    load: asker.map(|a| a.load).unwrap_or(0.0),
-                };
-                self.operator(
-                    &name,
-                    args.into(),
-                    compression,
-                    who.clone(),
-                    tenant,
-                    patient,
-                    asker,
-                )
+                keep_ms: None,
+            } => self
+                .operator_request(&who, peer, tenant, name, args, compression, patient, asker)
                 .await?
-                .boxed()
+                .boxed(),
+            Ticket::Ref { id } => {
+                let r = self.state.refs.get(&id, Self::ref_owner(&who))?;
+                let permit = self.read_permit().await?;
+                let sent = self.state.counters.bytes_sent.clone();
+                let s = self.state.refs.stream(&r)?.map(move |d| {
+                    let d = d.map_err(|e| e.to_status())?;
+                    sent.fetch_add(
+                        (d.data_header.len() + d.data_body.len()) as u64,
+                        Ordering::Relaxed,
+                    );
+                    Ok(d)
+                });
+                holding(s.boxed(), permit)
             }
             Ticket::Scan {
                 table,
@@ -974,6 +1137,94 @@ impl FlightService for FlightNode {
                     compiled: !had,
                 })?
             }
+            RENEW_FLIGHT_ENDPOINT => {
+                let r = arrow_flight::RenewFlightEndpointRequest::decode(body.as_ref()).map_err(
+                    |e| {
+                        Error::InvalidArgument(format!("malformed RenewFlightEndpointRequest: {e}"))
+                    },
+                )?;
+                let endpoint = r.endpoint.ok_or_else(|| {
+                    Error::InvalidArgument("RenewFlightEndpoint names no endpoint".into())
+                })?;
+                let ticket = endpoint
+                    .ticket
+                    .as_ref()
+                    .map(|t| t.ticket.clone())
+                    .unwrap_or_default();
+                let id = self.ref_of(&who, &ticket)?;
+                let expires = match endpoint.expiration_time {
+                    Some(t) => unix_ms_of(&t)?,
+                    None => crate::refs::now_unix_ms()
+                        .saturating_add(self.state.refs.max_ttl.as_millis() as u64),
+                };
+                let renewed = self
+                    .state
+                    .refs
+                    .renew(&id, Self::ref_owner(&who), expires)
+                    .await?;
+                let mut out = endpoint.clone();
+                out.expiration_time = Some(timestamp(renewed.expires_unix_ms));
+                arrow_flight::Result {
+                    body: out.encode_to_vec().into(),
+                }
+            }
+            CANCEL_FLIGHT_INFO => {
+                let r =
+                    arrow_flight::CancelFlightInfoRequest::decode(body.as_ref()).map_err(|e| {
+                        Error::InvalidArgument(format!("malformed CancelFlightInfoRequest: {e}"))
+                    })?;
+                let info = r.info.ok_or_else(|| {
+                    Error::InvalidArgument("CancelFlightInfo names no FlightInfo".into())
+                })?;
+                let mut released = 0;
+                for e in &info.endpoint {
+                    let ticket = e
+                        .ticket
+                        .as_ref()
+                        .map(|t| t.ticket.clone())
+                        .unwrap_or_default();
+                    if let Ok(id) = self.ref_of(&who, &ticket) {
+                        self.state.refs.release(&id, Self::ref_owner(&who)).await?;
+                        released += 1;
+                    }
+                }
+                let status = if released > 0 {
+                    arrow_flight::CancelStatus::Cancelled
+                } else {
+                    arrow_flight::CancelStatus::NotCancellable
+                };
+                arrow_flight::Result {
+                    body: arrow_flight::CancelFlightInfoResult::new(status)
+                        .encode_to_vec()
+                        .into(),
+                }
+            }
+            ReleaseRequest::TYPE => {
+                let r = ReleaseRequest::decode(body)?;
+                let ticket = r.ticket_bytes()?;
+                let id = self.ref_of(&who, &ticket)?;
+                json_result(&self.state.refs.release(&id, Self::ref_owner(&who)).await?)?
+            }
+            RefsRequest::TYPE => {
+                RefsRequest::decode(body)?;
+                let list: Vec<crate::protocol::actions::RefDescription> = self
+                    .state
+                    .refs
+                    .list(Self::ref_owner(&who))
+                    .iter()
+                    .map(|r| crate::protocol::actions::RefDescription {
+                        info: r.clone(),
+                        ticket: base64::engine::general_purpose::STANDARD.encode(
+                            self.ref_endpoint(&who, r)
+                                .ticket
+                                .map(|t| t.ticket)
+                                .unwrap_or_default(),
+                        ),
+                        location: self.state.location.clone(),
+                    })
+                    .collect();
+                json_result(&list)?
+            }
             other => {
                 let known: Vec<&str> = ACTIONS.iter().map(|(t, _)| *t).collect();
                 return Err(Error::InvalidArgument(format!(
@@ -1000,4 +1251,28 @@ impl FlightService for FlightNode {
         });
         Ok(Response::new(futures::stream::iter(actions).boxed()))
     }
+}
+
+/// `RenewFlightEndpoint`: Flight's action extending a kept result's expiry (body and
+/// answer: protobuf `RenewFlightEndpointRequest` / `FlightEndpoint`).
+pub(crate) const RENEW_FLIGHT_ENDPOINT: &str = "RenewFlightEndpoint";
+/// `CancelFlightInfo`: Flight's action freeing the kept results a `FlightInfo`
+/// names (protobuf `CancelFlightInfoRequest` / `CancelFlightInfoResult`).
+pub(crate) const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
+
+fn timestamp(unix_ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (unix_ms / 1000) as i64,
+        nanos: ((unix_ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+fn unix_ms_of(t: &prost_types::Timestamp) -> Result<u64> {
+    if t.seconds < 0 || !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(Error::InvalidArgument(format!(
+            "expiration time {}s {}ns is not a time after 1970",
+            t.seconds, t.nanos
+        )));
+    }
+    Ok((t.seconds as u64).saturating_mul(1000) + (t.nanos as u64) / 1_000_000)
 }

@@ -49,6 +49,8 @@ pub struct NodeState {
     pub ticket_key: crate::auth::TicketKey,
     /// How long they stay valid.
     pub ticket_ttl: std::time::Duration,
+    /// Results kept by reference.
+    pub refs: Arc<crate::refs::RefStore>,
     started: Instant,
 }
 
@@ -60,6 +62,7 @@ impl NodeState {
         location: String,
         memory_budget: u64,
         sandbox: crate::sandbox::SandboxLimits,
+        refs: Arc<crate::refs::RefStore>,
     ) -> crate::Result<Self> {
         let memory = MemoryLedger::new(memory_budget);
         let sandbox = Arc::new(crate::sandbox::Sandbox::new(
@@ -85,6 +88,7 @@ impl NodeState {
             auth: Arc::new(crate::auth::Auth::open()),
             ticket_key: crate::auth::TicketKey::random(),
             ticket_ttl: std::time::Duration::from_secs(3600),
+            refs,
             started: Instant::now(),
         })
     }
@@ -157,6 +161,7 @@ impl NodeState {
                 quota_refused: self.auth.counters.quota_refused.load(Ordering::Relaxed),
             },
             sandbox: self.node.sandbox.stats(),
+            refs: self.refs.stats(),
         }
     }
 }

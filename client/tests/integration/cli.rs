@@ -394,3 +394,184 @@ async fn csd_run_ships_a_module_and_prints_what_sql_prints() {
         text(&bad)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_keep_prints_references_that_get_resolves_and_release_frees() {
+    let node = sql_node().await;
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv);
+    for p in ["0", "1"] {
+        let put = csd(args(
+            &[
+                "put",
+                csv.to_str().unwrap(),
+                "--table",
+                "t",
+                "--partition",
+                p,
+            ],
+            &node.url,
+        ))
+        .await;
+        assert!(put.status.success(), "{:?}", text(&put));
+    }
+    let q = "select name, city, amount from t where amount > 50 -- the big ones";
+    let kept = csd(args(&["sql", "--keep", "--ttl", "2m", q], &node.url)).await;
+    let (out, err) = text(&kept);
+    assert!(kept.status.success(), "{err}");
+    assert_eq!(out.lines().count(), 2, "one reference per partition: {out}");
+    for line in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["location"], node.url.as_str(), "{line}");
+        assert!(
+            v["ticket"].as_str().is_some_and(|t| !t.is_empty()),
+            "{line}"
+        );
+        assert!(
+            v["expires"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{line}"
+        );
+    }
+    assert!(err.contains("kept"), "{err}");
+    let refs = dir.path().join("refs.jsonl");
+    std::fs::write(&refs, &out).unwrap();
+
+    let sorted = |s: &str| {
+        let mut l: Vec<String> = s.lines().map(String::from).collect();
+        l.sort();
+        l
+    };
+    let got = csd(vec![
+        "get".into(),
+        refs.to_str().unwrap().into(),
+        "--format".into(),
+        "csv".into(),
+    ])
+    .await;
+    assert!(got.status.success(), "{:?}", text(&got));
+    let local = csd(args(
+        &["sql", "--no-pushdown", "--format", "csv", q],
+        &node.url,
+    ))
+    .await;
+    assert!(local.status.success(), "{:?}", text(&local));
+    // Two partitions of the same rows: each row twice, the header once per file.
+    let got_rows: Vec<String> = sorted(&text(&got).0)
+        .into_iter()
+        .filter(|l| l != "name,city,amount")
+        .collect();
+    let local_rows: Vec<String> = sorted(&text(&local).0)
+        .into_iter()
+        .filter(|l| l != "name,city,amount")
+        .collect();
+    assert!(!local_rows.is_empty());
+    assert_eq!(got_rows, local_rows, "kept answer differs from the query's");
+
+    let listed = csd(args(&["refs"], &node.url)).await;
+    assert_eq!(text(&listed).0.lines().count(), 2, "{:?}", text(&listed));
+    let released = csd(vec!["release".into(), refs.to_str().unwrap().into()]).await;
+    assert!(released.status.success(), "{:?}", text(&released));
+    let again = csd(vec!["get".into(), refs.to_str().unwrap().into()]).await;
+    assert!(!again.status.success());
+    assert!(
+        text(&again).1.contains("expired, was released"),
+        "{:?}",
+        text(&again)
+    );
+    let agg = csd(args(
+        &["sql", "--keep", "select count(*) from t"],
+        &node.url,
+    ))
+    .await;
+    assert!(!agg.status.success());
+    assert!(
+        text(&agg).1.contains("does not push whole"),
+        "{:?}",
+        text(&agg)
+    );
+}
+
+/// `csd serve` on `device` as its own process, and the URL it prints.
+fn spawn_serve(device: &str) -> (std::process::Child, String) {
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_csd"))
+        .args(["serve", "--device", device, "--capacity", "256MiB"])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(serve.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("grpc://"))
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    (serve, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn references_outlive_a_kill_9_and_expired_ones_are_gone_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format!("emulated:file={}", dir.path().join("dev").display());
+    let (mut first, url) = spawn_serve(&device);
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv);
+    let put = csd(args(&["put", csv.to_str().unwrap(), "--table", "t"], &url)).await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let q = "select name, amount from t where city = 'oslo'";
+    let keep = |ttl: &'static str| csd(args(&["sql", "--keep", "--ttl", ttl, q], &url));
+    let long = keep("10m").await;
+    let short = keep("2s").await;
+    assert!(
+        long.status.success() && short.status.success(),
+        "{:?}",
+        text(&long)
+    );
+    let local = csd(args(&["sql", "--format", "csv", q], &url)).await;
+    let expected = text(&local).0;
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+
+    let (second, url2) = spawn_serve(&device);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _second = Kill(second);
+    let moved = |o: &Output| text(o).0.replace(&url, &url2);
+    let (long_refs, short_refs) = (dir.path().join("long"), dir.path().join("short"));
+    std::fs::write(&long_refs, moved(&long)).unwrap();
+    std::fs::write(&short_refs, moved(&short)).unwrap();
+    let get = |f: &Path| {
+        csd(vec![
+            "get".into(),
+            f.display().to_string(),
+            "--format".into(),
+            "csv".into(),
+        ])
+    };
+    let got = get(&long_refs).await;
+    assert!(got.status.success(), "{:?}", text(&got));
+    let got = text(&got).0;
+    let mut a: Vec<&str> = got.lines().collect();
+    let mut b: Vec<&str> = expected.lines().collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "the kept answer survived the kill");
+    let gone = get(&short_refs).await;
+    assert!(!gone.status.success());
+    assert!(
+        text(&gone).1.contains("expired, was released"),
+        "{:?}",
+        text(&gone)
+    );
+}

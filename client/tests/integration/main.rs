@@ -4,6 +4,7 @@
 mod careless;
 mod cli;
 mod flight;
+mod refs;
 mod security;
 mod wasm;
 

@@ -676,3 +676,97 @@ print(json.dumps({"tables": names, "rows": rows, "anon": anon, "denied": denied,
     assert_eq!(v["denied"], "unauthorized");
     assert_eq!(v["again"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_results_are_bound_to_their_tenant_and_count_against_its_quota() {
+    use csd_query_pushdown::{Cluster, SessionOptions};
+    let s = secure_node(false).await;
+    let etl = s.client("etl-token").await;
+    put(&etl, "lineitem", lineitem(0.002, 1, 1).unwrap())
+        .await
+        .unwrap();
+    let session = |token: &'static str| {
+        let creds = s.creds(Some(token));
+        let url = s.node.url.clone();
+        async move {
+            Cluster::connect_with(&[url], &creds)
+                .await
+                .unwrap()
+                .session(SessionOptions::default())
+                .await
+                .unwrap()
+        }
+    };
+    let q = "SELECT l_orderkey, l_quantity FROM lineitem WHERE l_quantity < 10";
+    let expected = session("etl-token").await.run(q).await.unwrap().rows();
+    let kept = session("etl-token")
+        .await
+        .keep(q, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let r = &kept[0].reference;
+    let sealed = r.ticket_bytes().unwrap();
+    assert_eq!(
+        sealed[0], 2,
+        "a kept result's ticket is sealed for its tenant"
+    );
+    let mut as_etl = flight(&s, "etl-token").await;
+    assert_eq!(
+        do_get_rows(&mut as_etl, sealed.clone()).await.unwrap(),
+        expected
+    );
+    // Another tenant, with the ticket or with one built by hand from the id.
+    let mut as_reader = flight(&s, "reader-token").await;
+    let (c, m) = do_get_rows(&mut as_reader, sealed.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("issued to tenant etl"), "{m}");
+    let inner = csd_runtime::protocol::ticket::Seal::decode(&sealed)
+        .unwrap()
+        .ticket;
+    let (c, m) = do_get_rows(&mut as_reader, inner.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("belongs to tenant etl"), "{m}");
+    let reader = s.client("reader-token").await;
+    let (c, m) = code(reader.release(r).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(reader.refs().await.unwrap().is_empty());
+    // An admin may read (and list) any tenant's.
+    let mut as_ops = flight(&s, "ops-token").await;
+    assert_eq!(do_get_rows(&mut as_ops, inner).await.unwrap(), expected);
+    assert_eq!(s.client("ops-token").await.refs().await.unwrap().len(), 1);
+
+    // Kept bytes count against max_stored_bytes: `small` (64 KiB) keeps until refused.
+    let small = s.client("small-token").await;
+    // 2,000 integers: a few KiB of Parquet, 16 KiB kept as Arrow IPC.
+    let tiny = RecordBatch::try_from_iter([(
+        "x",
+        Arc::new(arrow::array::Int64Array::from_iter_values(0..2000)) as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    put(&small, "q_tiny", vec![tiny]).await.unwrap();
+    let small_session = session("small-token").await;
+    let mut kept_small = Vec::new();
+    let refused = loop {
+        match small_session
+            .keep("SELECT * FROM q_tiny", std::time::Duration::from_secs(60))
+            .await
+        {
+            Ok(k) => kept_small.extend(k),
+            Err(e) => break e.to_string(),
+        }
+        assert!(kept_small.len() < 20, "never refused");
+    };
+    assert!(refused.contains("max_stored_bytes"), "{refused}");
+    let live = small.refs().await.unwrap();
+    assert_eq!(live.len(), kept_small.len(), "a refused keep keeps nothing");
+    // Releasing one makes room again.
+    small.release(&kept_small[0].reference).await.unwrap();
+    small_session
+        .keep("SELECT * FROM q_tiny", std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+}

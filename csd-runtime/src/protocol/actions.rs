@@ -8,12 +8,17 @@
 //! | `delete` | `{"table": "t"}` or `{"table": "t", "partition": "p"}` | `{"deleted_objects": n}` |
 //! | `objects` | `{"prefix": "t/"}` (optional) | a list of [`ObjectInfo`] |
 //! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
+//! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
+//! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
+//! | `RenewFlightEndpoint` | protobuf `RenewFlightEndpointRequest` (Flight's) | protobuf `FlightEndpoint` |
+//! | `CancelFlightInfo` | protobuf `CancelFlightInfoRequest` (Flight's) | protobuf `CancelFlightInfoResult` |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::messages::NodeStats;
 use crate::error::{Error, Result};
+use crate::refs::RefInfo;
 use crate::store::ObjectInfo;
 
 /// A typed `DoAction` request.
@@ -115,14 +120,71 @@ pub struct PutModuleResponse {
     pub compiled: bool,
 }
 
+/// `refs`: the caller's kept results (all of them, for an admin).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RefsRequest {}
+
+/// A kept result as `refs` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RefDescription {
+    /// What the node records of it.
+    #[serde(flatten)]
+    pub info: RefInfo,
+    /// Its ticket, base64 (standard alphabet, padded): `DoGet` it.
+    pub ticket: String,
+    /// The node holding it.
+    pub location: String,
+}
+
+impl ActionRequest for RefsRequest {
+    const TYPE: &'static str = "refs";
+    const DESCRIPTION: &'static str = "list the caller's kept results (references)";
+    type Response = Vec<RefDescription>;
+}
+
+/// `release`: frees a kept result now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The kept result's ticket, base64.
+    pub ticket: String,
+}
+
+impl ReleaseRequest {
+    /// The ticket's bytes.
+    pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(self.ticket.trim())
+            .map_err(|e| Error::InvalidArgument(format!("release: the ticket is not base64: {e}")))
+    }
+}
+
+impl ActionRequest for ReleaseRequest {
+    const TYPE: &'static str = "release";
+    const DESCRIPTION: &'static str = "free a kept result now; body {\"ticket\": \"<base64>\"}";
+    type Response = RefInfo;
+}
+
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 4] = [
+pub(crate) const ACTIONS: [(&str, &str); 8] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
     (
         PUT_MODULE,
         "compile and keep a WebAssembly module (body: its bytes); needs 'code'",
+    ),
+    (RefsRequest::TYPE, RefsRequest::DESCRIPTION),
+    (ReleaseRequest::TYPE, ReleaseRequest::DESCRIPTION),
+    (
+        "RenewFlightEndpoint",
+        "extend a kept result's expiration_time (Flight's RenewFlightEndpointRequest)",
+    ),
+    (
+        "CancelFlightInfo",
+        "free the kept results a FlightInfo names (Flight's CancelFlightInfoRequest)",
     ),
 ];
 

@@ -127,6 +127,9 @@ pub struct NodeStats {
     /// Shipped code: modules compiled, cache hits, limits hit.
     #[serde(default)]
     pub sandbox: crate::sandbox::SandboxStats,
+    /// Results kept by reference.
+    #[serde(default)]
+    pub refs: crate::refs::RefStats,
 }
 
 /// Device part of [`NodeStats`].

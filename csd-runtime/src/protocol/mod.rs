@@ -17,7 +17,7 @@ pub mod ticket;
 
 pub use actions::{
     ActionRequest, DeleteRequest, DeleteResponse, ObjectsRequest, PUT_MODULE, PutModuleResponse,
-    StatsRequest,
+    RefDescription, RefsRequest, ReleaseRequest, StatsRequest,
 };
 pub use messages::{
     NodeStats, ObjectDescription, OperatorReport, PartitionDescription, PutSummary,

@@ -2,11 +2,12 @@
 //! Flight client can build them:
 //!
 //! ```text
-//! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; } }
+//! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; Ref ref = 4; } }
 //! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
 //! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
 //! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
-//!                    optional Asker asker = 5; }
+//!                    optional Asker asker = 5; optional uint64 keep_ms = 6; }
+//! message Ref      { string id = 1; }
 //! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
 //! ```
@@ -24,6 +25,11 @@
 //! byte of evaluating a fragment, and the fraction of its cores busy (0 = unknown for
 //! the first two); an adaptive node prices handing back with them (see
 //! [`crate::admission`]).
+//!
+//! An `Operator` with `keep_ms` is not a `DoGet` ticket: sent as the `cmd` of a
+//! `GetFlightInfo` descriptor, it asks the node to keep the answer for `keep_ms`
+//! milliseconds and answer a `FlightInfo` whose endpoint holds a `Ref` ticket (see
+//! [`crate::refs`]); `DoGet` with a `Ref` streams the kept answer.
 //!
 //! A node with tenants hands out *sealed* tickets in its `FlightInfo` endpoints: a
 //! version byte `2` followed by
@@ -84,6 +90,14 @@ pub enum Ticket {
         patient: bool,
         /// What handing it back would cost the asker.
         asker: Option<AskerFigures>,
+        /// Keep the answer at the node this long (ms) instead of streaming it
+        /// (`GetFlightInfo` only).
+        keep_ms: Option<u64>,
+    },
+    /// Stream a kept result (see [`crate::refs`]).
+    Ref {
+        /// The reference's id.
+        id: String,
     },
 }
 
@@ -175,7 +189,7 @@ fn check_size(bytes: &[u8]) -> Result<()> {
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct TicketProto {
-    #[prost(oneof = "Kind", tags = "1, 2, 3")]
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4")]
     kind: Option<Kind>,
 }
 
@@ -187,6 +201,14 @@ enum Kind {
     Range(RangeProto),
     #[prost(message, tag = "3")]
     Operator(OperatorProto),
+    #[prost(message, tag = "4")]
+    Ref(RefProto),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RefProto {
+    #[prost(string, tag = "1")]
+    id: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -201,6 +223,8 @@ struct OperatorProto {
     patient: bool,
     #[prost(message, optional, tag = "5")]
     asker: Option<AskerFigures>,
+    #[prost(uint64, optional, tag = "6")]
+    keep_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -255,13 +279,16 @@ impl Ticket {
                 compression,
                 patient,
                 asker,
+                keep_ms,
             } => Kind::Operator(OperatorProto {
                 name,
                 args,
                 compression: compression as i32,
                 patient,
                 asker,
+                keep_ms,
             }),
+            Ticket::Ref { id } => Kind::Ref(RefProto { id }),
         };
         let mut out = vec![TICKET_VERSION];
         TicketProto { kind: Some(kind) }
@@ -334,7 +361,9 @@ impl Ticket {
                 name: o.name,
                 args: o.args,
                 patient: o.patient,
+                keep_ms: o.keep_ms,
             }),
+            Some(Kind::Ref(r)) => Ok(Ticket::Ref { id: r.id }),
             None => Err(Error::InvalidArgument("ticket names no operation".into())),
         }
     }
@@ -366,12 +395,15 @@ mod tests {
             length: 9,
         };
         assert_eq!(Ticket::decode(&r.encode()).unwrap(), r);
+        let k = Ticket::Ref { id: "00ff".into() };
+        assert_eq!(Ticket::decode(&k.encode()).unwrap(), k);
         let o = Ticket::Operator {
             name: "sql".into(),
             args: vec![1, 2, 3],
             compression: Compression::Zstd,
             patient: false,
             asker: None,
+            keep_ms: None,
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
         let o = Ticket::Operator {
@@ -384,6 +416,7 @@ mod tests {
                 ns_per_byte: 1.5,
                 load: 0.25,
             }),
+            keep_ms: Some(60_000),
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
         let bad = Ticket::Operator {
@@ -396,6 +429,7 @@ mod tests {
                 ns_per_byte: 0.0,
                 load: 2.0,
             }),
+            keep_ms: None,
         };
         let e = Ticket::decode(&bad.encode()).unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");

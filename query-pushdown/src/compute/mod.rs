@@ -4,6 +4,7 @@
 pub(crate) mod dimension_join_down;
 pub(crate) mod endpoints;
 pub(crate) mod gate;
+pub(crate) mod keep;
 pub(crate) mod key_collector;
 pub(crate) mod key_filter_rule;
 pub(crate) mod provider;

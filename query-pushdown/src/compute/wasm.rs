@@ -185,7 +185,9 @@ fn quote(ident: &str) -> String {
 }
 
 /// The one scan under `plan`, if the plan is nothing but that scan (and renaming).
-fn only_scan(plan: &Arc<dyn ExecutionPlan>) -> std::result::Result<&CsdScanExec, String> {
+pub(crate) fn only_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> std::result::Result<&CsdScanExec, String> {
     if let Some(scan) = plan.downcast_ref::<CsdScanExec>() {
         return Ok(scan);
     }

@@ -1,0 +1,361 @@
+//! Results kept by reference: a query's answer kept at the node, resolved later by
+//! other clients (a plain arrow-flight client, as pyarrow would), renewed, released,
+//! expired, and surviving a restart. Kept answers are compared with the same query
+//! run without pushdown.
+
+use std::time::Duration;
+
+use arrow::record_batch::RecordBatch;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{CancelFlightInfoRequest, CancelStatus, FlightClient, FlightInfo};
+use csd_client::demo::lineitem;
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
+use csd_runtime::config::{ByteSize, NodeConfig};
+use csd_runtime::node::{self, RunningNode};
+use csd_runtime::node_client::NodeClient;
+use csd_runtime::refs::Reference;
+use futures::TryStreamExt;
+use tonic::Code;
+
+const QUERY: &str = "SELECT l_orderkey, l_partkey, l_quantity, l_shipmode FROM lineitem \
+                     WHERE l_quantity < 5 AND l_shipmode <> 'AIR'";
+
+async fn node_on(device: &str) -> RunningNode {
+    let config = NodeConfig {
+        device: device.into(),
+        capacity: ByteSize::mib(256),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        ref_max_ttl_s: 3600,
+        ..NodeConfig::default()
+    };
+    let operators = csd_query_pushdown::registry_with(&config).unwrap();
+    node::start_with(&config, operators).await.unwrap()
+}
+
+/// lineitem SF 0.005, one partition per batch; returns the partitions.
+async fn load(url: &str) -> usize {
+    let c = NodeClient::connect(url).await.unwrap();
+    let batches = lineitem(0.005, 2, 1).unwrap();
+    let parts = batches.len();
+    for (i, batch) in batches.into_iter().enumerate() {
+        c.put(
+            "lineitem",
+            &i.to_string(),
+            batch.schema(),
+            futures::stream::iter([Ok(batch)]),
+        )
+        .await
+        .unwrap();
+    }
+    parts
+}
+
+async fn session(url: &str, pushdown: bool) -> CsdSession {
+    Cluster::connect(&[url.to_string()])
+        .await
+        .unwrap()
+        .session(SessionOptions {
+            pushdown,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// Rows as sorted strings.
+fn canonical(batches: &[RecordBatch]) -> Vec<String> {
+    let mut rows = Vec::new();
+    for b in batches {
+        let cols: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| {
+                arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &Default::default())
+                    .unwrap()
+            })
+            .collect();
+        for i in 0..b.num_rows() {
+            rows.push(
+                cols.iter()
+                    .map(|c| c.value(i).to_string())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            );
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// A raw arrow-flight client (what pyarrow's `flight.connect(...)` is).
+async fn flight(url: &str) -> FlightClient {
+    let ch = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    FlightClient::new_from_inner(FlightServiceClient::new(ch))
+}
+
+async fn resolve(r: &Reference) -> Result<Vec<RecordBatch>, (Code, String)> {
+    let mut c = flight(&r.location).await;
+    let ticket = arrow_flight::Ticket::new(r.ticket_bytes().unwrap());
+    let code = |e: arrow_flight::error::FlightError| match e {
+        arrow_flight::error::FlightError::Tonic(s) => (s.code(), s.message().to_string()),
+        other => (Code::Unknown, other.to_string()),
+    };
+    c.do_get(ticket)
+        .await
+        .map_err(code)?
+        .try_collect()
+        .await
+        .map_err(code)
+}
+
+async fn resolve_all(refs: &[Reference]) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    for r in refs {
+        out.extend(resolve(r).await.unwrap());
+    }
+    out
+}
+
+async fn ref_objects(url: &str) -> usize {
+    NodeClient::connect(url)
+        .await
+        .unwrap()
+        .objects(csd_runtime::refs::REF_PREFIX)
+        .await
+        .unwrap()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_answer_resolves_elsewhere_renews_and_is_released() {
+    let node = node_on("emulated:mem").await;
+    let parts = load(&node.url).await;
+    assert!(parts > 1);
+    let expected = canonical(
+        &session(&node.url, false)
+            .await
+            .run(QUERY)
+            .await
+            .unwrap()
+            .batches,
+    );
+    assert!(!expected.is_empty());
+
+    // The producer keeps the answer and goes away.
+    let kept = {
+        let s = session(&node.url, true).await;
+        s.keep(QUERY, Duration::from_secs(60)).await.unwrap()
+    };
+    assert_eq!(kept.len(), parts, "one reference per partition");
+    let refs: Vec<Reference> = kept.iter().map(|k| k.reference.clone()).collect();
+    assert_eq!(
+        kept.iter().map(|k| k.rows as usize).sum::<usize>(),
+        expected.len()
+    );
+    // Printed and parsed back as a user passes it on.
+    let printed: Vec<String> = refs
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    let parsed: Vec<Reference> = printed
+        .iter()
+        .map(|p| Reference::parse(p).unwrap())
+        .collect();
+    assert_eq!(parsed, refs);
+    assert!(refs[0].expires.ends_with('Z'), "{}", refs[0].expires);
+
+    // Resolved by a plain Flight client: the same rows as the query without pushdown.
+    assert_eq!(canonical(&resolve_all(&parsed).await), expected);
+    // And by NodeClient, twice (resolving does not consume it).
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    for _ in 0..2 {
+        let b: Vec<RecordBatch> = c
+            .resolve(&refs[0])
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            b.iter().map(|b| b.num_rows() as u64).sum::<u64>(),
+            kept[0].rows
+        );
+    }
+
+    // Listed, renewed (the old ticket still works: the seal follows the reference).
+    let listed = c.refs().await.unwrap();
+    assert_eq!(listed.len(), parts);
+    let renewed = c.renew(&refs[0], Duration::from_secs(600)).await.unwrap();
+    assert!(renewed.expires_unix_ms() > refs[0].expires_unix_ms() + 300_000);
+    assert!(resolve(&refs[0]).await.is_ok());
+    let e = c
+        .renew(&refs[0], Duration::from_secs(7200))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("at most 3600 s"), "{e}");
+
+    // Released with the csd action, and with Flight's CancelFlightInfo.
+    c.release(&refs[0]).await.unwrap();
+    let (code, msg) = resolve(&refs[0]).await.unwrap_err();
+    assert_eq!(code, Code::NotFound, "{msg}");
+    assert!(msg.contains("expired, was released"), "{msg}");
+    let mut raw = flight(&node.url).await;
+    let info = FlightInfo::new().with_endpoint(refs[1].endpoint().unwrap());
+    let r = raw
+        .cancel_flight_info(CancelFlightInfoRequest::new(info.clone()))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), CancelStatus::Cancelled);
+    assert_eq!(resolve(&refs[1]).await.unwrap_err().0, Code::NotFound);
+    let r = raw
+        .cancel_flight_info(CancelFlightInfoRequest::new(info))
+        .await
+        .unwrap_err();
+    assert!(r.to_string().contains("not kept here"), "{r}");
+    // The rest, with `csd release`'s call.
+    for r in &refs[2..] {
+        c.release(r).await.unwrap();
+    }
+    assert_eq!(ref_objects(&node.url).await, 0, "the space is freed");
+    assert!(c.refs().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_answers_expire_and_bad_requests_say_why() {
+    let node = node_on("emulated:mem").await;
+    let parts = load(&node.url).await;
+    let s = session(&node.url, true).await;
+    let kept = s.keep(QUERY, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(
+        ref_objects(&node.url).await,
+        2 * parts,
+        "data and record per reference"
+    );
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    for k in &kept {
+        assert_eq!(resolve(&k.reference).await.unwrap_err().0, Code::NotFound);
+    }
+    assert_eq!(
+        ref_objects(&node.url).await,
+        0,
+        "expired references are freed"
+    );
+    let stats = NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    assert_eq!(stats.refs.live, 0);
+    assert_eq!(stats.refs.freed_expired, parts as u64, "{:?}", stats.refs);
+
+    // Steps that run at the compute tier: nothing to keep at a node.
+    for q in [
+        "SELECT count(*) FROM lineitem",
+        "SELECT l_orderkey FROM lineitem ORDER BY l_orderkey LIMIT 3",
+    ] {
+        let e = s
+            .keep(q, Duration::from_secs(60))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not push whole"), "{q}: {e}");
+    }
+    // Past the node's longest lifetime.
+    let e = s
+        .keep(QUERY, Duration::from_secs(7200))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 3600 s"), "{e}");
+    // A Ref ticket that names nothing, and a keep ticket sent to DoGet.
+    let as_ref = |t: csd_runtime::protocol::Ticket| Reference {
+        location: node.url.clone(),
+        ticket: {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(t.encode())
+        },
+        expires: String::new(),
+    };
+    let missing = as_ref(csd_runtime::protocol::Ticket::Ref {
+        id: "0123456789abcdef0123456789abcdef".into(),
+    });
+    assert_eq!(resolve(&missing).await.unwrap_err().0, Code::NotFound);
+    let keep_to_do_get = as_ref(csd_runtime::protocol::Ticket::Operator {
+        name: "sql".into(),
+        args: vec![],
+        compression: csd_runtime::protocol::Compression::None,
+        patient: false,
+        asker: None,
+        keep_ms: Some(1000),
+    });
+    let (code, msg) = resolve(&keep_to_do_get).await.unwrap_err();
+    assert_eq!(code, Code::InvalidArgument, "{msg}");
+    assert!(msg.contains("GetFlightInfo"), "{msg}");
+    assert_eq!(
+        ref_objects(&node.url).await,
+        0,
+        "nothing was kept by refusals"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format!("emulated:file={}", dir.path().join("dev").display());
+    let node = node_on(&device).await;
+    let parts = load(&node.url).await;
+    let expected = canonical(
+        &session(&node.url, false)
+            .await
+            .run(QUERY)
+            .await
+            .unwrap()
+            .batches,
+    );
+    let s = session(&node.url, true).await;
+    let long = s.keep(QUERY, Duration::from_secs(600)).await.unwrap();
+    let short = s.keep(QUERY, Duration::from_secs(1)).await.unwrap();
+    drop(s);
+    node.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let node = node_on(&device).await;
+    // The references name the old address; the same tickets work at the new one.
+    let at = |r: &Reference| Reference {
+        location: node.url.clone(),
+        ..r.clone()
+    };
+    let longs: Vec<Reference> = long.iter().map(|k| at(&k.reference)).collect();
+    assert_eq!(canonical(&resolve_all(&longs).await), expected);
+    for k in &short {
+        assert_eq!(
+            resolve(&at(&k.reference)).await.unwrap_err().0,
+            Code::NotFound
+        );
+    }
+    assert_eq!(
+        ref_objects(&node.url).await,
+        2 * parts,
+        "only the unexpired ones are left"
+    );
+    let stats = NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    assert_eq!(stats.refs.live, parts as u64);
+    assert_eq!(
+        stats.refs.bytes,
+        long.iter().map(|k| k.bytes).sum::<u64>(),
+        "space accounting balances"
+    );
+    node.shutdown().await.unwrap();
+}

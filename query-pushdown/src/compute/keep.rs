@@ -1,0 +1,91 @@
+//! Keeping a query's answer at the nodes (results by reference, see
+//! [`csd_runtime::refs`]): each partition's fragment runs at its node, which keeps
+//! the rows and answers a reference instead of streaming them. The compute tier
+//! moves no rows at all; whoever needs them resolves the references later, from
+//! anywhere, with a plain Flight `DoGet`.
+
+use std::time::Duration;
+
+use csd_runtime::node_client::{Error as ClientError, Kept};
+use csd_runtime::sandbox::{ModuleDigest, missing_module};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::compute::session::CsdSession;
+use crate::compute::wasm::only_scan;
+use crate::error::to_datafusion;
+use crate::wire::fragment::OPERATOR_NAME;
+
+impl CsdSession {
+    /// Runs `sql` at the nodes and keeps its answer there for `ttl`: one reference
+    /// per partition (see the module docs). The query must push whole — filters,
+    /// projections and functions a node evaluates over one table; a query with
+    /// steps that run at the compute tier (joins, final aggregates, ORDER BY) is
+    /// refused, since no node holds its answer.
+    pub async fn keep(&self, sql: &str, ttl: Duration) -> Result<Vec<Kept>> {
+        let df = self.ctx.sql(sql).await?;
+        let plan = df.create_physical_plan().await?;
+        let scan = only_scan(&plan).map_err(|left| {
+            DataFusionError::Plan(format!(
+                "the query does not push whole to the nodes (a {left} runs at the compute tier), \
+                 so no node holds its answer to keep: keep a query of filters and projections over \
+                 one table (see EXPLAIN), or run it without --keep"
+            ))
+        })?;
+        let (ours, theirs) = (plan.schema(), scan.schema());
+        let same = ours.fields().len() == theirs.fields().len()
+            && ours
+                .fields()
+                .iter()
+                .zip(theirs.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same {
+            return Err(DataFusionError::Plan(
+                "the query's last projection runs at the compute tier, so no node holds its answer to keep: \
+                 select the columns as the table has them (see EXPLAIN)"
+                    .into(),
+            ));
+        }
+        let task = self.ctx.task_ctx();
+        let compression = scan.table().compression();
+        let runs = scan.table().endpoints().iter().map(|endpoint| {
+            let opener = scan.opener(endpoint.clone(), task.clone());
+            async move {
+                let args = opener.fragment.to_bytes();
+                let client = &opener.endpoint.client;
+                let mut sent: Vec<ModuleDigest> = Vec::new();
+                loop {
+                    match client
+                        .keep(OPERATOR_NAME, args.clone(), compression, ttl)
+                        .await
+                    {
+                        // A node without a Wasm function's module: send it once.
+                        Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                            let missing = missing_module(&e.to_string())
+                                .filter(|d| !sent.contains(d))
+                                .and_then(|d| opener.functions.iter().find(|f| f.digest == d))
+                                .and_then(|f| Some((f.digest, f.bytes.clone()?)));
+                            let Some((digest, bytes)) = missing else {
+                                return Err(to_datafusion(e));
+                            };
+                            client.put_module(&bytes).await.map_err(to_datafusion)?;
+                            sent.push(digest);
+                        }
+                        Err(ClientError::PushedBack(p)) => {
+                            return Err(DataFusionError::External(
+                                format!(
+                                    "node {} handed the request back ({}): a kept result must be made at the node; retry later, or run the query without --keep",
+                                    client.url(),
+                                    p.reason
+                                )
+                                .into(),
+                            ));
+                        }
+                        r => return r.map_err(to_datafusion),
+                    }
+                }
+            }
+        });
+        futures::future::try_join_all(runs).await
+    }
+}
