@@ -726,11 +726,17 @@ async fn sql(args: SqlArgs) -> Result<()> {
             );
         }
         eprintln!(
-            "kept {} rows ({} bytes) at the nodes in {} reference(s), in {:.1} ms",
+            "kept {} rows ({} bytes) at the nodes in {} reference(s), in {:.1} ms{}",
             kept.iter().map(|k| k.rows).sum::<u64>(),
             kept.iter().map(|k| k.bytes).sum::<u64>(),
             kept.len(),
-            started.elapsed().as_secs_f64() * 1e3
+            started.elapsed().as_secs_f64() * 1e3,
+            kept.first()
+                .map(|k| format!(
+                    "; the next query reads them at the nodes as table {}",
+                    k.reference.table
+                ))
+                .unwrap_or_default()
         );
         return Ok(());
     }

@@ -235,14 +235,10 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         )));
     }
     let refs = crate::refs::RefStore::open(
-        tables.object_store().clone(),
+        &tables,
         std::time::Duration::from_secs(config.ref_max_ttl_s.max(1)),
     )
     .await?;
-    let sweep_task = tokio::spawn(crate::refs::sweep_every(
-        Arc::downgrade(&refs),
-        std::time::Duration::from_secs(1),
-    ));
     let state = Arc::new(
         NodeState::new(
             tables,
@@ -261,6 +257,10 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
         ),
     );
+    let sweep_task = tokio::spawn(crate::refs::sweep_every(
+        Arc::downgrade(&state),
+        std::time::Duration::from_secs(1),
+    ));
     if auth.enabled() {
         state
             .admission

@@ -558,6 +558,7 @@ impl NodeClient {
                 },
             }),
             keep_ms: None,
+            keep_group: None,
         };
         let inner = self.do_get(&ticket).await?;
         let stats = Arc::new(ReplyStats::default());
@@ -644,13 +645,16 @@ impl NodeClient {
     /// Runs operator `name` at the node and keeps its answer there for `ttl` instead
     /// of streaming it (see [`crate::refs`]): a reference any Flight client can
     /// resolve, renew or release. The node queues the request rather than hand it
-    /// back for queueing delay (a kept result cannot be finished here).
+    /// back for queueing delay (a kept result cannot be finished here). `group`
+    /// (see [`crate::refs::new_group`]) keeps it in the same table as the other
+    /// parts of one query; `None`: a table of its own.
     pub async fn keep(
         &self,
         name: &str,
         args: Vec<u8>,
         compression: Compression,
         ttl: Duration,
+        group: Option<&str>,
     ) -> Result<Kept> {
         let ticket = Ticket::Operator {
             name: name.into(),
@@ -659,6 +663,7 @@ impl NodeClient {
             patient: true,
             asker: None,
             keep_ms: Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            keep_group: group.map(String::from),
         };
         let info = self
             .flight()

@@ -2,36 +2,64 @@
 //! answer instead of streaming it (ProxyStore's idea: hand out a small reference and
 //! let whoever needs the data resolve it, just in time, from where it lies).
 //!
-//! A kept result is an Arrow IPC stream the node writes as its own object
-//! (`.csd/refs/ID.arrows`, never served raw) with a JSON record beside it
-//! (`.csd/refs/ID.json`: owner, expiry, size). Both live on the device, so after a
-//! restart (even `kill -9`) unexpired references still resolve and expired ones are
-//! freed. A reference is a Flight ticket (`Ticket::Ref`, sealed for its tenant when
+//! A kept result is a partition of a hidden table the node writes with its usual
+//! Parquet encoding: table `csd_ref_GROUP` (one group per kept query, so a query
+//! kept over several partitions and nodes is one table again), partition `ID`, with
+//! a JSON record beside it (`.csd/refs/ID.json`: owner, table, expiry, size). Being
+//! a table, a kept result is also the input of the next query at the node
+//! (`SELECT … FROM csd_ref_GROUP`): a pipeline of steps moves only its last answer.
+//! Only the tenant that kept it may read that table (and an admin); nobody writes
+//! it. Both live on the device, so after a restart (even `kill -9`) unexpired
+//! references still resolve and expired ones are freed. A reference is a Flight ticket (`Ticket::Ref`, sealed for its tenant when
 //! the node has tenants) in a `FlightEndpoint` whose `expiration_time` is the
 //! reference's: `DoGet` streams it, `RenewFlightEndpoint` extends it,
 //! `CancelFlightInfo` (or the `release` action) frees it, and the node frees it by
 //! itself when it expires. Its bytes count against its tenant's `max_stored_bytes`.
 //!
-//! The IPC stream is written message by message as the operator's encoder made
-//! them (no decode, no re-encode), and read back the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use arrow_flight::FlightData;
 use bytes::Bytes;
-use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 use crate::error::{Error, Result, truncated};
-use crate::store::{ObjectInfo, ObjectStore};
+use crate::store::ObjectStore;
+use crate::table::TableStore;
 
-/// Where kept results live on the device.
+/// Where the records of kept results live on the device.
 pub const REF_PREFIX: &str = ".csd/refs/";
+/// The tables kept results are partitions of: `csd_ref_GROUP`.
+pub const REF_TABLE_PREFIX: &str = "csd_ref_";
+
+/// A new group (or id): 32 random hex digits.
+pub fn new_group() -> String {
+    crate::auth::hex(&rand::random::<[u8; 16]>())
+}
+
+/// `Ok` if `g` is a group or id as [`new_group`] makes them.
+pub fn check_group(g: &str) -> Result<()> {
+    if g.len() == 32
+        && g.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "a kept result's group must be 32 lowercase hex digits, not {:?}",
+            truncated(g)
+        )))
+    }
+}
+
+/// Whether `table` is a kept results' table.
+pub fn is_ref_table(table: &str) -> bool {
+    table.starts_with(REF_TABLE_PREFIX)
+}
 
 /// A kept result: what the node records of it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -42,6 +70,8 @@ pub struct RefInfo {
     pub tenant: String,
     /// The operator that made it (`sql`, `wasm`, …).
     pub operator: String,
+    /// The table it is a partition of (`csd_ref_GROUP`; the partition is `id`).
+    pub table: String,
     /// Milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
     /// When the node frees it, milliseconds since the Unix epoch.
@@ -67,10 +97,6 @@ pub fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn data_name(id: &str) -> String {
-    format!("{REF_PREFIX}{id}.arrows")
-}
-
 fn record_name(id: &str) -> String {
     format!("{REF_PREFIX}{id}.json")
 }
@@ -88,21 +114,21 @@ pub struct RefStore {
 pub struct Kept {
     /// The reference.
     pub info: RefInfo,
-    /// The IPC-encoded schema message of the result (for `FlightInfo.schema`).
-    pub schema: Option<arrow::datatypes::Schema>,
+    /// The result's schema.
+    pub schema: arrow::datatypes::SchemaRef,
     /// The operator's trailing report (`app_metadata`), if it sent one.
     pub report: Option<Bytes>,
 }
 
 impl RefStore {
-    /// The references kept on `store`: unexpired ones are loaded, expired ones and
-    /// the leftovers of a keep that never finished are freed.
-    pub async fn open(store: ObjectStore, max_ttl: Duration) -> Result<Arc<Self>> {
+    /// The references kept on `tables`' store: unexpired ones are loaded, expired
+    /// ones and the leftovers of a keep that never finished are freed.
+    pub async fn open(tables: &TableStore, max_ttl: Duration) -> Result<Arc<Self>> {
+        let store = tables.object_store().clone();
         let now = now_unix_ms();
         let mut refs = HashMap::new();
-        let mut doomed = Vec::new();
-        let objects = store.list(REF_PREFIX);
-        for o in &objects {
+        let mut doomed: Vec<RefInfo> = Vec::new();
+        for o in store.list(REF_PREFIX) {
             let Some(id) = o
                 .name
                 .strip_prefix(REF_PREFIX)
@@ -112,28 +138,37 @@ impl RefStore {
             };
             let record = store.get_all(&o.name).await?;
             match serde_json::from_slice::<RefInfo>(&record) {
-                Ok(r)
-                    if r.id == id && !r.expired_at(now) && store.get(&data_name(id)).is_some() =>
-                {
-                    refs.insert(r.id.clone(), r);
+                Ok(r) if r.id == id && is_ref_table(&r.table) => {
+                    let there = tables
+                        .table(&r.table)
+                        .is_ok_and(|t| t.partitions.contains_key(&r.id));
+                    if there && !r.expired_at(now) {
+                        refs.insert(r.id.clone(), r);
+                    } else {
+                        doomed.push(r);
+                    }
                 }
-                Ok(_) => doomed.push(id.to_string()),
-                Err(e) => {
-                    tracing::warn!("freeing reference {id}: its record does not parse: {e}");
-                    doomed.push(id.to_string());
+                Ok(_) | Err(_) => {
+                    tracing::warn!("freeing kept result {id}: its record does not parse");
+                    let _ = store.delete(&o.name).await;
                 }
             }
         }
-        // Data without a record: a keep cut short (crash) before it was recorded.
-        for o in &objects {
-            if let Some(id) = o
-                .name
-                .strip_prefix(REF_PREFIX)
-                .and_then(|n| n.strip_suffix(".arrows"))
-                && !refs.contains_key(id)
-                && !doomed.iter().any(|d| d == id)
-            {
-                doomed.push(id.to_string());
+        // Partitions without a record: a keep cut short (crash) before it was recorded.
+        for t in tables.tables().iter().filter(|t| is_ref_table(&t.name)) {
+            for p in t.partitions.keys() {
+                if !refs.contains_key(p) && !doomed.iter().any(|d| &d.id == p) {
+                    doomed.push(RefInfo {
+                        id: p.clone(),
+                        tenant: String::new(),
+                        operator: String::new(),
+                        table: t.name.clone(),
+                        created_unix_ms: 0,
+                        expires_unix_ms: 0,
+                        rows: 0,
+                        bytes: 0,
+                    });
+                }
             }
         }
         let me = Arc::new(RefStore {
@@ -142,8 +177,8 @@ impl RefStore {
             max_ttl,
             freed_expired: AtomicU64::new(0),
         });
-        for id in doomed {
-            me.free_objects(&id).await;
+        for r in doomed {
+            me.free(tables, &r).await;
         }
         Ok(me)
     }
@@ -152,14 +187,17 @@ impl RefStore {
         self.refs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn free_objects(&self, id: &str) {
-        // The record first: once it is gone, the data is an orphan a restart frees.
-        for name in [record_name(id), data_name(id)] {
-            if let Err(e) = self.store.delete(&name).await
-                && !matches!(e, Error::NotFound(_))
-            {
-                tracing::warn!("freeing {name}: {e}");
-            }
+    async fn free(&self, tables: &TableStore, r: &RefInfo) {
+        // The record first: once it is gone, the partition is an orphan a restart frees.
+        if let Err(e) = self.store.delete(&record_name(&r.id)).await
+            && !matches!(e, Error::NotFound(_))
+        {
+            tracing::warn!("freeing kept result {}: {e}", r.id);
+        }
+        if let Err(e) = tables.delete(&r.table, Some(&r.id)).await
+            && !matches!(e, Error::NotFound(_))
+        {
+            tracing::warn!("freeing kept result {}: {e}", r.id);
         }
     }
 
@@ -186,92 +224,95 @@ impl RefStore {
         Ok(ttl)
     }
 
-    /// Writes `answer` (an operator's encoded answer: schema, batches, then a
-    /// trailing report with only `app_metadata`) as a new reference of `tenant`
-    /// living `ttl`. `room` is how many bytes it may take (its tenant's quota left);
-    /// past it nothing is kept and the call is `RESOURCE_EXHAUSTED`.
+    /// Stores `batches` (an operator's answer, of `schema`) as a new kept result of
+    /// `tenant` living `ttl`: partition `ID` of table `csd_ref_GROUP` (`group`, or a
+    /// new one). A group belongs to the tenant that made it. `room` is how many
+    /// bytes it may take (its tenant's quota left); past it nothing is kept and the
+    /// call is `RESOURCE_EXHAUSTED`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn keep<S>(
         &self,
+        tables: &TableStore,
         tenant: &str,
         operator: &str,
+        group: Option<&str>,
         ttl: Duration,
         room: Option<u64>,
-        mut answer: S,
-    ) -> Result<Kept>
+        schema: arrow::datatypes::SchemaRef,
+        batches: S,
+    ) -> Result<RefInfo>
     where
-        S: Stream<Item = std::result::Result<FlightData, Status>> + Unpin,
+        S: Stream<Item = Result<arrow::record_batch::RecordBatch>> + Unpin + Send,
     {
         let ttl = self.check_ttl(ttl)?;
-        let id = crate::auth::hex(&rand::random::<[u8; 16]>());
-        let mut w = self.store.create(&data_name(&id))?;
-        let (mut schema, mut report, mut rows) = (None, None, 0u64);
-        const PAD: [u8; 8] = [0; 8];
-        while let Some(d) = answer.next().await {
-            let d = d.map_err(status_error)?;
-            if d.data_header.is_empty() {
-                if !d.app_metadata.is_empty() {
-                    report = Some(d.app_metadata.clone());
-                }
-                continue;
+        let group = match group {
+            Some(g) => {
+                check_group(g)?;
+                g.to_string()
             }
-            let message = arrow::ipc::root_as_message(&d.data_header).map_err(|e| {
-                Error::Internal(format!("an operator's answer is not Arrow IPC: {e}"))
+            None => new_group(),
+        };
+        let table = format!("{REF_TABLE_PREFIX}{group}");
+        self.check_table(&table, Some(tenant))
+            .or_else(|e| match e {
+                Error::NotFound(_) => Ok(()),
+                e => Err(e),
             })?;
-            match message.header_type() {
-                arrow::ipc::MessageHeader::Schema if schema.is_none() => {
-                    schema = message
-                        .header_as_schema()
-                        .map(arrow::ipc::convert::fb_to_schema);
-                }
-                arrow::ipc::MessageHeader::RecordBatch => {
-                    rows += message
-                        .header_as_record_batch()
-                        .map(|b| b.length() as u64)
-                        .unwrap_or(0);
-                }
-                _ => {}
-            }
-            let padded = d.data_header.len().div_ceil(8) * 8;
-            let len = u32::try_from(padded)
-                .map_err(|_| Error::Internal("an IPC message header over 4 GiB".into()))?;
-            w.write(&0xFFFF_FFFFu32.to_le_bytes()).await?;
-            w.write(&len.to_le_bytes()).await?;
-            w.write(&d.data_header).await?;
-            w.write(&PAD[..padded - d.data_header.len()]).await?;
-            w.write(&d.data_body).await?;
-            if let Some(room) = room
-                && w.len() > room
-            {
-                return Err(Error::ResourcesExhausted(format!(
-                    "keeping this result would take more than the {room} bytes left in tenant {}'s max_stored_bytes quota; nothing was kept",
-                    truncated(tenant)
-                )));
-            }
-        }
-        // End of stream.
-        w.write(&0xFFFF_FFFFu32.to_le_bytes()).await?;
-        w.write(&0u32.to_le_bytes()).await?;
-        let object = w.finish().await?;
+        let id = new_group();
+        let put = tables.append(&table, &id, schema, batches).await?;
         let now = now_unix_ms();
         let info = RefInfo {
             id: id.clone(),
             tenant: tenant.to_string(),
             operator: operator.to_string(),
+            table,
             created_unix_ms: now,
             expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
-            rows,
-            bytes: object.len,
+            rows: put.rows,
+            bytes: put.bytes,
         };
+        if let Some(room) = room
+            && put.bytes > room
+        {
+            self.free(tables, &info).await;
+            return Err(Error::ResourcesExhausted(format!(
+                "keeping this result takes {} bytes, more than the {room} left in tenant {}'s max_stored_bytes quota; nothing was kept",
+                put.bytes,
+                truncated(tenant)
+            )));
+        }
         if let Err(e) = self.write_record(&info).await {
-            self.free_objects(&id).await;
+            self.free(tables, &info).await;
             return Err(e);
         }
         self.lock().insert(id, info.clone());
-        Ok(Kept {
-            info,
-            schema,
-            report,
-        })
+        Ok(info)
+    }
+
+    /// `Ok` if `tenant` (`None`: an admin) may read kept results' table `table`: it
+    /// holds live references of that tenant; `NOT_FOUND` when it holds none.
+    pub fn check_table(&self, table: &str, tenant: Option<&str>) -> Result<()> {
+        let now = now_unix_ms();
+        let refs = self.lock();
+        let mut owners = refs
+            .values()
+            .filter(|r| r.table == table && !r.expired_at(now))
+            .map(|r| r.tenant.as_str());
+        let Some(owner) = owners.next() else {
+            return Err(Error::NotFound(format!(
+                "table {}: no kept results of that name (they expired, were released, or never existed)",
+                truncated(table)
+            )));
+        };
+        match tenant {
+            Some(t) if t != owner => Err(Error::PermissionDenied(format!(
+                "kept results {} belong to tenant {}, not to {}",
+                truncated(table),
+                truncated(owner),
+                truncated(t)
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The live reference `id` for `tenant` (`None`: any tenant, an admin).
@@ -299,19 +340,6 @@ impl RefStore {
         Ok(r)
     }
 
-    /// Streams reference `r` back as the `FlightData` messages it was kept as.
-    pub fn stream(&self, r: &RefInfo) -> Result<BoxStream<'static, Result<FlightData>>> {
-        let object = self.store.get(&data_name(&r.id)).ok_or_else(|| {
-            Error::NotFound(format!("reference {}'s data is gone", truncated(&r.id)))
-        })?;
-        let store = self.store.clone();
-        Ok(futures::stream::try_unfold(0u64, move |at| {
-            let (store, object) = (store.clone(), object.clone());
-            async move { next_message(&store, &object, at).await }
-        })
-        .boxed())
-    }
-
     /// Sets reference `id`'s expiry (for `tenant`; `None`: an admin) to `expires`
     /// (milliseconds since the Unix epoch), at most [`Self::max_ttl`] from now.
     pub async fn renew(&self, id: &str, tenant: Option<&str>, expires: u64) -> Result<RefInfo> {
@@ -330,10 +358,15 @@ impl RefStore {
     }
 
     /// Frees reference `id` now (for `tenant`; `None`: an admin).
-    pub async fn release(&self, id: &str, tenant: Option<&str>) -> Result<RefInfo> {
+    pub async fn release(
+        &self,
+        tables: &TableStore,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<RefInfo> {
         let r = self.get(id, tenant)?;
         self.lock().remove(id);
-        self.free_objects(id).await;
+        self.free(tables, &r).await;
         Ok(r)
     }
 
@@ -360,22 +393,19 @@ impl RefStore {
     }
 
     /// Frees every expired reference; returns how many.
-    pub async fn sweep(&self) -> usize {
+    pub async fn sweep(&self, tables: &TableStore) -> usize {
         let now = now_unix_ms();
-        let expired: Vec<String> = {
+        let expired: Vec<RefInfo> = {
             let mut refs = self.lock();
             let ids: Vec<String> = refs
                 .values()
                 .filter(|r| r.expired_at(now))
                 .map(|r| r.id.clone())
                 .collect();
-            for id in &ids {
-                refs.remove(id);
-            }
-            ids
+            ids.iter().filter_map(|id| refs.remove(id)).collect()
         };
-        for id in &expired {
-            self.free_objects(id).await;
+        for r in &expired {
+            self.free(tables, r).await;
         }
         self.freed_expired
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
@@ -404,59 +434,8 @@ pub struct RefStats {
     pub freed_expired: u64,
 }
 
-/// The message at `at` of a kept stream, and where the next one starts.
-async fn next_message(
-    store: &ObjectStore,
-    object: &Arc<ObjectInfo>,
-    at: u64,
-) -> Result<Option<(FlightData, u64)>> {
-    let damaged = |what: &str| {
-        Error::Corrupt(format!(
-            "kept result {} is damaged at byte {at}: {what}",
-            truncated(&object.name)
-        ))
-    };
-    if at + 8 > object.len {
-        return Err(damaged("it ends without an end-of-stream marker"));
-    }
-    let prefix = store.read_object_range(object, at, 8).await?;
-    let marker = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-    let len = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]) as u64;
-    if marker != 0xFFFF_FFFF {
-        return Err(damaged("no continuation marker"));
-    }
-    if len == 0 {
-        return Ok(None);
-    }
-    if at + 8 + len > object.len {
-        return Err(damaged("a message runs past its end"));
-    }
-    let header = store.read_object_range(object, at + 8, len).await?;
-    let body_len = {
-        let m = arrow::ipc::root_as_message(&header).map_err(|e| damaged(&e.to_string()))?;
-        u64::try_from(m.bodyLength()).map_err(|_| damaged("a negative body length"))?
-    };
-    let body_at = at + 8 + len;
-    if body_at + body_len > object.len {
-        return Err(damaged("a message body runs past its end"));
-    }
-    let body = if body_len == 0 {
-        Bytes::new()
-    } else {
-        store.read_object_range(object, body_at, body_len).await?
-    };
-    Ok(Some((
-        FlightData {
-            data_header: header,
-            data_body: body,
-            ..Default::default()
-        },
-        body_at + body_len,
-    )))
-}
-
 /// An error the operator's stream carried, back as the node's error.
-fn status_error(s: Status) -> Error {
+pub(crate) fn status_error(s: Status) -> Error {
     use tonic::Code;
     let m = s.message().to_string();
     match s.code() {
@@ -472,14 +451,14 @@ fn status_error(s: Status) -> Error {
     }
 }
 
-/// Frees expired references every `period` while the store lives.
-pub async fn sweep_every(refs: std::sync::Weak<RefStore>, period: Duration) {
+/// Frees expired references every `period` while the node lives.
+pub(crate) async fn sweep_every(state: std::sync::Weak<crate::state::NodeState>, period: Duration) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(refs) = refs.upgrade() else { return };
-        let n = refs.sweep().await;
+        let Some(state) = state.upgrade() else { return };
+        let n = state.refs.sweep(&state.node.tables).await;
         if n > 0 {
             tracing::info!(freed = n, "expired references freed");
         }
@@ -497,6 +476,9 @@ pub struct Reference {
     pub ticket: String,
     /// When the node frees it (RFC 3339, UTC).
     pub expires: String,
+    /// The table it is a partition of (`csd_ref_GROUP`): the next query's input.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub table: String,
 }
 
 impl Reference {
@@ -524,6 +506,7 @@ impl Reference {
                 .unwrap_or_else(|| default_location.to_string()),
             ticket: base64::engine::general_purpose::STANDARD.encode(&ticket.ticket),
             expires,
+            table: String::from_utf8(e.app_metadata.to_vec()).unwrap_or_default(),
         })
     }
 

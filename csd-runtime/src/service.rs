@@ -151,8 +151,13 @@ impl FlightNode {
 
     /// `Ok` if `who` may read raw bytes of `object`: an object of a table it may
     /// read, or any table's with `admin`. The node's own objects are never served.
-    fn check_range(who: &Principal, object: &str) -> Result<()> {
-        who.check_object_read(object)
+    fn check_range(&self, who: &Principal, object: &str) -> Result<()> {
+        match crate::table::parse_object_name(object) {
+            Some((table, _, _)) if crate::refs::is_ref_table(table) => {
+                self.check_table(who, Permission::Read, table)
+            }
+            _ => who.check_object_read(object),
+        }
     }
 
     fn flight_info(&self, t: &Table, who: &Principal) -> Result<FlightInfo> {
@@ -528,15 +533,15 @@ impl FlightNode {
         patient: bool,
         asker: Option<crate::protocol::AskerFigures>,
     ) -> Result<TaskStream> {
-        if who.tenant().is_some()
-            && let Some(op) = self.state.operators.get(&name)
-        {
+        if let Some(op) = self.state.operators.get(&name) {
             let args = Bytes::copy_from_slice(&args);
-            if op.ships_code(&args) {
+            if who.tenant().is_some() && op.ships_code(&args) {
                 who.check_any(Permission::Code, "run code it ships (WebAssembly)")?;
             }
             for t in op.tables(&args)? {
-                who.check(Permission::Read, &t)?;
+                if who.tenant().is_some() || crate::refs::is_ref_table(&t) {
+                    self.check_table(who, Permission::Read, &t)?;
+                }
             }
         }
         // The asker's own figures first; else what this node learned of its link.
@@ -585,7 +590,7 @@ impl FlightNode {
             .with_ticket(FlightTicket::new(ticket))
             .with_location(self.state.location.clone())
             .with_expiration_time(timestamp(r.expires_unix_ms))
-            .with_app_metadata(r.id.clone())
+            .with_app_metadata(r.table.clone())
     }
 
     /// `GetFlightInfo` with a command: runs the operator ticket in it and keeps its
@@ -607,6 +612,7 @@ impl FlightNode {
             patient: _,
             asker,
             keep_ms: Some(keep_ms),
+            keep_group,
         } = ticket
         else {
             return Err(Error::InvalidArgument(
@@ -641,22 +647,92 @@ impl FlightNode {
                 asker,
             )
             .await?;
+        // The operator's encoded answer, decoded back to batches for the table (the
+        // trailing report has no IPC header: it is taken out here).
+        let report = Arc::new(std::sync::Mutex::new(None::<Bytes>));
+        let data = answer.filter_map({
+            let report = report.clone();
+            move |d| {
+                futures::future::ready(match d {
+                    Ok(d) if d.data_header.is_empty() => {
+                        if !d.app_metadata.is_empty()
+                            && let Ok(mut r) = report.lock()
+                        {
+                            *r = Some(d.app_metadata.clone());
+                        }
+                        None
+                    }
+                    Ok(d) => Some(Ok(d)),
+                    Err(s) => Some(Err(FlightError::Tonic(Box::new(s)))),
+                })
+            }
+        });
+        let mut decoded = FlightDataDecoder::new(data);
+        let schema = loop {
+            match decoded.next().await {
+                Some(Ok(d)) => {
+                    if let DecodedPayload::Schema(s) = d.payload {
+                        break s;
+                    }
+                }
+                Some(Err(e)) => return Err(flight_error(e)),
+                None => {
+                    return Err(Error::Internal(
+                        "the operator's answer ended before its schema".into(),
+                    ));
+                }
+            }
+        };
+        let batches = decoded
+            .filter_map(|d| {
+                futures::future::ready(match d {
+                    Ok(d) => match d.payload {
+                        DecodedPayload::RecordBatch(b) => Some(Ok(b)),
+                        _ => None,
+                    },
+                    Err(e) => Some(Err(flight_error(e))),
+                })
+            })
+            .boxed();
         let kept = self
             .state
             .refs
-            .keep(who.name(), &name, ttl, room, answer)
+            .keep(
+                &self.state.node.tables,
+                who.name(),
+                &name,
+                keep_group.as_deref(),
+                ttl,
+                room,
+                schema.clone(),
+                batches,
+            )
             .await?;
-        tracing::info!(id = %kept.info.id, tenant = %kept.info.tenant, rows = kept.info.rows, bytes = kept.info.bytes, "result kept");
-        let mut info = FlightInfo::new()
-            .with_endpoint(self.ref_endpoint(&who, &kept.info))
-            .with_total_records(kept.info.rows as i64)
-            .with_total_bytes(kept.info.bytes as i64)
+        tracing::info!(id = %kept.id, table = %kept.table, tenant = %kept.tenant, rows = kept.rows, bytes = kept.bytes, "result kept");
+        let report = report.lock().ok().and_then(|mut r| r.take());
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)?
+            .with_endpoint(self.ref_endpoint(&who, &kept))
+            .with_total_records(kept.rows as i64)
+            .with_total_bytes(kept.bytes as i64)
             .with_descriptor(FlightDescriptor::new_cmd(cmd.to_vec()))
-            .with_app_metadata(kept.report.unwrap_or_default());
-        if let Some(schema) = &kept.schema {
-            info = info.try_with_schema(schema)?;
-        }
+            .with_app_metadata(report.unwrap_or_default());
         Ok(info)
+    }
+
+    /// `Ok` if `who` may do `p` to `table`: the tenant's permissions, and for kept
+    /// results' tables, reading only, by the tenant that kept them (or an admin).
+    fn check_table(&self, who: &Principal, p: Permission, table: &str) -> Result<()> {
+        if !crate::refs::is_ref_table(table) {
+            return who.check(p, table);
+        }
+        if p != Permission::Read {
+            return Err(who.refuse(format!(
+                "table {} holds kept results: it is read-only (release them with the `release` action)",
+                truncated(table)
+            )));
+        }
+        self.state.refs.check_table(table, Self::ref_owner(who))
     }
 
     /// The kept result a ticket of an endpoint names (its seal checked for `who`).
@@ -681,7 +757,7 @@ impl FlightNode {
             .tables
             .tables()
             .iter()
-            .filter(|t| who.may(Permission::Write, &t.name))
+            .filter(|t| !crate::refs::is_ref_table(&t.name) && who.may(Permission::Write, &t.name))
             .map(Table::bytes)
             .sum::<u64>()
             + self.state.refs.bytes_of(who.name())
@@ -711,7 +787,7 @@ impl FlightNode {
         };
         crate::table::validate_table_name(&table)?;
         crate::table::validate_partition_name(&partition)?;
-        who.check(Permission::Write, &table)?;
+        self.check_table(&who, Permission::Write, &table)?;
         let quota = who.tenant().and_then(|t| t.max_stored_bytes).is_some();
         let stored = if quota { self.stored_by(&who) } else { 0 };
         who.check_stored(stored, 0)?;
@@ -924,7 +1000,14 @@ impl FlightService for FlightNode {
             .tables
             .tables()
             .iter()
-            .filter(|t| t.name.starts_with(&prefix) && who.may(Permission::Read, &t.name))
+            .filter(|t| {
+                t.name.starts_with(&prefix)
+                    && if crate::refs::is_ref_table(&t.name) {
+                        self.check_table(&who, Permission::Read, &t.name).is_ok()
+                    } else {
+                        who.may(Permission::Read, &t.name)
+                    }
+            })
             .map(|t| self.flight_info(t, &who).map_err(|e| e.to_status()))
             .collect::<Vec<_>>();
         Ok(Response::new(futures::stream::iter(infos).boxed()))
@@ -941,7 +1024,7 @@ impl FlightService for FlightNode {
             return Ok(Response::new(self.keep(who, peer, &cmd).await?));
         }
         let table = Self::table_of(request.get_ref())?;
-        who.check(Permission::Read, &table)?;
+        self.check_table(&who, Permission::Read, &table)?;
         Ok(Response::new(self.flight_info(
             &self.state.node.tables.table(&table)?,
             &who,
@@ -965,7 +1048,7 @@ impl FlightService for FlightNode {
     ) -> Result<Response<SchemaResult>, Status> {
         let who = self.who(&request)?;
         let table = Self::table_of(request.get_ref())?;
-        who.check(Permission::Read, &table)?;
+        self.check_table(&who, Permission::Read, &table)?;
         let t = self.state.node.tables.table(&table)?;
         let r: SchemaResult = SchemaAsIpc::new(&t.schema, &IpcWriteOptions::default())
             .try_into()
@@ -1002,6 +1085,7 @@ impl FlightService for FlightNode {
                 patient,
                 asker,
                 keep_ms: None,
+                keep_group: _,
             } => self
                 .operator_request(&who, peer, tenant, name, args, compression, patient, asker)
                 .await?
@@ -1009,16 +1093,7 @@ impl FlightService for FlightNode {
             Ticket::Ref { id } => {
                 let r = self.state.refs.get(&id, Self::ref_owner(&who))?;
                 let permit = self.read_permit().await?;
-                let sent = self.state.counters.bytes_sent.clone();
-                let s = self.state.refs.stream(&r)?.map(move |d| {
-                    let d = d.map_err(|e| e.to_status())?;
-                    sent.fetch_add(
-                        (d.data_header.len() + d.data_body.len()) as u64,
-                        Ordering::Relaxed,
-                    );
-                    Ok(d)
-                });
-                holding(s.boxed(), permit)
+                holding(self.scan(&r.table, Some(&r.id), &[], None)?, permit)
             }
             Ticket::Scan {
                 table,
@@ -1026,7 +1101,7 @@ impl FlightService for FlightNode {
                 columns,
                 limit,
             } => {
-                who.check(Permission::Read, &table)?;
+                self.check_table(&who, Permission::Read, &table)?;
                 let permit = self.read_permit().await?;
                 holding(
                     self.scan(&table, partition.as_deref(), &columns, limit)?,
@@ -1038,7 +1113,7 @@ impl FlightService for FlightNode {
                 offset,
                 length,
             } => {
-                Self::check_range(&who, &object)?;
+                self.check_range(&who, &object)?;
                 let permit = self.read_permit().await?;
                 let stream = self.range(&object, offset, length)?;
                 match peer {
@@ -1093,7 +1168,7 @@ impl FlightService for FlightNode {
             }
             DeleteRequest::TYPE => {
                 let r = DeleteRequest::decode(body)?;
-                who.check(Permission::Delete, &r.table)?;
+                self.check_table(&who, Permission::Delete, &r.table)?;
                 let n = self
                     .state
                     .node
@@ -1184,7 +1259,10 @@ impl FlightService for FlightNode {
                         .map(|t| t.ticket.clone())
                         .unwrap_or_default();
                     if let Ok(id) = self.ref_of(&who, &ticket) {
-                        self.state.refs.release(&id, Self::ref_owner(&who)).await?;
+                        self.state
+                            .refs
+                            .release(&self.state.node.tables, &id, Self::ref_owner(&who))
+                            .await?;
                         released += 1;
                     }
                 }
@@ -1203,7 +1281,13 @@ impl FlightService for FlightNode {
                 let r = ReleaseRequest::decode(body)?;
                 let ticket = r.ticket_bytes()?;
                 let id = self.ref_of(&who, &ticket)?;
-                json_result(&self.state.refs.release(&id, Self::ref_owner(&who)).await?)?
+                json_result(
+                    &self
+                        .state
+                        .refs
+                        .release(&self.state.node.tables, &id, Self::ref_owner(&who))
+                        .await?,
+                )?
             }
             RefsRequest::TYPE => {
                 RefsRequest::decode(body)?;
@@ -1275,4 +1359,13 @@ fn unix_ms_of(t: &prost_types::Timestamp) -> Result<u64> {
         )));
     }
     Ok((t.seconds as u64).saturating_mul(1000) + (t.nanos as u64) / 1_000_000)
+}
+
+/// An error out of a Flight stream of our own making, as the node's error (a status
+/// keeps its code and message).
+fn flight_error(e: FlightError) -> Error {
+    match e {
+        FlightError::Tonic(s) => crate::refs::status_error(*s),
+        e => Error::from(e),
+    }
 }

@@ -131,6 +131,89 @@ async fn ref_objects(url: &str) -> usize {
         .len()
 }
 
+async fn kept_tables(url: &str) -> Vec<String> {
+    NodeClient::connect(url)
+        .await
+        .unwrap()
+        .list_tables(csd_runtime::refs::REF_TABLE_PREFIX)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_query_reads_a_kept_answer_at_the_node() {
+    let node = node_on("emulated:mem").await;
+    load(&node.url).await;
+    let kept = session(&node.url, true)
+        .await
+        .keep(QUERY, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let table = kept[0].reference.table.clone();
+    assert!(table.starts_with("csd_ref_"), "{table}");
+    assert!(
+        kept.iter().all(|k| k.reference.table == table),
+        "one table per kept query"
+    );
+    assert_eq!(kept_tables(&node.url).await, vec![table.clone()]);
+
+    // Step 2 over the kept rows, pushed to the node, vs the same from the base table
+    // without keeping and without pushdown.
+    let step2 = |from: &str| {
+        format!(
+            "SELECT l_shipmode, count(*) AS n, sum(l_quantity) AS q FROM {from} \
+             WHERE l_partkey % 3 = 0 GROUP BY l_shipmode ORDER BY l_shipmode"
+        )
+    };
+    let next = session(&node.url, true).await;
+    let chained = next.run(&step2(&table)).await.unwrap();
+    assert!(!chained.node_runs.is_empty(), "step 2 ran at the node");
+    let direct = session(&node.url, false)
+        .await
+        .run(&step2(&format!("({QUERY}) AS t")))
+        .await
+        .unwrap();
+    assert_eq!(canonical(&chained.batches), canonical(&direct.batches));
+    assert!(!canonical(&direct.batches).is_empty());
+
+    // Step 2 kept too: a pipeline that moves only its last answer.
+    let step2_rows = format!("SELECT l_orderkey, l_quantity FROM {table} WHERE l_partkey % 3 = 0");
+    let kept2 = next
+        .keep(&step2_rows, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let got: Vec<Reference> = kept2.iter().map(|k| k.reference.clone()).collect();
+    let expected = session(&node.url, false)
+        .await
+        .run(&format!(
+            "SELECT l_orderkey, l_quantity FROM ({QUERY}) AS t WHERE l_partkey % 3 = 0"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        canonical(&resolve_all(&got).await),
+        canonical(&expected.batches)
+    );
+    // Kept tables are read-only.
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let e = c.delete(&table, None).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::PermissionDenied), "{e}");
+    let b = lineitem(0.001, 1, 1).unwrap();
+    let e = c
+        .put(
+            &table,
+            "x",
+            b[0].schema(),
+            futures::stream::iter([Ok(b[0].clone())]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::PermissionDenied), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_answer_resolves_elsewhere_renews_and_is_released() {
     let node = node_on("emulated:mem").await;
@@ -234,8 +317,8 @@ async fn kept_answers_expire_and_bad_requests_say_why() {
     let kept = s.keep(QUERY, Duration::from_secs(1)).await.unwrap();
     assert_eq!(
         ref_objects(&node.url).await,
-        2 * parts,
-        "data and record per reference"
+        parts,
+        "a record per reference"
     );
     tokio::time::sleep(Duration::from_millis(2600)).await;
     for k in &kept {
@@ -282,6 +365,7 @@ async fn kept_answers_expire_and_bad_requests_say_why() {
             base64::engine::general_purpose::STANDARD.encode(t.encode())
         },
         expires: String::new(),
+        table: String::new(),
     };
     let missing = as_ref(csd_runtime::protocol::Ticket::Ref {
         id: "0123456789abcdef0123456789abcdef".into(),
@@ -294,6 +378,7 @@ async fn kept_answers_expire_and_bad_requests_say_why() {
         patient: false,
         asker: None,
         keep_ms: Some(1000),
+        keep_group: None,
     });
     let (code, msg) = resolve(&keep_to_do_get).await.unwrap_err();
     assert_eq!(code, Code::InvalidArgument, "{msg}");
@@ -342,7 +427,7 @@ async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
     }
     assert_eq!(
         ref_objects(&node.url).await,
-        2 * parts,
+        parts,
         "only the unexpired ones are left"
     );
     let stats = NodeClient::connect(&node.url)
@@ -358,4 +443,66 @@ async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
         "space accounting balances"
     );
     node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyarrow_resolves_a_printed_reference() {
+    let home = std::env::var("CSD_ML_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/csd/ml")
+        });
+    let python = home.join("venv/bin/python");
+    let has = std::process::Command::new(&python)
+        .args(["-c", "import pyarrow.flight"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!(
+            "skipping: no pyarrow in {} (scripts/setup-ml.sh installs it)",
+            python.display()
+        );
+        return;
+    }
+    let node = node_on("emulated:mem").await;
+    load(&node.url).await;
+    let kept = session(&node.url, true)
+        .await
+        .keep(QUERY, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let lines: Vec<String> = kept
+        .iter()
+        .map(|k| serde_json::to_string(&k.reference).unwrap())
+        .collect();
+    let script = r#"
+import base64, json, sys
+import pyarrow.flight as fl
+rows = 0
+for line in sys.argv[1:]:
+    ref = json.loads(line)
+    c = fl.connect(ref["location"])
+    rows += c.do_get(fl.Ticket(base64.b64decode(ref["ticket"]))).read_all().num_rows
+print(rows)
+"#;
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .args(&lines)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim().parse::<u64>().unwrap(),
+        kept.iter().map(|k| k.rows).sum::<u64>()
+    );
 }

@@ -6,7 +6,7 @@
 //! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
 //! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
 //! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
-//!                    optional Asker asker = 5; optional uint64 keep_ms = 6; }
+//!                    optional Asker asker = 5; optional uint64 keep_ms = 6; optional string keep_group = 7; }
 //! message Ref      { string id = 1; }
 //! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
@@ -29,7 +29,8 @@
 //! An `Operator` with `keep_ms` is not a `DoGet` ticket: sent as the `cmd` of a
 //! `GetFlightInfo` descriptor, it asks the node to keep the answer for `keep_ms`
 //! milliseconds and answer a `FlightInfo` whose endpoint holds a `Ref` ticket (see
-//! [`crate::refs`]); `DoGet` with a `Ref` streams the kept answer.
+//! [`crate::refs`]); `DoGet` with a `Ref` streams the kept answer. `keep_group` (32
+//! hex digits) puts it in the same table as the other parts of one kept query.
 //!
 //! A node with tenants hands out *sealed* tickets in its `FlightInfo` endpoints: a
 //! version byte `2` followed by
@@ -93,6 +94,8 @@ pub enum Ticket {
         /// Keep the answer at the node this long (ms) instead of streaming it
         /// (`GetFlightInfo` only).
         keep_ms: Option<u64>,
+        /// The kept query's group (its table `csd_ref_GROUP`); `None`: a new one.
+        keep_group: Option<String>,
     },
     /// Stream a kept result (see [`crate::refs`]).
     Ref {
@@ -225,6 +228,8 @@ struct OperatorProto {
     asker: Option<AskerFigures>,
     #[prost(uint64, optional, tag = "6")]
     keep_ms: Option<u64>,
+    #[prost(string, optional, tag = "7")]
+    keep_group: Option<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -280,6 +285,7 @@ impl Ticket {
                 patient,
                 asker,
                 keep_ms,
+                keep_group,
             } => Kind::Operator(OperatorProto {
                 name,
                 args,
@@ -287,6 +293,7 @@ impl Ticket {
                 patient,
                 asker,
                 keep_ms,
+                keep_group,
             }),
             Ticket::Ref { id } => Kind::Ref(RefProto { id }),
         };
@@ -362,6 +369,7 @@ impl Ticket {
                 args: o.args,
                 patient: o.patient,
                 keep_ms: o.keep_ms,
+                keep_group: o.keep_group,
             }),
             Some(Kind::Ref(r)) => Ok(Ticket::Ref { id: r.id }),
             None => Err(Error::InvalidArgument("ticket names no operation".into())),
@@ -404,6 +412,7 @@ mod tests {
             patient: false,
             asker: None,
             keep_ms: None,
+            keep_group: None,
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
         let o = Ticket::Operator {
@@ -417,6 +426,7 @@ mod tests {
                 load: 0.25,
             }),
             keep_ms: Some(60_000),
+            keep_group: Some("0123456789abcdef0123456789abcdef".into()),
         };
         assert_eq!(Ticket::decode(&o.encode()).unwrap(), o);
         let bad = Ticket::Operator {
@@ -430,6 +440,7 @@ mod tests {
                 load: 2.0,
             }),
             keep_ms: None,
+            keep_group: None,
         };
         let e = Ticket::decode(&bad.encode()).unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");

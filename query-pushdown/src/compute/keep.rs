@@ -2,7 +2,10 @@
 //! [`csd_runtime::refs`]): each partition's fragment runs at its node, which keeps
 //! the rows and answers a reference instead of streaming them. The compute tier
 //! moves no rows at all; whoever needs them resolves the references later, from
-//! anywhere, with a plain Flight `DoGet`.
+//! anywhere, with a plain Flight `DoGet`. All parts of one kept query form one table
+//! (`csd_ref_GROUP`) across the nodes, which the next query reads like any other
+//! (from a session made after the keep), so a pipeline of steps at the nodes moves
+//! only its last answer.
 
 use std::time::Duration;
 
@@ -48,15 +51,17 @@ impl CsdSession {
         }
         let task = self.ctx.task_ctx();
         let compression = scan.table().compression();
+        let group = csd_runtime::refs::new_group();
         let runs = scan.table().endpoints().iter().map(|endpoint| {
             let opener = scan.opener(endpoint.clone(), task.clone());
+            let group = group.as_str();
             async move {
                 let args = opener.fragment.to_bytes();
                 let client = &opener.endpoint.client;
                 let mut sent: Vec<ModuleDigest> = Vec::new();
                 loop {
                     match client
-                        .keep(OPERATOR_NAME, args.clone(), compression, ttl)
+                        .keep(OPERATOR_NAME, args.clone(), compression, ttl, Some(group))
                         .await
                     {
                         // A node without a Wasm function's module: send it once.
