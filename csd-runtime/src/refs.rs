@@ -259,7 +259,9 @@ impl RefStore {
                 e => Err(e),
             })?;
         let id = new_group();
-        let put = tables.append(&table, &id, schema, batches).await?;
+        let put = tables
+            .append_transient(&table, &id, schema, batches)
+            .await?;
         let now = now_unix_ms();
         let info = RefInfo {
             id: id.clone(),

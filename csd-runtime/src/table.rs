@@ -350,7 +350,44 @@ impl TableStore {
         table: &str,
         partition: &str,
         schema: SchemaRef,
+        batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        self.append_with(table, partition, schema, batches, self.props.clone())
+            .await
+    }
+
+    /// Like [`Self::append`], encoded for the CPU rather than for space (LZ4_RAW
+    /// pages): for short-lived data written and read soon, such as kept results.
+    pub async fn append_transient<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        let props = self
+            .props
+            .clone()
+            .into_builder()
+            .set_compression(Compression::LZ4_RAW)
+            .build();
+        self.append_with(table, partition, schema, batches, props)
+            .await
+    }
+
+    async fn append_with<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
         mut batches: S,
+        props: WriterProperties,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
@@ -367,8 +404,8 @@ impl TableStore {
         };
         let name = format!("{table}/{partition}/{seq:08}.parquet");
         let writer = self.store.create(&name)?;
-        let mut pw = AsyncArrowWriter::try_new(writer, schema.clone(), Some(self.props.clone()))
-            .map_err(unstorable)?;
+        let mut pw =
+            AsyncArrowWriter::try_new(writer, schema.clone(), Some(props)).map_err(unstorable)?;
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             if batch.schema().fields() != schema.fields() {

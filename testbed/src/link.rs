@@ -71,6 +71,18 @@ pub struct LinkCounters {
     pub(crate) down_bytes: AtomicU64,
 }
 
+impl LinkCounters {
+    /// Bytes carried client → upstream so far.
+    pub fn up(&self) -> u64 {
+        self.up_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes carried upstream → client so far.
+    pub fn down(&self) -> u64 {
+        self.down_bytes.load(Ordering::Relaxed)
+    }
+}
+
 /// Token bucket on a virtual clock.
 struct Pacer {
     rate: f64,

@@ -148,7 +148,7 @@ async fn example_guests_equal_the_same_computation_in_sql_and_compile_once() {
     assert_eq!(pairs(&run.batches), want);
     assert_eq!(run.endpoints.len(), 2);
     assert!(run.endpoints.iter().all(|e| e.pushed_back.is_none()));
-    // 1.3 MB: too large to ride in the request; sent once, by put_module.
+    // 2 MB: too large to ride in the request; sent once, by put_module.
     assert!(
         run.endpoints.iter().any(|e| e.module_sent),
         "{:?}",
@@ -588,4 +588,29 @@ async fn a_pooled_sandbox_answers_alike_and_refuses_past_its_slots() {
     }
     assert!(!answers[0].is_empty());
     assert_eq!(answers[0], answers[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_runs_over_a_kept_answer_at_the_node() {
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let kept = session(&node.url)
+        .await
+        .keep(
+            "SELECT l_orderkey, l_extendedprice, l_discount, l_shipmode FROM lineitem WHERE l_quantity < 30",
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let table = kept[0].reference.table.clone();
+    // A session made after the keep sees the kept table; the module's input is
+    // pushed to it like to any table.
+    let s = session(&node.url).await;
+    let mut j = job("filter_map", FILTER_MAP_COLUMNS, None, &[("mode", "AIR")]);
+    j.table = table;
+    let run = s.run_wasm(&j).await.unwrap();
+    assert!(run.endpoints.iter().all(|e| e.pushed_back.is_none()));
+    let want = pairs(&sql(&s, FILTER_MAP_SQL).await);
+    assert!(!want.is_empty());
+    assert_eq!(pairs(&run.batches), want);
 }

@@ -50,7 +50,8 @@ impl CsdSession {
             ));
         }
         let task = self.ctx.task_ctx();
-        let compression = scan.table().compression();
+        // The answer never crosses the link: compressing it would only cost the node.
+        let compression = csd_runtime::protocol::Compression::None;
         let group = csd_runtime::refs::new_group();
         let runs = scan.table().endpoints().iter().map(|endpoint| {
             let opener = scan.opener(endpoint.clone(), task.clone());
