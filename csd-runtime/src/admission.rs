@@ -328,6 +328,9 @@ pub struct AdmissionStats {
     pub policy: Policy,
     /// Slots (CPU workers).
     pub slots: usize,
+    /// Slots leased out now (other work sees fewer).
+    #[serde(default)]
+    pub leased: usize,
     /// Memory budget.
     pub memory_budget: u64,
     /// Queueing-delay target, milliseconds.
@@ -382,6 +385,8 @@ pub(crate) struct Controller {
     io_in_flight: usize,
     io_waiting: usize,
     io_service: Duration,
+    /// Slots leased out (see [`Admission::lease`]): other work sees fewer.
+    leased: usize,
 }
 
 impl Controller {
@@ -400,7 +405,43 @@ impl Controller {
             io_in_flight: 0,
             io_waiting: 0,
             io_service: Duration::from_millis(2),
+            leased: 0,
         }
+    }
+
+    /// Slots for admitted work: the workers less those leased out (at least one).
+    fn slots(&self) -> usize {
+        self.cfg.slots.saturating_sub(self.leased).max(1)
+    }
+
+    /// Leases `n` slots if the node can spare them now: beyond its current load,
+    /// leaving at least one slot and the tenants' reserves to everyone else.
+    fn lease(&mut self, n: usize) -> Result<(), String> {
+        let reserves: usize = self.cfg.tenants.values().map(|t| t.reserve).sum();
+        let keep = reserves.max(1);
+        let idle = self
+            .cfg
+            .slots
+            .saturating_sub(self.leased + self.running.len());
+        if n == 0 {
+            return Err("a lease needs at least one slot".into());
+        }
+        if self.cfg.slots < self.leased + n + keep {
+            return Err(format!(
+                "the node has {} CPU workers, {} leased and {keep} kept for other work (the tenants' reserves, at least one): {n} more cannot be leased",
+                self.cfg.slots, self.leased
+            ));
+        }
+        if n > idle {
+            return Err(format!(
+                "only {idle} of the node's {} CPU workers are idle now ({} run requests, {} are leased)",
+                self.cfg.slots,
+                self.running.len(),
+                self.leased
+            ));
+        }
+        self.leased += n;
+        Ok(())
     }
 
     /// The settings.
@@ -446,7 +487,7 @@ impl Controller {
 
     /// Slots `tenant` may take now: free slots minus the unmet reserves of others.
     fn free_for(&self, tenant: &str) -> usize {
-        let free = self.cfg.slots.saturating_sub(self.running.len());
+        let free = self.slots().saturating_sub(self.running.len());
         let own = self.tenants.get(tenant).map(|t| t.running).unwrap_or(0);
         if own < self.share(tenant).reserve {
             return free;
@@ -486,7 +527,7 @@ impl Controller {
             .sum();
         let share = w / (w + others);
         let ahead = queued_all.min(own.div_f64(share));
-        (residual + ahead) / self.cfg.slots as u32
+        (residual + ahead) / self.slots() as u32
     }
 
     fn memory_fits(&self, memory: u64) -> bool {
@@ -801,6 +842,7 @@ impl Controller {
         AdmissionStats {
             policy: self.cfg.policy,
             slots: self.cfg.slots,
+            leased: self.leased,
             memory_budget: self.cfg.memory,
             queue_target_ms: self.cfg.queue_target.as_secs_f64() * 1e3,
             running: self.running.len(),
@@ -873,6 +915,24 @@ impl Admission {
     /// A snapshot of the figures.
     pub fn stats(&self) -> AdmissionStats {
         self.ctl().stats()
+    }
+
+    /// Leases `n` slots (see `Controller::lease`): they are taken from what admitted
+    /// work may use until [`Self::unlease`]. Refused, with why, when the node cannot
+    /// spare them now.
+    pub fn lease(&self, n: usize) -> Result<(), String> {
+        self.ctl().lease(n)
+    }
+
+    /// Gives back `n` leased slots; queued work may start on them.
+    pub fn unlease(&self, n: usize) {
+        let started = {
+            let mut ctl = self.ctl();
+            ctl.leased = ctl.leased.saturating_sub(n);
+            let now = self.now();
+            ctl.dispatch(now)
+        };
+        self.wake(started);
     }
 
     /// Replaces the tenants' shares (a reloaded tenants file); refused, keeping the

@@ -164,6 +164,9 @@ pub struct NodeConfig {
     /// Longest a kept result (a reference) may live, in seconds (keep and renew).
     #[arg(long, env = "CSD_REF_MAX_TTL_S", default_value_t = 86_400)]
     pub ref_max_ttl_s: u64,
+    /// Longest lease of CPU slots, in seconds.
+    #[arg(long, env = "CSD_LEASE_MAX_S", default_value_t = 3600)]
+    pub lease_max_s: u64,
     /// CPU time a shipped (Wasm) module may use per request, in milliseconds.
     #[arg(long, env = "CSD_WASM_CPU_MS", default_value_t = 30_000)]
     pub wasm_cpu_ms: u64,

@@ -29,6 +29,7 @@ pub mod auth;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod lease;
 pub mod link;
 pub mod memory;
 mod metrics;

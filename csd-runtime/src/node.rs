@@ -251,6 +251,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         .with_operators(operators)
         .with_admission(Admission::new(admission))
         .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes())
+        .with_lease_max(std::time::Duration::from_secs(config.lease_max_s.max(1)))
         .with_auth(
             auth.clone(),
             key,

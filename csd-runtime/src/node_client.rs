@@ -737,6 +737,100 @@ impl NodeClient {
         self.action(&crate::protocol::RefsRequest {}).await
     }
 
+    /// Leases `slots` of the node's CPU slots for `ttl` (see [`crate::lease`]); a
+    /// node that cannot spare them refuses with [`Error::Busy`] and when to retry.
+    pub async fn lease(&self, slots: usize, ttl: Duration) -> Result<crate::lease::LeaseInfo> {
+        self.action(&crate::protocol::LeaseRequest {
+            slots,
+            seconds: ttl.as_secs_f64(),
+        })
+        .await
+    }
+
+    /// Ends a lease now.
+    pub async fn release_lease(&self, lease: &str) -> Result<crate::lease::LeaseInfo> {
+        self.action(&crate::protocol::ReleaseLeaseRequest {
+            lease: lease.into(),
+        })
+        .await
+    }
+
+    /// Calls `export` of `module` (named by `digest`, its SHA-256) on `args`, on a
+    /// lease's slot: hot on the instance the lease keeps, warm on a new one, cold
+    /// when the node lacks the module (sent here once, then called).
+    pub async fn invoke(
+        &self,
+        lease: &str,
+        digest: &crate::sandbox::ModuleDigest,
+        module: &[u8],
+        export: &str,
+        args: &RecordBatch,
+    ) -> Result<Invoked> {
+        let mut body = serde_json::to_vec(&crate::protocol::InvokeRequest {
+            lease: lease.into(),
+            module: digest.to_string(),
+            export: export.into(),
+        })
+        .map_err(|e| Error::Protocol(e.to_string()))?;
+        body.push(b'\n');
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(body, &args.schema())
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        w.write(args)
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        w.finish().map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let body = Bytes::from(
+            w.into_inner()
+                .map_err(|e| Error::InvalidInput(e.to_string()))?,
+        );
+        let mut cold = false;
+        let reply = loop {
+            let action = arrow_flight::Action::new(crate::protocol::INVOKE, body.clone());
+            let r = async {
+                self.flight()
+                    .do_action(action)
+                    .await?
+                    .try_next()
+                    .await?
+                    .ok_or_else(|| Error::Protocol("invoke returned nothing".into()))
+            }
+            .await;
+            match r {
+                Err(e)
+                    if !cold
+                        && e.code() == Some(tonic::Code::NotFound)
+                        && crate::sandbox::missing_module(&e.to_string()) == Some(*digest) =>
+                {
+                    self.put_module(module).await?;
+                    cold = true;
+                }
+                r => break r?,
+            }
+        };
+        let split = reply
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| Error::Protocol("an invoke answer without its head".into()))?;
+        let head: serde_json::Value = serde_json::from_slice(&reply[..split])
+            .map_err(|e| Error::Protocol(format!("invoke answer: {e}")))?;
+        let batch = arrow::ipc::reader::StreamReader::try_new(
+            std::io::Cursor::new(reply.slice(split + 1..)),
+            None,
+        )
+        .map_err(|e| Error::Protocol(format!("invoke answer: {e}")))?
+        .next()
+        .ok_or_else(|| Error::Protocol("invoke answer without a batch".into()))?
+        .map_err(|e| Error::Protocol(format!("invoke answer: {e}")))?;
+        let start = if cold {
+            "cold".to_string()
+        } else {
+            head["start"].as_str().unwrap_or("warm").to_string()
+        };
+        Ok(Invoked {
+            out: batch.column(0).clone(),
+            start,
+        })
+    }
+
     /// Node, device, store, admission and request figures.
     pub async fn stats(&self) -> Result<NodeStats> {
         self.action(&StatsRequest {}).await
@@ -749,6 +843,15 @@ impl NodeClient {
         })
         .await
     }
+}
+
+/// What [`NodeClient::invoke`] answers.
+#[derive(Debug, Clone)]
+pub struct Invoked {
+    /// The function's result.
+    pub out: arrow::array::ArrayRef,
+    /// `hot`, `warm` or `cold` (see [`NodeClient::invoke`]).
+    pub start: String,
 }
 
 /// What [`NodeClient::keep`] answers.

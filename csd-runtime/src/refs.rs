@@ -460,6 +460,10 @@ pub(crate) async fn sweep_every(state: std::sync::Weak<crate::state::NodeState>,
     loop {
         tick.tick().await;
         let Some(state) = state.upgrade() else { return };
+        let ended = state.leases.sweep(&state.admission);
+        if ended > 0 {
+            tracing::info!(ended, "expired leases ended");
+        }
         let n = state.refs.sweep(&state.node.tables).await;
         if n > 0 {
             tracing::info!(freed = n, "expired references freed");

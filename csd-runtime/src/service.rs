@@ -720,6 +720,63 @@ impl FlightNode {
         Ok(info)
     }
 
+    /// The `invoke` action: a function of a shipped module on a lease's slot.
+    async fn invoke(&self, who: &Principal, body: Bytes) -> Result<arrow_flight::Result> {
+        let split = body.iter().position(|&b| b == b'\n').ok_or_else(|| {
+            Error::InvalidArgument(
+                "an invoke body is a JSON head, a newline, then Arrow IPC arguments".into(),
+            )
+        })?;
+        let head: crate::protocol::InvokeRequest = serde_json::from_slice(&body[..split])
+            .map_err(|e| Error::InvalidArgument(format!("the head of an invoke body: {e}")))?;
+        let digest = crate::sandbox::ModuleDigest::parse(
+            head.module
+                .strip_prefix("sha256:")
+                .unwrap_or(&head.module)
+                .as_bytes(),
+        )?;
+        let args = {
+            let mut r = arrow::ipc::reader::StreamReader::try_new(
+                std::io::Cursor::new(body.slice(split + 1..)),
+                None,
+            )
+            .map_err(|e| Error::InvalidArgument(format!("invoke arguments: {e}")))?;
+            match r.next() {
+                Some(b) => {
+                    b.map_err(|e| Error::InvalidArgument(format!("invoke arguments: {e}")))?
+                }
+                None => arrow::record_batch::RecordBatch::new_empty(r.schema()),
+            }
+        };
+        let sandbox = self.state.node.sandbox.clone();
+        let module = sandbox.module(&digest, None).await?;
+        let state = self.state.clone();
+        let owner = Self::ref_owner(who).map(String::from);
+        // On the lease's slot: a blocking thread, not the admitted work's pool.
+        let (out, start) = tokio::task::spawn_blocking(move || {
+            state.leases.invoke(
+                &sandbox,
+                &module,
+                &head.lease,
+                owner.as_deref(),
+                &head.export,
+                &args,
+            )
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("invocation thread: {e}")))??;
+        let batch = arrow::record_batch::RecordBatch::try_from_iter([("out", out)])?;
+        let mut reply = serde_json::to_vec(&serde_json::json!({ "start": start }))
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        reply.push(b'\n');
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(reply, &batch.schema())?;
+        w.write(&batch)?;
+        w.finish()?;
+        Ok(arrow_flight::Result {
+            body: w.into_inner()?.into(),
+        })
+    }
+
     /// `Ok` if `who` may do `p` to `table`: the tenant's permissions, and for kept
     /// results' tables, reading only, by the tenant that kept them (or an admin).
     fn check_table(&self, who: &Principal, p: Permission, table: &str) -> Result<()> {
@@ -1276,6 +1333,42 @@ impl FlightService for FlightNode {
                         .encode_to_vec()
                         .into(),
                 }
+            }
+            crate::protocol::LeaseRequest::TYPE => {
+                let r = crate::protocol::LeaseRequest::decode(body)?;
+                who.check_any(Permission::Code, "lease slots for shipped code")?;
+                if !r.seconds.is_finite() || r.seconds <= 0.0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "a lease lasts a positive number of seconds, not {}",
+                        r.seconds
+                    ))
+                    .into());
+                }
+                let info = self.state.leases.grant(
+                    &self.state.admission,
+                    who.name(),
+                    r.slots,
+                    std::time::Duration::from_secs_f64(r.seconds.min(1e9)),
+                    self.state.lease_max,
+                )?;
+                tracing::info!(lease = %info.id, tenant = %info.tenant, slots = info.slots, "lease granted");
+                json_result(&info)?
+            }
+            crate::protocol::ReleaseLeaseRequest::TYPE => {
+                let r = crate::protocol::ReleaseLeaseRequest::decode(body)?;
+                json_result(&self.state.leases.release(
+                    &self.state.admission,
+                    &r.lease,
+                    Self::ref_owner(&who),
+                )?)?
+            }
+            crate::protocol::LeasesRequest::TYPE => {
+                crate::protocol::LeasesRequest::decode(body)?;
+                json_result(&self.state.leases.list(Self::ref_owner(&who)))?
+            }
+            crate::protocol::INVOKE => {
+                who.check_any(Permission::Code, "invoke shipped code")?;
+                self.invoke(&who, body.clone()).await?
             }
             ReleaseRequest::TYPE => {
                 let r = ReleaseRequest::decode(body)?;

@@ -51,6 +51,10 @@ pub struct NodeState {
     pub ticket_ttl: std::time::Duration,
     /// Results kept by reference.
     pub refs: Arc<crate::refs::RefStore>,
+    /// Leased slots.
+    pub leases: crate::lease::Leases,
+    /// Longest lease.
+    pub lease_max: std::time::Duration,
     started: Instant,
 }
 
@@ -89,6 +93,8 @@ impl NodeState {
             ticket_key: crate::auth::TicketKey::random(),
             ticket_ttl: std::time::Duration::from_secs(3600),
             refs,
+            leases: crate::lease::Leases::default(),
+            lease_max: std::time::Duration::from_secs(3600),
             started: Instant::now(),
         })
     }
@@ -103,6 +109,12 @@ impl NodeState {
         self.auth = auth;
         self.ticket_key = key;
         self.ticket_ttl = ttl;
+        self
+    }
+
+    /// Leases last at most `max`.
+    pub(crate) fn with_lease_max(mut self, max: std::time::Duration) -> Self {
+        self.lease_max = max;
         self
     }
 
@@ -162,6 +174,7 @@ impl NodeState {
             },
             sandbox: self.node.sandbox.stats(),
             refs: self.refs.stats(),
+            leases: self.leases.stats(),
         }
     }
 }

@@ -575,3 +575,75 @@ async fn references_outlive_a_kill_9_and_expired_ones_are_gone_after_it() {
         text(&gone)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
+    let Some(module) = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")))
+        .map(|t| t.join("wasm/functions.wasm"))
+        .filter(|p| p.exists())
+    else {
+        panic!("build the example guests first: scripts/build-wasm-examples.sh");
+    };
+    let node = sql_node().await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("args.arrow");
+    let batch = arrow::record_batch::RecordBatch::try_from_iter([
+        (
+            "price",
+            std::sync::Arc::new(arrow::array::Float64Array::from(vec![100.0, 8.0]))
+                as arrow::array::ArrayRef,
+        ),
+        (
+            "discount",
+            std::sync::Arc::new(arrow::array::Float64Array::from(vec![0.25, 0.5]))
+                as arrow::array::ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let mut w = arrow::ipc::writer::FileWriter::try_new(
+        std::fs::File::create(&input).unwrap(),
+        &batch.schema(),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    let lease = csd(args(
+        &["lease", "--slots", "1", "--seconds", "30"],
+        &node.url,
+    ))
+    .await;
+    assert!(lease.status.success(), "{:?}", text(&lease));
+    let info: serde_json::Value = serde_json::from_str(text(&lease).0.trim()).unwrap();
+    let id = info["id"].as_str().unwrap().to_string();
+    let invoke = |id: String| {
+        csd(args(
+            &[
+                "invoke",
+                &id,
+                "--wasm",
+                module.to_str().unwrap(),
+                "--export",
+                "discounted",
+                "--input",
+                input.to_str().unwrap(),
+                "--format",
+                "csv",
+            ],
+            &node.url,
+        ))
+    };
+    let out = invoke(id.clone()).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout, "discounted\n75.0\n4.0\n", "{stderr}");
+    assert!(stderr.contains("cold"), "{stderr}");
+    let hot = invoke(id.clone()).await;
+    assert!(text(&hot).1.contains("hot"), "{:?}", text(&hot));
+    let released = csd(args(&["lease", "--release", &id], &node.url)).await;
+    assert!(released.status.success(), "{:?}", text(&released));
+    let gone = invoke(id).await;
+    assert!(!gone.status.success());
+    assert!(text(&gone).1.contains("not held here"), "{:?}", text(&gone));
+}

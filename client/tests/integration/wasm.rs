@@ -614,3 +614,95 @@ async fn a_module_runs_over_a_kept_answer_at_the_node() {
     assert!(!want.is_empty());
     assert_eq!(pairs(&run.batches), want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_slots_invoke_functions_hot_and_come_back() {
+    let mut cfg = config("emulated:mem");
+    cfg.cpus = 2;
+    let node = start(&cfg).await;
+    load_lineitem(&node.url).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let module = guest("functions");
+    let digest = csd_runtime::sandbox::ModuleDigest::of(&module);
+
+    // Granted within capacity: one of two slots (one is always kept for others).
+    let lease = c
+        .lease(1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(lease.slots, 1);
+    let st = c.stats().await.unwrap();
+    assert_eq!(st.admission.leased, 1);
+    assert_eq!(st.leases.live, 1);
+    // Beyond it: refused, with when to retry (the first lease's end at the latest).
+    match c.lease(1, std::time::Duration::from_secs(30)).await {
+        Err(csd_runtime::node_client::Error::Busy {
+            message,
+            retry_after,
+        }) => {
+            assert!(message.contains("cannot be leased"), "{message}");
+            assert!(
+                retry_after <= std::time::Duration::from_secs(30),
+                "{retry_after:?}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Admitted work still runs beside the lease.
+    let s = session(&node.url).await;
+    assert!(!sql(&s, FILTER_MAP_SQL).await.is_empty());
+
+    // Cold (the module is sent), then hot; the answer is the function's.
+    let price = arrow::array::Float64Array::from(vec![100.0, 50.0, 10.0]);
+    let disc = arrow::array::Float64Array::from(vec![0.1, 0.5, 0.0]);
+    let args = RecordBatch::try_from_iter([
+        ("p", std::sync::Arc::new(price) as arrow::array::ArrayRef),
+        ("d", std::sync::Arc::new(disc) as arrow::array::ArrayRef),
+    ])
+    .unwrap();
+    let first = c
+        .invoke(&lease.id, &digest, &module, "discounted", &args)
+        .await
+        .unwrap();
+    assert_eq!(first.start, "cold");
+    let again = c
+        .invoke(&lease.id, &digest, &module, "discounted", &args)
+        .await
+        .unwrap();
+    assert_eq!(again.start, "hot");
+    let out = again.out.as_primitive::<Float64Type>();
+    assert_eq!(out.values().to_vec(), vec![90.0, 25.0, 10.0]);
+    // A guest's error is the caller's, with the function named.
+    let neg = RecordBatch::try_from_iter([(
+        "x",
+        std::sync::Arc::new(arrow::array::Float64Array::from(vec![-1.0])) as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    let e = c
+        .invoke(&lease.id, &digest, &module, "strict_sqrt", &neg)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("negative"), "{e}");
+
+    // Released: the slot comes back and the lease is gone.
+    c.release_lease(&lease.id).await.unwrap();
+    assert_eq!(c.stats().await.unwrap().admission.leased, 0);
+    let e = c
+        .invoke(&lease.id, &digest, &module, "discounted", &args)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
+    // Expiry gives slots back too.
+    let short = c
+        .lease(1, std::time::Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(c.stats().await.unwrap().admission.leased, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let st = c.stats().await.unwrap();
+    assert_eq!(st.admission.leased, 0, "{:?}", st.leases);
+    assert_eq!(st.leases.expired, 1);
+    let e = c.release_lease(&short.id).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
+}

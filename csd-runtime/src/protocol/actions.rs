@@ -10,6 +10,10 @@
 //! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
 //! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
 //! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
+//! | `lease` | `{"slots": n, "seconds": t}` | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
+//! | `release_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] |
+//! | `leases` | `{}` | a list of [`LeaseInfo`]: the caller's |
+//! | `invoke` | a JSON [`InvokeRequest`], a newline, an Arrow IPC stream of one batch (the arguments) | `{"start": "hot"\|"warm"}`, a newline, an Arrow IPC stream of one column `out` |
 //! | `RenewFlightEndpoint` | protobuf `RenewFlightEndpointRequest` (Flight's) | protobuf `FlightEndpoint` |
 //! | `CancelFlightInfo` | protobuf `CancelFlightInfoRequest` (Flight's) | protobuf `CancelFlightInfoResult` |
 
@@ -18,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::messages::NodeStats;
 use crate::error::{Error, Result};
+use crate::lease::LeaseInfo;
 use crate::refs::RefInfo;
 use crate::store::ObjectInfo;
 
@@ -167,8 +172,64 @@ impl ActionRequest for ReleaseRequest {
     type Response = RefInfo;
 }
 
+/// `lease`: CPU slots for a while, to invoke shipped functions on without queueing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Slots.
+    pub slots: usize,
+    /// How long, in seconds.
+    pub seconds: f64,
+}
+
+impl ActionRequest for LeaseRequest {
+    const TYPE: &'static str = "lease";
+    const DESCRIPTION: &'static str = "lease CPU slots to invoke shipped functions on; body {\"slots\": n, \"seconds\": t}; needs 'code'";
+    type Response = LeaseInfo;
+}
+
+/// `release_lease`: ends a lease now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseLeaseRequest {
+    /// The lease's id.
+    pub lease: String,
+}
+
+impl ActionRequest for ReleaseLeaseRequest {
+    const TYPE: &'static str = "release_lease";
+    const DESCRIPTION: &'static str = "end a lease now; body {\"lease\": \"<id>\"}";
+    type Response = LeaseInfo;
+}
+
+/// `leases`: the caller's leases.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LeasesRequest {}
+
+impl ActionRequest for LeasesRequest {
+    const TYPE: &'static str = "leases";
+    const DESCRIPTION: &'static str = "list the caller's leases";
+    type Response = Vec<LeaseInfo>;
+}
+
+/// The JSON head of an `invoke` body (see the module docs).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InvokeRequest {
+    /// The lease to run on.
+    pub lease: String,
+    /// The module: `sha256:` and 64 hex digits (sent before with `put_module`).
+    pub module: String,
+    /// The export to call (a SQL-function export of the guest SDK).
+    pub export: String,
+}
+
+/// `invoke`: the action calling a function on a lease.
+pub const INVOKE: &str = "invoke";
+
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 8] = [
+pub(crate) const ACTIONS: [(&str, &str); 12] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
@@ -185,6 +246,13 @@ pub(crate) const ACTIONS: [(&str, &str); 8] = [
     (
         "CancelFlightInfo",
         "free the kept results a FlightInfo names (Flight's CancelFlightInfoRequest)",
+    ),
+    (LeaseRequest::TYPE, LeaseRequest::DESCRIPTION),
+    (ReleaseLeaseRequest::TYPE, ReleaseLeaseRequest::DESCRIPTION),
+    (LeasesRequest::TYPE, LeasesRequest::DESCRIPTION),
+    (
+        INVOKE,
+        "call a shipped function on a lease; body: JSON {lease, module, export}, a newline, Arrow IPC arguments",
     ),
 ];
 

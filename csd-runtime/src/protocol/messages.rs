@@ -130,6 +130,9 @@ pub struct NodeStats {
     /// Results kept by reference.
     #[serde(default)]
     pub refs: crate::refs::RefStats,
+    /// Leased slots.
+    #[serde(default)]
+    pub leases: crate::lease::LeaseStats,
 }
 
 /// Device part of [`NodeStats`].

@@ -16,8 +16,9 @@ pub mod messages;
 pub mod ticket;
 
 pub use actions::{
-    ActionRequest, DeleteRequest, DeleteResponse, ObjectsRequest, PUT_MODULE, PutModuleResponse,
-    RefDescription, RefsRequest, ReleaseRequest, StatsRequest,
+    ActionRequest, DeleteRequest, DeleteResponse, INVOKE, InvokeRequest, LeaseRequest,
+    LeasesRequest, ObjectsRequest, PUT_MODULE, PutModuleResponse, RefDescription, RefsRequest,
+    ReleaseLeaseRequest, ReleaseRequest, StatsRequest,
 };
 pub use messages::{
     NodeStats, ObjectDescription, OperatorReport, PartitionDescription, PutSummary,

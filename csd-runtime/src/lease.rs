@@ -1,0 +1,252 @@
+//! Leased slots (rFaaS's idea on a storage node): a client leases N of the node's
+//! CPU slots for a while and invokes shipped Wasm functions on them without
+//! admission queueing — **hot** (the lease keeps an instance of the module),
+//! **warm** (the module is compiled, a new instance is made) or **cold** (the node
+//! lacks the module: `NOT_FOUND` naming it, the client sends it once).
+//!
+//! Admission grants a lease only out of what the node can spare now (idle slots,
+//! leaving the tenants' reserves and at least one slot to everyone else) and
+//! otherwise refuses it (`RESOURCE_EXHAUSTED` with a retry hint: the earliest
+//! expiry of the leases held). While it lasts, admitted work sees fewer slots; the
+//! slots come back at expiry or on release.
+//!
+//! Invocations use the SQL-function ABI of the guest SDK (`export_functions!`):
+//! one Arrow IPC batch of arguments in, one column out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::admission::Admission;
+use crate::error::{Error, Result, truncated};
+use crate::refs::now_unix_ms;
+use crate::sandbox::{GuestInstance, ModuleDigest, Sandbox};
+
+/// A granted lease, as the node answers and lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LeaseInfo {
+    /// 32 hex digits: the lease's name in invocations.
+    pub id: String,
+    /// The tenant holding it.
+    pub tenant: String,
+    /// CPU slots reserved for it.
+    pub slots: usize,
+    /// When it ends, milliseconds since the Unix epoch.
+    pub expires_unix_ms: u64,
+}
+
+/// How an invocation started.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// On an instance the lease kept.
+    Hot,
+    /// On a new instance of a compiled module.
+    Warm,
+}
+
+struct Lease {
+    info: LeaseInfo,
+    /// Instances kept warm on the lease, by module.
+    hot: std::sync::Mutex<HashMap<ModuleDigest, GuestInstance>>,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The leases of a node.
+#[derive(Default)]
+pub struct Leases {
+    leases: std::sync::Mutex<HashMap<String, Arc<Lease>>>,
+    granted: AtomicU64,
+    refused: AtomicU64,
+    expired: AtomicU64,
+}
+
+/// Leases in `stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LeaseStats {
+    /// Leases held now.
+    pub live: u64,
+    /// Slots they hold.
+    pub slots: u64,
+    /// Granted since start.
+    pub granted: u64,
+    /// Refused since start (the node could not spare the slots).
+    pub refused: u64,
+    /// Ended by expiry since start.
+    pub expired: u64,
+}
+
+impl Leases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Grants `tenant` `slots` slots for `ttl` (at most `max_ttl`), or refuses with
+    /// why and when to retry.
+    pub fn grant(
+        &self,
+        admission: &Admission,
+        tenant: &str,
+        slots: usize,
+        ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<LeaseInfo> {
+        if ttl.is_zero() || ttl > max_ttl {
+            return Err(Error::InvalidArgument(format!(
+                "a lease lasts from 1 ms to {} s on this node; {} ms was asked",
+                max_ttl.as_secs(),
+                ttl.as_millis()
+            )));
+        }
+        if let Err(why) = admission.lease(slots) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            let now = now_unix_ms();
+            let earliest = self
+                .lock()
+                .values()
+                .map(|l| l.info.expires_unix_ms)
+                .min()
+                .map(|e| Duration::from_millis(e.saturating_sub(now).max(1)))
+                .unwrap_or(Duration::from_secs(1));
+            return Err(Error::Busy {
+                reason: format!("no lease of {slots} slots now: {why}"),
+                retry_after: earliest,
+            });
+        }
+        let info = LeaseInfo {
+            id: crate::refs::new_group(),
+            tenant: tenant.to_string(),
+            slots,
+            expires_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),
+        };
+        self.lock().insert(
+            info.id.clone(),
+            Arc::new(Lease {
+                info: info.clone(),
+                hot: std::sync::Mutex::new(HashMap::new()),
+                cancel: Arc::new(AtomicBool::new(false)),
+            }),
+        );
+        self.granted.fetch_add(1, Ordering::Relaxed);
+        Ok(info)
+    }
+
+    fn get(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Lease>> {
+        let l = self
+            .lock()
+            .get(id)
+            .cloned()
+            .filter(|l| l.info.expires_unix_ms > now_unix_ms())
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "lease {} is not held here: it expired, was released, or never existed",
+                    truncated(id)
+                ))
+            })?;
+        match tenant {
+            Some(t) if t != l.info.tenant => Err(Error::PermissionDenied(format!(
+                "lease {} belongs to tenant {}, not to {}",
+                truncated(id),
+                truncated(&l.info.tenant),
+                truncated(t)
+            ))),
+            _ => Ok(l),
+        }
+    }
+
+    /// Ends lease `id` now (for `tenant`; `None`: an admin); its slots come back.
+    pub fn release(
+        &self,
+        admission: &Admission,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<LeaseInfo> {
+        let l = self.get(id, tenant)?;
+        self.end(admission, &l);
+        Ok(l.info.clone())
+    }
+
+    fn end(&self, admission: &Admission, l: &Lease) {
+        if self.lock().remove(&l.info.id).is_some() {
+            l.cancel.store(true, Ordering::Relaxed);
+            admission.unlease(l.info.slots);
+        }
+    }
+
+    /// Ends every expired lease; returns how many.
+    pub fn sweep(&self, admission: &Admission) -> usize {
+        let now = now_unix_ms();
+        let expired: Vec<Arc<Lease>> = self
+            .lock()
+            .values()
+            .filter(|l| l.info.expires_unix_ms <= now)
+            .cloned()
+            .collect();
+        for l in &expired {
+            self.end(admission, l);
+        }
+        self.expired
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
+        expired.len()
+    }
+
+    /// `tenant`'s leases (`None`: all).
+    pub fn list(&self, tenant: Option<&str>) -> Vec<LeaseInfo> {
+        self.lock()
+            .values()
+            .filter(|l| tenant.is_none_or(|t| t == l.info.tenant))
+            .map(|l| l.info.clone())
+            .collect()
+    }
+
+    /// Calls `export` of module `digest` on `args` on lease `id` (for `tenant`;
+    /// `None`: an admin): on the instance the lease keeps for the module, or a new
+    /// one. Runs on the caller's thread (the lease's slot), not through admission.
+    pub fn invoke(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        module: &Arc<crate::sandbox::CompiledModule>,
+        id: &str,
+        tenant: Option<&str>,
+        export: &str,
+        args: &arrow::record_batch::RecordBatch,
+    ) -> Result<(arrow::array::ArrayRef, Start)> {
+        let l = self.get(id, tenant)?;
+        let kept = l
+            .hot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&module.digest);
+        let (mut instance, start) = match kept {
+            Some(i) => (i, Start::Hot),
+            None => (
+                sandbox.instantiate_functions(module, l.cancel.clone())?,
+                Start::Warm,
+            ),
+        };
+        let out = instance.call_function(export, args)?;
+        // Kept for the next call unless the lease ended meanwhile.
+        if !l.cancel.load(Ordering::Relaxed) {
+            l.hot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(module.digest, instance);
+        }
+        Ok((out, start))
+    }
+
+    /// Figures for `stats`.
+    pub fn stats(&self) -> LeaseStats {
+        let leases = self.lock();
+        LeaseStats {
+            live: leases.len() as u64,
+            slots: leases.values().map(|l| l.info.slots as u64).sum(),
+            granted: self.granted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+}
