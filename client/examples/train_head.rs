@@ -44,6 +44,10 @@ struct Args {
     /// Hidden units of the MLP head.
     #[arg(long, default_value_t = 64)]
     hidden: usize,
+    /// Keep the node's output of epoch 1 at the node; epochs 2.. read it back
+    /// instead of running the node's stages again (results by reference).
+    #[arg(long)]
+    keep: bool,
 }
 
 type Error = Box<dyn std::error::Error>;
@@ -96,6 +100,9 @@ async fn main() -> Result<(), Error> {
         classes = names;
     }
 
+    let keep = args
+        .keep
+        .then(|| csd_ml_pushdown::stream::KeepFeatures::new(std::time::Duration::from_secs(3600)));
     let opts = |dataset: &str, split: SplitChoice| FeaturesOptions {
         dataset: dataset.into(),
         arch: Arch::EfficientNetLite0,
@@ -105,6 +112,7 @@ async fn main() -> Result<(), Error> {
         compression: Compression::None,
         pool: None,
         skip_bad_samples: false,
+        keep: keep.clone(),
     };
     let stages = Arch::EfficientNetLite0.stages();
     let features = stages.last().map(|s| s.out_elems());
@@ -112,6 +120,7 @@ async fn main() -> Result<(), Error> {
     // The split is planned once (with `auto`, from measurements) and kept.
     let mut split = split;
     for epoch in 1..=args.epochs {
+        let started = std::time::Instant::now();
         let (mut stream, run) =
             job::features(&clients, &weights, &opts("textures_train", split), false).await?;
         split = SplitChoice::Fixed(run.split);
@@ -121,10 +130,16 @@ async fn main() -> Result<(), Error> {
             batches += 1;
         }
         println!(
-            "epoch {epoch}: split {}/{} (stages before it run at the node), {batches} \
+            "epoch {epoch}: {:.2} s, split {}/{} (stages before it run at the node{}), {batches} \
              batches, mean loss {:.4}, {} bytes received, {} partitions pushed back",
+            started.elapsed().as_secs_f64(),
             run.split,
             stages.len(),
+            if keep.is_some() && epoch > 1 {
+                ", kept there by epoch 1"
+            } else {
+                ""
+            },
             loss / batches.max(1) as f32,
             job::received(&run.stats),
             run.stats
@@ -150,6 +165,9 @@ async fn main() -> Result<(), Error> {
         100.0 * right as f64 / total.max(1) as f64,
         100.0 / classes.len().max(1) as f64
     );
+    if let Some(k) = &keep {
+        k.release(&clients).await?;
+    }
     if let Some(n) = embedded {
         n.shutdown().await?;
     }

@@ -468,6 +468,14 @@ struct FeaturesArgs {
     /// failing on the first.
     #[arg(long)]
     skip_bad_samples: bool,
+    /// Keep the nodes' output (the features before the split) at the nodes for
+    /// --ttl and print a reference per partition on stderr (`kept {json}`), for
+    /// later passes to read without running the node's stages again.
+    #[arg(long)]
+    keep: bool,
+    /// With --keep: how long the nodes keep them (e.g. 10m, 2h).
+    #[arg(long, default_value = "1h", requires = "keep", value_parser = parse_ttl)]
+    ttl: std::time::Duration,
     #[command(flatten)]
     creds: ClientCreds,
 }
@@ -1278,6 +1286,9 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         compression: args.compression.parse()?,
         pool: None,
         skip_bad_samples: args.skip_bad_samples,
+        keep: args
+            .keep
+            .then(|| csd_ml_pushdown::stream::KeepFeatures::new(args.ttl)),
     };
     let started = std::time::Instant::now();
     let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
@@ -1304,5 +1315,10 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         run.stats.pushed_back.load(relaxed),
         run.stats.skipped.load(relaxed),
     );
+    if let Some(k) = &opts.keep {
+        for r in k.references() {
+            eprintln!("kept {}", serde_json::to_string(&r).unwrap_or_default());
+        }
+    }
     Ok(())
 }

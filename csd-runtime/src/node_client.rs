@@ -561,51 +561,7 @@ impl NodeClient {
             keep_group: None,
         };
         let inner = self.do_get(&ticket).await?;
-        let stats = Arc::new(ReplyStats::default());
-        // The trailing report has no IPC header (arrow-flight's decoder would refuse
-        // it): take it out here.
-        let counted = inner.filter_map({
-            let stats = stats.clone();
-            move |d| {
-                let out = match d {
-                    Ok(d) => {
-                        stats.bytes_received.fetch_add(
-                            (d.data_header.len() + d.data_body.len()) as u64,
-                            Ordering::Relaxed,
-                        );
-                        if d.data_header.is_empty() && !d.app_metadata.is_empty() {
-                            match serde_json::from_slice(&d.app_metadata) {
-                                Ok(r) => {
-                                    if let Ok(mut g) = stats.report.lock() {
-                                        *g = Some(r);
-                                    }
-                                    None
-                                }
-                                Err(e) => Some(Err(FlightError::ProtocolError(format!(
-                                    "request report: {e}"
-                                )))),
-                            }
-                        } else {
-                            Some(Ok(d))
-                        }
-                    }
-                    Err(s) => Some(Err(FlightError::Tonic(Box::new(s)))),
-                };
-                futures::future::ready(out)
-            }
-        });
-        let batches = FlightDataDecoder::new(counted)
-            .filter_map(|d| {
-                futures::future::ready(match d {
-                    Err(e) => Some(Err(Error::from(e))),
-                    Ok(d) => match d.payload {
-                        DecodedPayload::RecordBatch(b) => Some(Ok(b)),
-                        DecodedPayload::Schema(_) | DecodedPayload::None => None,
-                    },
-                })
-            })
-            .boxed();
-        Ok(OperatorReply { batches, stats })
+        Ok(reply_of(inner))
     }
 
     /// Runs the typed action `request` (see [`crate::protocol::actions`]).
@@ -695,6 +651,18 @@ impl NodeClient {
             inner.map_err(|s| FlightError::Tonic(Box::new(s))),
         );
         Ok(stream.map_err(Error::from).boxed())
+    }
+
+    /// Like [`Self::resolve`], with the bytes received counted (as an operator's
+    /// answer is).
+    pub async fn resolve_counted(
+        &self,
+        reference: &crate::refs::Reference,
+    ) -> Result<OperatorReply> {
+        let ticket = reference
+            .ticket_bytes()
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        Ok(reply_of(self.do_get_bytes(ticket).await?))
     }
 
     /// Extends a kept result to `ttl` from now (Flight's `RenewFlightEndpoint`).
@@ -843,6 +811,56 @@ impl NodeClient {
         })
         .await
     }
+}
+
+/// An operator's (or a kept result's) answer: its batches, and its bytes and
+/// trailing report counted as they arrive.
+fn reply_of(inner: tonic::Streaming<FlightData>) -> OperatorReply {
+    let stats = Arc::new(ReplyStats::default());
+    // The trailing report has no IPC header (arrow-flight's decoder would refuse
+    // it): take it out here.
+    let counted = inner.filter_map({
+        let stats = stats.clone();
+        move |d| {
+            let out = match d {
+                Ok(d) => {
+                    stats.bytes_received.fetch_add(
+                        (d.data_header.len() + d.data_body.len()) as u64,
+                        Ordering::Relaxed,
+                    );
+                    if d.data_header.is_empty() && !d.app_metadata.is_empty() {
+                        match serde_json::from_slice(&d.app_metadata) {
+                            Ok(r) => {
+                                if let Ok(mut g) = stats.report.lock() {
+                                    *g = Some(r);
+                                }
+                                None
+                            }
+                            Err(e) => Some(Err(FlightError::ProtocolError(format!(
+                                "request report: {e}"
+                            )))),
+                        }
+                    } else {
+                        Some(Ok(d))
+                    }
+                }
+                Err(s) => Some(Err(FlightError::Tonic(Box::new(s)))),
+            };
+            futures::future::ready(out)
+        }
+    });
+    let batches = FlightDataDecoder::new(counted)
+        .filter_map(|d| {
+            futures::future::ready(match d {
+                Err(e) => Some(Err(Error::from(e))),
+                Ok(d) => match d.payload {
+                    DecodedPayload::RecordBatch(b) => Some(Ok(b)),
+                    DecodedPayload::Schema(_) | DecodedPayload::None => None,
+                },
+            })
+        })
+        .boxed();
+    OperatorReply { batches, stats }
 }
 
 /// What [`NodeClient::invoke`] answers.

@@ -364,6 +364,8 @@ pub struct FeaturesOptions {
     /// Leave out undecodable samples, counted in [`FeatureStats::skipped`], instead
     /// of failing the job.
     pub skip_bad_samples: bool,
+    /// Keep the nodes' output between epochs (see [`crate::stream::KeepFeatures`]).
+    pub keep: Option<crate::stream::KeepFeatures>,
 }
 
 /// The outcome of [`features`].
@@ -443,6 +445,7 @@ pub async fn features(
         max_node_batch: None,
         pool: opts.pool.clone(),
         skip_bad_samples: opts.skip_bad_samples,
+        keep: opts.keep.clone(),
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((

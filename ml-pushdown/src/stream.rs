@@ -61,6 +61,72 @@ pub struct FeatureJob {
     /// Leave out samples that cannot be decoded (counted in
     /// [`FeatureStats::skipped`]) instead of failing the job.
     pub skip_bad_samples: bool,
+    /// Keep each partition's node output at its node and read it back in later
+    /// epochs instead of running the node's stages again (see [`KeepFeatures`]).
+    pub keep: Option<KeepFeatures>,
+}
+
+/// Features kept at the nodes between epochs (results by reference, HAPI with
+/// ProxyStore): the first epoch asks each node to keep its output (the features
+/// before the split) for `ttl` and reads it from there; later epochs with the same
+/// dataset, split and type read the kept output without running the node's stages
+/// again. Features are deterministic for fixed weights and split, so every epoch
+/// sees the same ones.
+#[derive(Debug, Clone)]
+pub struct KeepFeatures {
+    /// How long the nodes keep them.
+    pub ttl: std::time::Duration,
+    refs: Arc<Mutex<std::collections::HashMap<String, csd_runtime::refs::Reference>>>,
+}
+
+impl KeepFeatures {
+    /// Kept for `ttl`.
+    pub fn new(ttl: std::time::Duration) -> Self {
+        KeepFeatures {
+            ttl,
+            refs: Arc::default(),
+        }
+    }
+
+    /// The references kept so far.
+    pub fn references(&self) -> Vec<csd_runtime::refs::Reference> {
+        self.refs
+            .lock()
+            .map(|r| r.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Frees them at their nodes.
+    pub async fn release(&self, clients: &[NodeClient]) -> Result<()> {
+        for r in self.references() {
+            let c = clients
+                .iter()
+                .find(|c| c.url() == r.location)
+                .cloned()
+                .map(Ok)
+                .unwrap_or_else(|| {
+                    Err(Error::InvalidArgument(format!(
+                        "no client for the node {} holding kept features",
+                        r.location
+                    )))
+                })?;
+            c.release(&r).await?;
+        }
+        if let Ok(mut m) = self.refs.lock() {
+            m.clear();
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Option<csd_runtime::refs::Reference> {
+        self.refs.lock().ok()?.get(key).cloned()
+    }
+
+    fn put(&self, key: String, r: csd_runtime::refs::Reference) {
+        if let Ok(mut m) = self.refs.lock() {
+            m.insert(key, r);
+        }
+    }
 }
 
 /// One training batch.
@@ -214,11 +280,40 @@ async fn partition(
         mode: Mode::Features,
         skip_bad_samples: job.skip_bad_samples,
     };
-    let reply = match src
-        .client
-        .operator("ml", req.encode(), job.compression)
-        .await
-    {
+    let asked = match &job.keep {
+        None => {
+            src.client
+                .operator("ml", req.encode(), job.compression)
+                .await
+        }
+        Some(k) => {
+            let key = format!(
+                "{}/{}/{}/{}/{:?}",
+                src.client.url(),
+                src.partition,
+                job.dataset,
+                job.split,
+                job.dtype
+            );
+            let kept = match k.get(&key) {
+                Some(r) => Ok(r),
+                // Kept uncompressed: it never crosses the link as it is kept.
+                None => src
+                    .client
+                    .keep("ml", req.encode(), Compression::None, k.ttl, None)
+                    .await
+                    .map(|kept| {
+                        k.put(key, kept.reference.clone());
+                        kept.reference
+                    }),
+            };
+            match kept {
+                Ok(r) => src.client.resolve_counted(&r).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let reply = match asked {
         Ok(r) => r,
         Err(node_client::Error::PushedBack(p)) => {
             tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");

@@ -270,6 +270,7 @@ fn features_stream(
         max_node_batch: None,
         pool: None,
         skip_bad_samples,
+        keep: None,
     };
     let src = vec![Source {
         client: client.clone(),
@@ -667,5 +668,81 @@ async fn an_undecodable_sample_is_named() {
         answers.push(f);
     }
     assert!(max_rel_err(&answers[0], &answers[1]) < 1e-4);
+    node.shutdown().await.unwrap();
+}
+
+/// HAPI with references: epoch 1 keeps the node's output at the node; epoch 2 reads
+/// it back without running the node's stages (no operator request is admitted) and
+/// gets the same features, equal to the ones streamed without keeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages() {
+    let Some((w, tex, _)) = assets() else { return };
+    let (node, client, m, wt) = textures_node(&w, &tex).await;
+    let split = 5;
+    let (plain, _) = features(
+        "textures",
+        &client,
+        &m,
+        &wt,
+        "test",
+        split,
+        FeatureType::F32,
+    )
+    .await;
+    let keep = stream::KeepFeatures::new(std::time::Duration::from_secs(60));
+    let epoch = |keep: stream::KeepFeatures| {
+        let (client, m, wt) = (client.clone(), m.clone(), wt.clone());
+        async move {
+            let job = FeatureJob {
+                dataset: "textures".into(),
+                arch: m.arch(),
+                weights: wt,
+                split,
+                train_batch: 7,
+                dtype: FeatureType::F32,
+                compression: Compression::Lz4Frame,
+                limit: None,
+                max_node_batch: None,
+                pool: None,
+                skip_bad_samples: false,
+                keep: Some(keep),
+            };
+            let src = vec![Source {
+                client,
+                partition: "test".into(),
+            }];
+            let (s, stats) = stream::open(src, job, m).expect("open");
+            let b: Vec<TrainBatch> = s.try_collect().await.expect("stream");
+            (b, stats)
+        }
+    };
+    let admitted = |s: &csd_runtime::protocol::NodeStats| s.admission.counters.admitted;
+    let (first, _) = epoch(keep.clone()).await;
+    let after_first = client.stats().await.unwrap();
+    assert_eq!(
+        after_first.refs.live, 1,
+        "epoch 1 kept the partition's output"
+    );
+    let (second, stats2) = epoch(keep.clone()).await;
+    let after_second = client.stats().await.unwrap();
+    assert_eq!(
+        admitted(&after_second),
+        admitted(&after_first),
+        "epoch 2 ran nothing at the node"
+    );
+    assert!(
+        stats2
+            .bytes_received
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    let (ids0, labels0, f0) = by_id(&plain);
+    for b in [&first, &second] {
+        let (ids, labels, f) = by_id(b);
+        assert_eq!((&ids, &labels), (&ids0, &labels0));
+        assert_eq!(max_rel_err(&f, &f0), 0.0, "the same features exactly");
+    }
+    keep.release(std::slice::from_ref(&client)).await.unwrap();
+    assert_eq!(client.stats().await.unwrap().refs.live, 0);
     node.shutdown().await.unwrap();
 }

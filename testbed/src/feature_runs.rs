@@ -88,6 +88,7 @@ pub(crate) async fn run(
         compression: Compression::None,
         pool: cluster.compute_pool.clone(),
         skip_bad_samples: false,
+        keep: None,
     };
     let clients = links.clients().await?;
     let baseline = policy == s.baseline();

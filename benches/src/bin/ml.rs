@@ -387,6 +387,7 @@ async fn operator_rate(
         max_node_batch: Some(args.batch),
         pool: None,
         skip_bad_samples: false,
+        keep: None,
     };
     let mut best = 0f64;
     // The first pass also loads the model at the node; the second is the figure.
