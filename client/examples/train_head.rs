@@ -166,7 +166,7 @@ async fn main() -> Result<(), Error> {
         100.0 / classes.len().max(1) as f64
     );
     if let Some(k) = &keep {
-        k.release(&clients).await?;
+        k.release().await?;
     }
     if let Some(n) = embedded {
         n.shutdown().await?;

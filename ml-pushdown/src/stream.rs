@@ -72,11 +72,20 @@ pub struct FeatureJob {
 /// dataset, split and type read the kept output without running the node's stages
 /// again. Features are deterministic for fixed weights and split, so every epoch
 /// sees the same ones.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KeepFeatures {
     /// How long the nodes keep them.
     pub ttl: std::time::Duration,
-    refs: Arc<Mutex<std::collections::HashMap<String, csd_runtime::refs::Reference>>>,
+    refs: Arc<Mutex<std::collections::HashMap<String, (NodeClient, csd_runtime::refs::Reference)>>>,
+}
+
+impl std::fmt::Debug for KeepFeatures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepFeatures")
+            .field("ttl", &self.ttl)
+            .field("kept", &self.references())
+            .finish()
+    }
 }
 
 impl KeepFeatures {
@@ -92,39 +101,30 @@ impl KeepFeatures {
     pub fn references(&self) -> Vec<csd_runtime::refs::Reference> {
         self.refs
             .lock()
-            .map(|r| r.values().cloned().collect())
+            .map(|r| r.values().map(|(_, r)| r.clone()).collect())
             .unwrap_or_default()
     }
 
-    /// Frees them at their nodes.
-    pub async fn release(&self, clients: &[NodeClient]) -> Result<()> {
-        for r in self.references() {
-            let c = clients
-                .iter()
-                .find(|c| c.url() == r.location)
-                .cloned()
-                .map(Ok)
-                .unwrap_or_else(|| {
-                    Err(Error::InvalidArgument(format!(
-                        "no client for the node {} holding kept features",
-                        r.location
-                    )))
-                })?;
+    /// Frees them at their nodes (through the clients that kept them).
+    pub async fn release(&self) -> Result<()> {
+        let held: Vec<(NodeClient, csd_runtime::refs::Reference)> = self
+            .refs
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for (c, r) in held {
             c.release(&r).await?;
-        }
-        if let Ok(mut m) = self.refs.lock() {
-            m.clear();
         }
         Ok(())
     }
 
     fn get(&self, key: &str) -> Option<csd_runtime::refs::Reference> {
-        self.refs.lock().ok()?.get(key).cloned()
+        Some(self.refs.lock().ok()?.get(key)?.1.clone())
     }
 
-    fn put(&self, key: String, r: csd_runtime::refs::Reference) {
+    fn put(&self, key: String, client: NodeClient, r: csd_runtime::refs::Reference) {
         if let Ok(mut m) = self.refs.lock() {
-            m.insert(key, r);
+            m.insert(key, (client, r));
         }
     }
 }
@@ -303,7 +303,7 @@ async fn partition(
                     .keep("ml", req.encode(), Compression::None, k.ttl, None)
                     .await
                     .map(|kept| {
-                        k.put(key, kept.reference.clone());
+                        k.put(key, src.client.clone(), kept.reference.clone());
                         kept.reference
                     }),
             };

@@ -742,7 +742,7 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
         assert_eq!((&ids, &labels), (&ids0, &labels0));
         assert_eq!(max_rel_err(&f, &f0), 0.0, "the same features exactly");
     }
-    keep.release(std::slice::from_ref(&client)).await.unwrap();
+    keep.release().await.unwrap();
     assert_eq!(client.stats().await.unwrap().refs.live, 0);
     node.shutdown().await.unwrap();
 }
