@@ -144,8 +144,16 @@ enum Command {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
         /// End the lease LEASE now instead.
-        #[arg(long, value_name = "LEASE", conflicts_with_all = ["slots", "seconds"])]
+        #[arg(long, value_name = "LEASE", conflicts_with_all = ["slots", "seconds", "hold"])]
         release: Option<String>,
+        /// Hold the lease while this command runs (until Ctrl-C): the node ends it
+        /// once this process has been silent for --idle-s, so a holder that dies
+        /// gives the slots back.
+        #[arg(long)]
+        hold: bool,
+        /// With --hold: the idle limit, in seconds.
+        #[arg(long, default_value_t = 10.0, requires = "hold")]
+        idle_s: f64,
         #[command(flatten)]
         creds: ClientCreds,
     },
@@ -1026,9 +1034,32 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             slots,
             seconds,
             release,
+            hold,
+            idle_s,
             creds,
         } => {
             let c = creds.connect(&node).await?;
+            if hold {
+                if !seconds.is_finite() || seconds <= 0.0 || !idle_s.is_finite() || idle_s <= 0.0 {
+                    return Err(Error::InvalidInput(
+                        "--seconds and --idle-s must be positive numbers of seconds".into(),
+                    ));
+                }
+                let held = c
+                    .hold_lease(
+                        slots,
+                        std::time::Duration::from_secs_f64(seconds),
+                        std::time::Duration::from_secs_f64(idle_s),
+                    )
+                    .await?;
+                println!("{}", serde_json::to_string(&held.info).unwrap_or_default());
+                eprintln!("holding lease {} (Ctrl-C ends it)", held.info.id);
+                let _ = tokio::signal::ctrl_c().await;
+                let id = held.info.id.clone();
+                drop(held);
+                c.release_lease(&id).await?;
+                return Ok(());
+            }
             let info = match release {
                 Some(id) => c.release_lease(&id).await?,
                 None => {

@@ -1336,6 +1336,46 @@ mod tests {
     }
 
     #[test]
+    fn leases_keep_the_reserves_and_a_slot_and_shrink_what_admitted_work_sees() {
+        let mut cf = cfg(4);
+        cf.policy = Policy::Always;
+        cf.tenants.insert(
+            "etl".into(),
+            TenantShare {
+                weight: 1.0,
+                reserve: 2,
+            },
+        );
+        let mut c = Controller::new(cf);
+        // etl reserves 2 of 4 slots: at most 2 may be leased.
+        let e = c.lease(3).unwrap_err();
+        assert!(e.contains("cannot be leased"), "{e}");
+        c.lease(2).unwrap();
+        assert!(c.lease(1).is_err(), "the reserves hold under a lease flood");
+        assert_eq!(c.stats().leased, 2);
+        // Admitted work sees 2 slots: the third request waits.
+        let t0 = Duration::ZERO;
+        let a = c.offer(ask("bulk", 1_000_000), t0);
+        let b = c.offer(ask("bulk", 1_000_000), t0);
+        let q = c.offer(ask("bulk", 1_000_000), t0);
+        assert!(
+            matches!(a, Offer::Run(_)) && matches!(b, Offer::Run(_)),
+            "{a:?} {b:?}"
+        );
+        assert!(matches!(q, Offer::Queued(_)), "{q:?}");
+        // Slots given back: the queued request can start.
+        c.leased -= 2;
+        let started = c.dispatch(MS);
+        assert_eq!(started.len(), 1, "{started:?}");
+        // Under load, a lease waits for idle slots.
+        let d = c.offer(ask("bulk", 1_000_000), t0);
+        assert!(matches!(d, Offer::Run(_)), "{d:?}");
+        let e = c.lease(1).unwrap_err();
+        assert!(e.contains("idle"), "{e}");
+        assert_eq!(c.lease(0).unwrap_err(), "a lease needs at least one slot");
+    }
+
+    #[test]
     fn weights_split_the_slots() {
         let mut cf = cfg(1);
         cf.policy = Policy::Always;

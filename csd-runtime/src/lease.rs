@@ -8,7 +8,9 @@
 //! leaving the tenants' reserves and at least one slot to everyone else) and
 //! otherwise refuses it (`RESOURCE_EXHAUSTED` with a retry hint: the earliest
 //! expiry of the leases held). While it lasts, admitted work sees fewer slots; the
-//! slots come back at expiry or on release.
+//! slots come back at expiry, on release, or — for a lease granted with an idle
+//! limit — once its holder has been silent (no invocation, no `touch_lease`) that
+//! long: a client that disappears does not keep the slots.
 //!
 //! Invocations use the SQL-function ABI of the guest SDK (`export_functions!`):
 //! one Arrow IPC batch of arguments in, one column out.
@@ -36,6 +38,9 @@ pub struct LeaseInfo {
     pub slots: usize,
     /// When it ends, milliseconds since the Unix epoch.
     pub expires_unix_ms: u64,
+    /// It ends earlier when its holder is silent this long (ms); `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ms: Option<u64>,
 }
 
 /// How an invocation started.
@@ -50,9 +55,23 @@ pub enum Start {
 
 struct Lease {
     info: LeaseInfo,
+    /// When its holder was last heard of (ms since the Unix epoch).
+    seen: AtomicU64,
     /// Instances kept warm on the lease, by module.
     hot: std::sync::Mutex<HashMap<ModuleDigest, GuestInstance>>,
     cancel: Arc<AtomicBool>,
+}
+
+impl Lease {
+    /// Whether it has ended at `now`: expired, or its holder silent past its idle
+    /// limit.
+    fn over(&self, now: u64) -> bool {
+        now >= self.info.expires_unix_ms
+            || self
+                .info
+                .idle_ms
+                .is_some_and(|i| now >= self.seen.load(Ordering::Relaxed).saturating_add(i))
+    }
 }
 
 /// The leases of a node.
@@ -93,6 +112,7 @@ impl Leases {
         slots: usize,
         ttl: Duration,
         max_ttl: Duration,
+        idle: Option<Duration>,
     ) -> Result<LeaseInfo> {
         if ttl.is_zero() || ttl > max_ttl {
             return Err(Error::InvalidArgument(format!(
@@ -121,11 +141,13 @@ impl Leases {
             tenant: tenant.to_string(),
             slots,
             expires_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),
+            idle_ms: idle.map(|d| (d.as_millis() as u64).max(1)),
         };
         self.lock().insert(
             info.id.clone(),
             Arc::new(Lease {
                 info: info.clone(),
+                seen: AtomicU64::new(now_unix_ms()),
                 hot: std::sync::Mutex::new(HashMap::new()),
                 cancel: Arc::new(AtomicBool::new(false)),
             }),
@@ -135,11 +157,12 @@ impl Leases {
     }
 
     fn get(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Lease>> {
+        let now = now_unix_ms();
         let l = self
             .lock()
             .get(id)
             .cloned()
-            .filter(|l| l.info.expires_unix_ms > now_unix_ms())
+            .filter(|l| !l.over(now))
             .ok_or_else(|| {
                 Error::NotFound(format!(
                     "lease {} is not held here: it expired, was released, or never existed",
@@ -153,8 +176,16 @@ impl Leases {
                 truncated(&l.info.tenant),
                 truncated(t)
             ))),
-            _ => Ok(l),
+            _ => {
+                l.seen.store(now, Ordering::Relaxed);
+                Ok(l)
+            }
         }
+    }
+
+    /// Notes that lease `id`'s holder is alive (for `tenant`; `None`: an admin).
+    pub fn touch(&self, id: &str, tenant: Option<&str>) -> Result<LeaseInfo> {
+        Ok(self.get(id, tenant)?.info.clone())
     }
 
     /// Ends lease `id` now (for `tenant`; `None`: an admin); its slots come back.
@@ -182,7 +213,7 @@ impl Leases {
         let expired: Vec<Arc<Lease>> = self
             .lock()
             .values()
-            .filter(|l| l.info.expires_unix_ms <= now)
+            .filter(|l| l.over(now))
             .cloned()
             .collect();
         for l in &expired {

@@ -711,8 +711,44 @@ impl NodeClient {
         self.action(&crate::protocol::LeaseRequest {
             slots,
             seconds: ttl.as_secs_f64(),
+            idle_seconds: None,
         })
         .await
+    }
+
+    /// Like [`Self::lease`], held by this process: the node ends the lease once it
+    /// has heard nothing from its holder for `idle`, and the returned [`HeldLease`]
+    /// keeps telling it (`touch_lease`) until dropped. A holder that crashes or
+    /// drops it gives the slots back within `idle`.
+    pub async fn hold_lease(
+        &self,
+        slots: usize,
+        ttl: Duration,
+        idle: Duration,
+    ) -> Result<HeldLease> {
+        let info: crate::lease::LeaseInfo = self
+            .action(&crate::protocol::LeaseRequest {
+                slots,
+                seconds: ttl.as_secs_f64(),
+                idle_seconds: Some(idle.as_secs_f64()),
+            })
+            .await?;
+        let (client, id) = (self.clone(), info.id.clone());
+        let every = (idle / 3).max(Duration::from_millis(10));
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let touch = crate::protocol::TouchLeaseRequest { lease: id.clone() };
+                if let Err(e) = client.action(&touch).await {
+                    tracing::debug!("lease {id} no longer held: {e}");
+                    if e.code() == Some(tonic::Code::NotFound) {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(HeldLease { info, task })
     }
 
     /// Ends a lease now.
@@ -861,6 +897,21 @@ fn reply_of(inner: tonic::Streaming<FlightData>) -> OperatorReply {
         })
         .boxed();
     OperatorReply { batches, stats }
+}
+
+/// A lease this process holds (see [`NodeClient::hold_lease`]); dropping it stops
+/// telling the node, which then ends the lease within its idle limit.
+#[derive(Debug)]
+pub struct HeldLease {
+    /// The lease.
+    pub info: crate::lease::LeaseInfo,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// What [`NodeClient::invoke`] answers.

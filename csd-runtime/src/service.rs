@@ -1344,12 +1344,22 @@ impl FlightService for FlightNode {
                     ))
                     .into());
                 }
+                let idle = match r.idle_seconds {
+                    Some(i) if !i.is_finite() || i <= 0.0 => {
+                        return Err(Error::InvalidArgument(format!(
+                            "idle_seconds must be a positive number of seconds, not {i}"
+                        ))
+                        .into());
+                    }
+                    i => i.map(|i| std::time::Duration::from_secs_f64(i.min(1e9))),
+                };
                 let info = self.state.leases.grant(
                     &self.state.admission,
                     who.name(),
                     r.slots,
                     std::time::Duration::from_secs_f64(r.seconds.min(1e9)),
                     self.state.lease_max,
+                    idle,
                 )?;
                 tracing::info!(lease = %info.id, tenant = %info.tenant, slots = info.slots, "lease granted");
                 json_result(&info)?
@@ -1361,6 +1371,10 @@ impl FlightService for FlightNode {
                     &r.lease,
                     Self::ref_owner(&who),
                 )?)?
+            }
+            crate::protocol::TouchLeaseRequest::TYPE => {
+                let r = crate::protocol::TouchLeaseRequest::decode(body)?;
+                json_result(&self.state.leases.touch(&r.lease, Self::ref_owner(&who))?)?
             }
             crate::protocol::LeasesRequest::TYPE => {
                 crate::protocol::LeasesRequest::decode(body)?;

@@ -706,3 +706,30 @@ async fn leased_slots_invoke_functions_hot_and_come_back() {
     let e = c.release_lease(&short.id).await.unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_holder_goes_silent_gives_its_slots_back() {
+    let mut cfg = config("emulated:mem");
+    cfg.cpus = 2;
+    let node = start(&cfg).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let idle = std::time::Duration::from_millis(600);
+    let held = c
+        .hold_lease(1, std::time::Duration::from_secs(60), idle)
+        .await
+        .unwrap();
+    assert_eq!(held.info.idle_ms, Some(600));
+    // Held (touched in the background) well past its idle limit.
+    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    let st = c.stats().await.unwrap();
+    assert_eq!(st.admission.leased, 1, "{:?}", st.leases);
+    // The holder goes away: the node ends the lease within the limit (plus its
+    // sweeper's second).
+    let id = held.info.id.clone();
+    drop(held);
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let st = c.stats().await.unwrap();
+    assert_eq!(st.admission.leased, 0, "{:?}", st.leases);
+    let e = c.release_lease(&id).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
+}

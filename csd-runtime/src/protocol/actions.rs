@@ -10,9 +10,10 @@
 //! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
 //! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
 //! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
-//! | `lease` | `{"slots": n, "seconds": t}` | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
+//! | `lease` | `{"slots": n, "seconds": t, "idle_seconds": i}` (`idle_seconds` optional) | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
 //! | `release_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] |
 //! | `leases` | `{}` | a list of [`LeaseInfo`]: the caller's |
+//! | `touch_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] (the holder is alive) |
 //! | `invoke` | a JSON [`InvokeRequest`], a newline, an Arrow IPC stream of one batch (the arguments) | `{"start": "hot"\|"warm"}`, a newline, an Arrow IPC stream of one column `out` |
 //! | `RenewFlightEndpoint` | protobuf `RenewFlightEndpointRequest` (Flight's) | protobuf `FlightEndpoint` |
 //! | `CancelFlightInfo` | protobuf `CancelFlightInfoRequest` (Flight's) | protobuf `CancelFlightInfoResult` |
@@ -180,6 +181,10 @@ pub struct LeaseRequest {
     pub slots: usize,
     /// How long, in seconds.
     pub seconds: f64,
+    /// End it earlier once its holder is silent (no invocation, no `touch_lease`)
+    /// this many seconds: a client that disappears gives the slots back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_seconds: Option<f64>,
 }
 
 impl ActionRequest for LeaseRequest {
@@ -199,6 +204,21 @@ pub struct ReleaseLeaseRequest {
 impl ActionRequest for ReleaseLeaseRequest {
     const TYPE: &'static str = "release_lease";
     const DESCRIPTION: &'static str = "end a lease now; body {\"lease\": \"<id>\"}";
+    type Response = LeaseInfo;
+}
+
+/// `touch_lease`: the holder of a lease is alive (see [`LeaseRequest::idle_seconds`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TouchLeaseRequest {
+    /// The lease's id.
+    pub lease: String,
+}
+
+impl ActionRequest for TouchLeaseRequest {
+    const TYPE: &'static str = "touch_lease";
+    const DESCRIPTION: &'static str =
+        "keep a lease with an idle limit alive; body {\"lease\": \"<id>\"}";
     type Response = LeaseInfo;
 }
 
@@ -229,7 +249,7 @@ pub struct InvokeRequest {
 pub const INVOKE: &str = "invoke";
 
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 12] = [
+pub(crate) const ACTIONS: [(&str, &str); 13] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
@@ -250,6 +270,7 @@ pub(crate) const ACTIONS: [(&str, &str); 12] = [
     (LeaseRequest::TYPE, LeaseRequest::DESCRIPTION),
     (ReleaseLeaseRequest::TYPE, ReleaseLeaseRequest::DESCRIPTION),
     (LeasesRequest::TYPE, LeasesRequest::DESCRIPTION),
+    (TouchLeaseRequest::TYPE, TouchLeaseRequest::DESCRIPTION),
     (
         INVOKE,
         "call a shipped function on a lease; body: JSON {lease, module, export}, a newline, Arrow IPC arguments",

@@ -18,7 +18,7 @@ pub mod ticket;
 pub use actions::{
     ActionRequest, DeleteRequest, DeleteResponse, INVOKE, InvokeRequest, LeaseRequest,
     LeasesRequest, ObjectsRequest, PUT_MODULE, PutModuleResponse, RefDescription, RefsRequest,
-    ReleaseLeaseRequest, ReleaseRequest, StatsRequest,
+    ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
 };
 pub use messages::{
     NodeStats, ObjectDescription, OperatorReport, PartitionDescription, PutSummary,
