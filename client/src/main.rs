@@ -952,13 +952,15 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
         } => {
             let client = creds.connect(&node).await?;
             let tables = client.list_tables("").await?;
+            // Kept results' tables (`csd_ref_` and 32 hex digits) are wider than most.
+            let w = tables.iter().map(|t| t.name.len()).max().unwrap_or(0).max(24);
             println!(
-                "{:<24} {:>12} {:>14} {:>10}",
+                "{:<w$} {:>12} {:>14} {:>10}",
                 "table", "rows", "bytes", "partitions"
             );
             for t in &tables {
                 println!(
-                    "{:<24} {:>12} {:>14} {:>10}",
+                    "{:<w$} {:>12} {:>14} {:>10}",
                     t.name,
                     t.rows,
                     t.bytes,
