@@ -953,7 +953,12 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             let client = creds.connect(&node).await?;
             let tables = client.list_tables("").await?;
             // Kept results' tables (`csd_ref_` and 32 hex digits) are wider than most.
-            let w = tables.iter().map(|t| t.name.len()).max().unwrap_or(0).max(24);
+            let w = tables
+                .iter()
+                .map(|t| t.name.len())
+                .max()
+                .unwrap_or(0)
+                .max(24);
             println!(
                 "{:<w$} {:>12} {:>14} {:>10}",
                 "table", "rows", "bytes", "partitions"
