@@ -60,6 +60,8 @@ struct Lease {
     /// Instances kept warm on the lease, by module.
     hot: std::sync::Mutex<HashMap<ModuleDigest, GuestInstance>>,
     cancel: Arc<AtomicBool>,
+    /// One permit per leased slot: at most that many calls run at once.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 impl Lease {
@@ -150,6 +152,7 @@ impl Leases {
                 seen: AtomicU64::new(now_unix_ms()),
                 hot: std::sync::Mutex::new(HashMap::new()),
                 cancel: Arc::new(AtomicBool::new(false)),
+                running: Arc::new(tokio::sync::Semaphore::new(slots)),
             }),
         );
         self.granted.fetch_add(1, Ordering::Relaxed);
@@ -183,6 +186,23 @@ impl Leases {
         }
     }
 
+    /// A slot of lease `id` to run one call on (for `tenant`; `None`: an admin):
+    /// calls beyond the lease's slots wait for one, so a lease never uses more
+    /// cores than it holds.
+    pub async fn slot(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        let l = self.get(id, tenant)?;
+        l.running.clone().acquire_owned().await.map_err(|_| {
+            Error::NotFound(format!(
+                "lease {} ended while the call waited",
+                truncated(id)
+            ))
+        })
+    }
+
     /// Notes that lease `id`'s holder is alive (for `tenant`; `None`: an admin).
     pub fn touch(&self, id: &str, tenant: Option<&str>) -> Result<LeaseInfo> {
         Ok(self.get(id, tenant)?.info.clone())
@@ -203,6 +223,7 @@ impl Leases {
     fn end(&self, admission: &Admission, l: &Lease) {
         if self.lock().remove(&l.info.id).is_some() {
             l.cancel.store(true, Ordering::Relaxed);
+            l.running.close();
             admission.unlease(l.info.slots);
         }
     }

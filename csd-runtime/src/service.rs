@@ -754,8 +754,14 @@ impl FlightNode {
         let module = sandbox.module(&digest, None).await?;
         let state = self.state.clone();
         let owner = Self::ref_owner(who).map(String::from);
+        let slot = self
+            .state
+            .leases
+            .slot(&head.lease, owner.as_deref())
+            .await?;
         // On the lease's slot: a blocking thread, not the admitted work's pool.
         let (out, start) = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
             state.leases.invoke(
                 &sandbox,
                 &module,
