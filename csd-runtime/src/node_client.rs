@@ -675,10 +675,7 @@ impl NodeClient {
             .endpoint()
             .map_err(|e| Error::InvalidInput(e.to_string()))?;
         let until = crate::refs::now_unix_ms().saturating_add(ttl.as_millis() as u64);
-        endpoint.expiration_time = Some(prost_types::Timestamp {
-            seconds: (until / 1000) as i64,
-            nanos: ((until % 1000) * 1_000_000) as i32,
-        });
+        endpoint.expiration_time = Some(crate::refs::timestamp(until));
         let renewed = self
             .flight()
             .renew_flight_endpoint(arrow_flight::RenewFlightEndpointRequest {

@@ -89,6 +89,22 @@ impl RefInfo {
     }
 }
 
+/// `unix_ms` (milliseconds since the Unix epoch) as a protobuf timestamp.
+pub fn timestamp(unix_ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (unix_ms / 1000) as i64,
+        nanos: ((unix_ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// A ticket as references and actions carry it: base64 (standard alphabet).
+pub fn decode_ticket(base64_ticket: &str) -> Result<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(base64_ticket.trim())
+        .map_err(|e| Error::InvalidArgument(format!("the reference's ticket is not base64: {e}")))
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_unix_ms() -> u64 {
     SystemTime::now()
@@ -528,12 +544,7 @@ impl Reference {
 
     /// The ticket's bytes.
     pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD
-            .decode(self.ticket.trim())
-            .map_err(|e| {
-                Error::InvalidArgument(format!("the reference's ticket is not base64: {e}"))
-            })
+        decode_ticket(&self.ticket)
     }
 
     /// When it expires, milliseconds since the Unix epoch (0 when not given).
@@ -550,10 +561,7 @@ impl Reference {
             .with_ticket(arrow_flight::Ticket::new(self.ticket_bytes()?))
             .with_location(self.location.clone());
         if ms > 0 {
-            e = e.with_expiration_time(prost_types::Timestamp {
-                seconds: (ms / 1000) as i64,
-                nanos: ((ms % 1000) * 1_000_000) as i32,
-            });
+            e = e.with_expiration_time(timestamp(ms));
         }
         Ok(e)
     }

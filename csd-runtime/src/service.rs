@@ -591,7 +591,7 @@ impl FlightNode {
         FlightEndpoint::new()
             .with_ticket(FlightTicket::new(ticket))
             .with_location(self.state.location.clone())
-            .with_expiration_time(timestamp(r.expires_unix_ms))
+            .with_expiration_time(crate::refs::timestamp(r.expires_unix_ms))
             .with_app_metadata(r.table.clone())
     }
 
@@ -737,19 +737,6 @@ impl FlightNode {
                 .unwrap_or(&head.module)
                 .as_bytes(),
         )?;
-        let args = {
-            let mut r = arrow::ipc::reader::StreamReader::try_new(
-                std::io::Cursor::new(body.slice(split + 1..)),
-                None,
-            )
-            .map_err(|e| Error::InvalidArgument(format!("invoke arguments: {e}")))?;
-            match r.next() {
-                Some(b) => {
-                    b.map_err(|e| Error::InvalidArgument(format!("invoke arguments: {e}")))?
-                }
-                None => arrow::record_batch::RecordBatch::new_empty(r.schema()),
-            }
-        };
         let sandbox = self.state.node.sandbox.clone();
         let module = sandbox.module(&digest, None).await?;
         let state = self.state.clone();
@@ -759,30 +746,42 @@ impl FlightNode {
             .leases
             .slot(&head.lease, owner.as_deref())
             .await?;
-        // On the lease's slot: a blocking thread, not the admitted work's pool.
-        let (out, start) = tokio::task::spawn_blocking(move || {
+        // On the lease's slot — a blocking thread, not the admitted work's pool nor
+        // the RPC threads — with the arguments' decoding and the answer's encoding.
+        let body = tokio::task::spawn_blocking(move || -> Result<Bytes> {
             let _slot = slot;
-            state.leases.invoke(
+            let bad = |e: arrow::error::ArrowError| {
+                Error::InvalidArgument(format!("invoke arguments: {e}"))
+            };
+            let mut r = arrow::ipc::reader::StreamReader::try_new(
+                std::io::Cursor::new(body.slice(split + 1..)),
+                None,
+            )
+            .map_err(bad)?;
+            let args = match r.next() {
+                Some(b) => b.map_err(bad)?,
+                None => arrow::record_batch::RecordBatch::new_empty(r.schema()),
+            };
+            let (out, start) = state.leases.invoke(
                 &sandbox,
                 &module,
                 &head.lease,
                 owner.as_deref(),
                 &head.export,
                 &args,
-            )
+            )?;
+            let batch = arrow::record_batch::RecordBatch::try_from_iter([("out", out)])?;
+            let mut reply = serde_json::to_vec(&serde_json::json!({ "start": start }))
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            reply.push(b'\n');
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(reply, &batch.schema())?;
+            w.write(&batch)?;
+            w.finish()?;
+            Ok(w.into_inner()?.into())
         })
         .await
         .map_err(|e| Error::Internal(format!("invocation thread: {e}")))??;
-        let batch = arrow::record_batch::RecordBatch::try_from_iter([("out", out)])?;
-        let mut reply = serde_json::to_vec(&serde_json::json!({ "start": start }))
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        reply.push(b'\n');
-        let mut w = arrow::ipc::writer::StreamWriter::try_new(reply, &batch.schema())?;
-        w.write(&batch)?;
-        w.finish()?;
-        Ok(arrow_flight::Result {
-            body: w.into_inner()?.into(),
-        })
+        Ok(arrow_flight::Result { body })
     }
 
     /// `Ok` if `who` may do `p` to `table`: the tenant's permissions, and for kept
@@ -1305,7 +1304,7 @@ impl FlightService for FlightNode {
                     .renew(&id, Self::ref_owner(&who), expires)
                     .await?;
                 let mut out = endpoint.clone();
-                out.expiration_time = Some(timestamp(renewed.expires_unix_ms));
+                out.expiration_time = Some(crate::refs::timestamp(renewed.expires_unix_ms));
                 arrow_flight::Result {
                     body: out.encode_to_vec().into(),
                 }
@@ -1460,13 +1459,6 @@ pub(crate) const RENEW_FLIGHT_ENDPOINT: &str = "RenewFlightEndpoint";
 /// `CancelFlightInfo`: Flight's action freeing the kept results a `FlightInfo`
 /// names (protobuf `CancelFlightInfoRequest` / `CancelFlightInfoResult`).
 pub(crate) const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
-
-fn timestamp(unix_ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: (unix_ms / 1000) as i64,
-        nanos: ((unix_ms % 1000) * 1_000_000) as i32,
-    }
-}
 
 fn unix_ms_of(t: &prost_types::Timestamp) -> Result<u64> {
     if t.seconds < 0 || !(0..1_000_000_000).contains(&t.nanos) {

@@ -11,6 +11,23 @@ mod wasm;
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};
 
+/// The ML venv's Python if it has pyarrow (scripts/setup-ml.sh installs it); `None`
+/// (and a line saying so) otherwise.
+pub fn pyarrow_python() -> Option<std::path::PathBuf> {
+    let python = csd_ml_pushdown::assets_dir().join("venv/bin/python");
+    let has = std::process::Command::new(&python)
+        .args(["-c", "import pyarrow.flight"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!(
+            "skipping: no pyarrow in {} (scripts/setup-ml.sh installs it)",
+            python.display()
+        );
+    }
+    has.then_some(python)
+}
+
 /// A node on an emulated in-memory device.
 pub async fn mem_node() -> RunningNode {
     node::start(&NodeConfig {

@@ -447,23 +447,9 @@ async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_resolves_a_printed_reference() {
-    let home = std::env::var("CSD_ML_HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/csd/ml")
-        });
-    let python = home.join("venv/bin/python");
-    let has = std::process::Command::new(&python)
-        .args(["-c", "import pyarrow.flight"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has {
-        eprintln!(
-            "skipping: no pyarrow in {} (scripts/setup-ml.sh installs it)",
-            python.display()
-        );
+    let Some(python) = super::pyarrow_python() else {
         return;
-    }
+    };
     let node = node_on("emulated:mem").await;
     load(&node.url).await;
     let kept = session(&node.url, true)

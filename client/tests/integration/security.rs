@@ -609,21 +609,9 @@ async fn mutual_tls_refuses_clients_without_a_certificate() {
 /// the listing, a handed-out ticket, and the basic-auth handshake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_talks_to_a_secure_node() {
-    let home = std::env::var("CSD_ML_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/csd/ml"));
-    let python = home.join("venv/bin/python");
-    let has = std::process::Command::new(&python)
-        .args(["-c", "import pyarrow.flight"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has {
-        eprintln!(
-            "skipping: no pyarrow in {} (scripts/setup-ml.sh installs it)",
-            python.display()
-        );
+    let Some(python) = super::pyarrow_python() else {
         return;
-    }
+    };
     let s = secure_node(false).await;
     let etl = s.client("etl-token").await;
     let n = put(&etl, "lineitem", lineitem(0.002, 1, 1).unwrap())

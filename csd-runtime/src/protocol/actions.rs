@@ -160,10 +160,7 @@ pub struct ReleaseRequest {
 impl ReleaseRequest {
     /// The ticket's bytes.
     pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD
-            .decode(self.ticket.trim())
-            .map_err(|e| Error::InvalidArgument(format!("release: the ticket is not base64: {e}")))
+        crate::refs::decode_ticket(&self.ticket)
     }
 }
 
