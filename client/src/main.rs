@@ -120,6 +120,21 @@ enum Command {
         #[command(flatten)]
         creds: ClientCreds,
     },
+    /// Let another tenant read kept results (or with --revoke, no longer); prints
+    /// each reference as that tenant resolves it (`csd get` it with its token).
+    Grant {
+        /// References: JSON objects, files of them (one a line), or - for stdin.
+        #[arg(required = true)]
+        refs: Vec<String>,
+        /// The tenant to grant them to.
+        #[arg(long)]
+        to: String,
+        /// Take the grant back.
+        #[arg(long)]
+        revoke: bool,
+        #[command(flatten)]
+        creds: ClientCreds,
+    },
     /// Extend kept results to --ttl from now.
     Renew {
         /// References: JSON objects, files of them (one a line), or - for stdin.
@@ -1026,6 +1041,26 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
                     "released {} ({} rows, {} bytes)",
                     info.id, info.rows, info.bytes
                 );
+            }
+            Ok(())
+        }
+        Command::Grant {
+            refs,
+            to,
+            revoke,
+            creds,
+        } => {
+            for r in read_refs(&refs)? {
+                let granted = creds
+                    .connect(&r.location)
+                    .await?
+                    .grant(&r, &to, revoke)
+                    .await?;
+                if revoke {
+                    eprintln!("{to} may no longer read {}", granted.table);
+                } else {
+                    println!("{}", serde_json::to_string(&granted).unwrap_or_default());
+                }
             }
             Ok(())
         }

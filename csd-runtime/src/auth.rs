@@ -412,6 +412,11 @@ impl Auth {
             .clone()
     }
 
+    /// Whether the tenants file names tenant `name`.
+    pub fn knows(&self, name: &str) -> bool {
+        self.tenants().iter().any(|t| t.name == name)
+    }
+
     /// The tenants' admission shares.
     pub fn shares(&self) -> BTreeMap<String, TenantShare> {
         self.tenants()

@@ -697,6 +697,25 @@ impl NodeClient {
         .await
     }
 
+    /// Lets tenant `to` read the kept query `reference` belongs to (at this node), or
+    /// with `revoke`, no longer; returns the reference as `to` resolves it (its
+    /// ticket sealed for `to`).
+    pub async fn grant(
+        &self,
+        reference: &crate::refs::Reference,
+        to: &str,
+        revoke: bool,
+    ) -> Result<crate::refs::Reference> {
+        let d = self
+            .action(&crate::protocol::actions::GrantRequest {
+                ticket: reference.ticket.clone(),
+                tenant: to.to_string(),
+                revoke,
+            })
+            .await?;
+        Ok(crate::refs::Reference::of_description(&d))
+    }
+
     /// This tenant's kept results at the node (all of them, for an admin).
     pub async fn refs(&self) -> Result<Vec<crate::protocol::RefDescription>> {
         self.action(&crate::protocol::RefsRequest {}).await

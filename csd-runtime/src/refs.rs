@@ -16,6 +16,11 @@
 //! `CancelFlightInfo` (or the `release` action) frees it, and the node frees it by
 //! itself when it expires. Its bytes count against its tenant's `max_stored_bytes`.
 //!
+//! The tenant that kept a result may **grant** it to other tenants (the `grant`
+//! action): a grant covers the whole kept query at this node (every reference of its
+//! group), lets the grantee resolve it and read its table in the next query, with a
+//! ticket sealed for the grantee, and is taken back the same way. Only the owner
+//! renews, releases or grants.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,12 +85,20 @@ pub struct RefInfo {
     pub rows: u64,
     /// Bytes it takes on the device.
     pub bytes: u64,
+    /// Other tenants it was granted to: they may read it, not renew or free it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readers: Vec<String>,
 }
 
 impl RefInfo {
     /// Whether it has expired at `now_ms`.
     pub fn expired_at(&self, now_ms: u64) -> bool {
         now_ms >= self.expires_unix_ms
+    }
+
+    /// Whether `tenant` may read it: its owner or a grantee.
+    pub fn readable_by(&self, tenant: &str) -> bool {
+        self.tenant == tenant || self.readers.iter().any(|r| r == tenant)
     }
 }
 
@@ -103,6 +116,13 @@ pub fn decode_ticket(base64_ticket: &str) -> Result<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(base64_ticket.trim())
         .map_err(|e| Error::InvalidArgument(format!("the reference's ticket is not base64: {e}")))
+}
+
+/// `unix_ms` as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(unix_ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(unix_ms.min(i64::MAX as u64) as i64)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -183,6 +203,7 @@ impl RefStore {
                         expires_unix_ms: 0,
                         rows: 0,
                         bytes: 0,
+                        readers: Vec::new(),
                     });
                 }
             }
@@ -269,7 +290,7 @@ impl RefStore {
             None => new_group(),
         };
         let table = format!("{REF_TABLE_PREFIX}{group}");
-        self.check_table(&table, Some(tenant))
+        self.check_group_table(&table, Some(tenant), true)
             .or_else(|e| match e {
                 Error::NotFound(_) => Ok(()),
                 e => Err(e),
@@ -288,6 +309,7 @@ impl RefStore {
             expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
             rows: put.rows,
             bytes: put.bytes,
+            readers: Vec::new(),
         };
         if let Some(room) = room
             && put.bytes > room
@@ -308,33 +330,61 @@ impl RefStore {
     }
 
     /// `Ok` if `tenant` (`None`: an admin) may read kept results' table `table`: it
-    /// holds live references of that tenant; `NOT_FOUND` when it holds none.
+    /// owns the live references of that table or they were granted to it;
+    /// `NOT_FOUND` when the table holds none.
     pub fn check_table(&self, table: &str, tenant: Option<&str>) -> Result<()> {
+        self.check_group_table(table, tenant, false)
+    }
+
+    /// [`Self::check_table`]; `owner_only`: grantees do not pass (adding to a group).
+    fn check_group_table(&self, table: &str, tenant: Option<&str>, owner_only: bool) -> Result<()> {
         let now = now_unix_ms();
         let refs = self.lock();
-        let mut owners = refs
+        let live: Vec<&RefInfo> = refs
             .values()
             .filter(|r| r.table == table && !r.expired_at(now))
-            .map(|r| r.tenant.as_str());
-        let Some(owner) = owners.next() else {
+            .collect();
+        let Some(first) = live.first() else {
             return Err(Error::NotFound(format!(
                 "table {}: no kept results of that name (they expired, were released, or never existed)",
                 truncated(table)
             )));
         };
         match tenant {
-            Some(t) if t != owner => Err(Error::PermissionDenied(format!(
-                "kept results {} belong to tenant {}, not to {}",
-                truncated(table),
-                truncated(owner),
-                truncated(t)
-            ))),
+            Some(t)
+                if !live
+                    .iter()
+                    .all(|r| r.tenant == t || (!owner_only && r.readable_by(t))) =>
+            {
+                Err(Error::PermissionDenied(format!(
+                    "kept results {} belong to tenant {}, not to {}{}",
+                    truncated(table),
+                    truncated(&first.tenant),
+                    truncated(t),
+                    if owner_only {
+                        ""
+                    } else {
+                        ", and were not granted to it"
+                    }
+                )))
+            }
             _ => Ok(()),
         }
     }
 
-    /// The live reference `id` for `tenant` (`None`: any tenant, an admin).
+    /// The live reference `id` owned by `tenant` (`None`: any tenant, an admin):
+    /// what renewing, releasing and granting need.
     pub fn get(&self, id: &str, tenant: Option<&str>) -> Result<RefInfo> {
+        self.lookup(id, tenant, false)
+    }
+
+    /// The live reference `id` if `tenant` (`None`: an admin) may read it: its
+    /// owner or a grantee.
+    pub fn get_readable(&self, id: &str, tenant: Option<&str>) -> Result<RefInfo> {
+        self.lookup(id, tenant, true)
+    }
+
+    fn lookup(&self, id: &str, tenant: Option<&str>, reading: bool) -> Result<RefInfo> {
         let gone = || {
             Error::NotFound(format!(
                 "reference {} is not kept here: it expired, was released, or never existed",
@@ -345,17 +395,64 @@ impl RefStore {
         if r.expired_at(now_unix_ms()) {
             return Err(gone());
         }
-        if let Some(t) = tenant
-            && t != r.tenant
-        {
-            return Err(Error::PermissionDenied(format!(
-                "reference {} belongs to tenant {}, not to {}",
-                truncated(id),
-                truncated(&r.tenant),
-                truncated(t)
+        match tenant {
+            Some(t) if t != r.tenant && !(reading && r.readable_by(t)) => {
+                Err(Error::PermissionDenied(format!(
+                    "reference {} belongs to tenant {}, not to {}{}",
+                    truncated(id),
+                    truncated(&r.tenant),
+                    truncated(t),
+                    if r.readable_by(t) {
+                        " (it was granted to read, not to renew, free or grant)"
+                    } else {
+                        ""
+                    }
+                )))
+            }
+            _ => Ok(r),
+        }
+    }
+
+    /// Grants (or with `revoke`, takes back) reading the kept query that reference
+    /// `id` belongs to — every live reference of its group here — to tenant `to`;
+    /// for `tenant`, its owner (`None`: an admin). Returns the reference `id` as it
+    /// now is.
+    pub async fn grant(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        to: &str,
+        revoke: bool,
+    ) -> Result<RefInfo> {
+        let r = self.get(id, tenant)?;
+        if to.is_empty() || to == r.tenant {
+            return Err(Error::InvalidArgument(format!(
+                "a kept result is granted to another tenant, not to {:?} (its owner)",
+                truncated(to)
             )));
         }
-        Ok(r)
+        let now = now_unix_ms();
+        let group: Vec<RefInfo> = self
+            .lock()
+            .values()
+            .filter(|g| g.table == r.table && !g.expired_at(now))
+            .cloned()
+            .collect();
+        let mut out = r;
+        for mut g in group {
+            let had = g.readers.iter().any(|x| x == to);
+            match (revoke, had) {
+                (false, false) => g.readers.push(to.to_string()),
+                (true, true) => g.readers.retain(|x| x != to),
+                _ => {}
+            }
+            self.write_record(&g).await?;
+            if g.id == id {
+                out = g.clone();
+            }
+            self.lock().insert(g.id.clone(), g);
+        }
+        Ok(out)
     }
 
     /// Sets reference `id`'s expiry (for `tenant`; `None`: an admin) to `expires`
@@ -388,13 +485,14 @@ impl RefStore {
         Ok(r)
     }
 
-    /// The live references of `tenant` (`None`: all).
+    /// The live references `tenant` may read, its own and those granted to it
+    /// (`None`: all).
     pub fn list(&self, tenant: Option<&str>) -> Vec<RefInfo> {
         let now = now_unix_ms();
         let mut v: Vec<RefInfo> = self
             .lock()
             .values()
-            .filter(|r| !r.expired_at(now) && tenant.is_none_or(|t| t == r.tenant))
+            .filter(|r| !r.expired_at(now) && tenant.is_none_or(|t| r.readable_by(t)))
             .cloned()
             .collect();
         v.sort_by_key(|r| r.created_unix_ms);
@@ -514,11 +612,7 @@ impl Reference {
         let expires = e
             .expiration_time
             .as_ref()
-            .map(|t| {
-                chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32)
-                    .unwrap_or_default()
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            })
+            .map(|t| rfc3339(t.seconds.max(0) as u64 * 1000 + t.nanos.max(0) as u64 / 1_000_000))
             .unwrap_or_default();
         Ok(Reference {
             location: e
@@ -530,6 +624,16 @@ impl Reference {
             expires,
             table: String::from_utf8(e.app_metadata.to_vec()).unwrap_or_default(),
         })
+    }
+
+    /// The reference `refs` or `grant` describes.
+    pub fn of_description(d: &crate::protocol::RefDescription) -> Self {
+        Reference {
+            location: d.location.clone(),
+            ticket: d.ticket.clone(),
+            expires: rfc3339(d.info.expires_unix_ms),
+            table: d.info.table.clone(),
+        }
     }
 
     /// Parses one reference as printed (JSON); a bad one is `INVALID_ARGUMENT` saying

@@ -576,23 +576,39 @@ impl FlightNode {
         }
     }
 
-    /// The endpoint of a kept result: a `Ref` ticket (sealed for its tenant, the seal
-    /// lasting as long as the reference does, renewals included), this node, and
-    /// the reference's expiry.
-    fn ref_endpoint(&self, who: &Principal, r: &crate::refs::RefInfo) -> FlightEndpoint {
+    /// The endpoint of a kept result for tenant `holder` (its owner or a grantee): a
+    /// `Ref` ticket (sealed for `holder` when the node has tenants, the seal lasting
+    /// as long as the reference does, renewals included), this node, and the
+    /// reference's expiry.
+    fn ref_endpoint(&self, holder: &str, r: &crate::refs::RefInfo) -> FlightEndpoint {
         let ticket = Ticket::Ref { id: r.id.clone() }.encode();
-        let ticket = match who.tenant() {
-            Some(_) => self
-                .state
-                .ticket_key
-                .seal_until(ticket, &r.tenant, u64::MAX),
-            None => ticket,
+        let ticket = match self.state.auth.enabled() {
+            true => self.state.ticket_key.seal_until(ticket, holder, u64::MAX),
+            false => ticket,
         };
         FlightEndpoint::new()
             .with_ticket(FlightTicket::new(ticket))
             .with_location(self.state.location.clone())
             .with_expiration_time(crate::refs::timestamp(r.expires_unix_ms))
             .with_app_metadata(r.table.clone())
+    }
+
+    /// A kept result as `refs` and `grant` describe it, with its ticket for `holder`.
+    fn ref_description(
+        &self,
+        holder: &str,
+        r: &crate::refs::RefInfo,
+    ) -> crate::protocol::actions::RefDescription {
+        crate::protocol::actions::RefDescription {
+            info: r.clone(),
+            ticket: base64::engine::general_purpose::STANDARD.encode(
+                self.ref_endpoint(holder, r)
+                    .ticket
+                    .map(|t| t.ticket)
+                    .unwrap_or_default(),
+            ),
+            location: self.state.location.clone(),
+        }
     }
 
     /// `GetFlightInfo` with a command: runs the operator ticket in it and keeps its
@@ -714,7 +730,7 @@ impl FlightNode {
         let report = report.lock().ok().and_then(|mut r| r.take());
         let info = FlightInfo::new()
             .try_with_schema(&schema)?
-            .with_endpoint(self.ref_endpoint(&who, &kept))
+            .with_endpoint(self.ref_endpoint(&kept.tenant, &kept))
             .with_total_records(kept.rows as i64)
             .with_total_bytes(kept.bytes as i64)
             .with_descriptor(FlightDescriptor::new_cmd(cmd.to_vec()))
@@ -1155,7 +1171,7 @@ impl FlightService for FlightNode {
                 .await?
                 .boxed(),
             Ticket::Ref { id } => {
-                let r = self.state.refs.get(&id, Self::ref_owner(&who))?;
+                let r = self.state.refs.get_readable(&id, Self::ref_owner(&who))?;
                 let permit = self.read_permit().await?;
                 // Kept results are read over links: LZ4, cheap and about 2x.
                 let lz4 = Some(arrow::ipc::CompressionType::LZ4_FRAME);
@@ -1412,18 +1428,33 @@ impl FlightService for FlightNode {
                     .refs
                     .list(Self::ref_owner(&who))
                     .iter()
-                    .map(|r| crate::protocol::actions::RefDescription {
-                        info: r.clone(),
-                        ticket: base64::engine::general_purpose::STANDARD.encode(
-                            self.ref_endpoint(&who, r)
-                                .ticket
-                                .map(|t| t.ticket)
-                                .unwrap_or_default(),
-                        ),
-                        location: self.state.location.clone(),
+                    .map(|r| {
+                        let holder = match Self::ref_owner(&who) {
+                            Some(t) => t,
+                            None => &r.tenant,
+                        };
+                        self.ref_description(holder, r)
                     })
                     .collect();
                 json_result(&list)?
+            }
+            crate::protocol::actions::GrantRequest::TYPE => {
+                let r = crate::protocol::actions::GrantRequest::decode(body)?;
+                let id = self.ref_of(&who, &r.ticket_bytes()?)?;
+                if self.state.auth.enabled() && !self.state.auth.knows(&r.tenant) {
+                    return Err(Error::InvalidArgument(format!(
+                        "no tenant named {:?} at this node: a kept result is granted to a tenant of its tenants file",
+                        truncated(&r.tenant)
+                    ))
+                    .into());
+                }
+                let info = self
+                    .state
+                    .refs
+                    .grant(&id, Self::ref_owner(&who), &r.tenant, r.revoke)
+                    .await?;
+                tracing::info!(reference = %info.id, to = %r.tenant, revoke = r.revoke, "grant");
+                json_result(&self.ref_description(&r.tenant, &info))?
             }
             other => {
                 let known: Vec<&str> = ACTIONS.iter().map(|(t, _)| *t).collect();

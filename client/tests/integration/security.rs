@@ -727,6 +727,74 @@ async fn kept_results_are_bound_to_their_tenant_and_count_against_its_quota() {
     assert_eq!(do_get_rows(&mut as_ops, inner).await.unwrap(), expected);
     assert_eq!(s.client("ops-token").await.refs().await.unwrap().len(), 1);
 
+    // Granted, the other tenant resolves it with its own ticket and reads its table
+    // in the next query; it may not renew, free or grant it; revoked, it is refused.
+    let (c, m) = code(etl.grant(r, "nobody", false).await);
+    assert_eq!(c, Code::InvalidArgument, "{m}");
+    assert!(m.contains("no tenant named"), "{m}");
+    let (c, m) = code(reader.grant(r, "reader", false).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    let granted = etl.grant(r, "reader", false).await.unwrap();
+    assert_eq!(granted.table, r.table);
+    assert_ne!(
+        granted.ticket, r.ticket,
+        "the grantee's ticket is sealed for it"
+    );
+    let as_grantee = granted.ticket_bytes().unwrap();
+    assert_eq!(
+        do_get_rows(&mut as_reader, as_grantee.clone())
+            .await
+            .unwrap(),
+        expected
+    );
+    let (c, m) = do_get_rows(&mut as_etl, as_grantee.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        c,
+        Code::PermissionDenied,
+        "a grantee's ticket is its own: {m}"
+    );
+    let listed = reader.refs().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].info.readers, vec!["reader".to_string()]);
+    let next = format!("SELECT count(*) AS n FROM {}", r.table);
+    let count = |rows: Vec<RecordBatch>| {
+        rows[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .unwrap()
+            .value(0) as usize
+    };
+    let grantee_session = session("reader-token").await;
+    assert_eq!(
+        count(grantee_session.run(&next).await.unwrap().batches),
+        expected
+    );
+    let (c, m) = code(reader.release(&granted).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("granted to read"), "{m}");
+    let (c, m) = code(
+        reader
+            .renew(&granted, std::time::Duration::from_secs(600))
+            .await,
+    );
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    let (c, _) = code(reader.grant(&granted, "small", false).await);
+    assert_eq!(c, Code::PermissionDenied);
+    etl.grant(r, "reader", true).await.unwrap();
+    let (c, m) = do_get_rows(&mut as_reader, as_grantee).await.unwrap_err();
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(reader.refs().await.unwrap().is_empty());
+    let e = session("reader-token")
+        .await
+        .run(&next)
+        .await
+        .expect_err("a revoked grantee reads nothing")
+        .to_string();
+    assert!(e.contains("not found") || e.contains("csd_ref_"), "{e}");
+
     // Kept bytes count against max_stored_bytes: `small` (64 KiB) keeps until refused.
     let small = s.client("small-token").await;
     // 2,000 integers: a few KiB of Parquet, 16 KiB kept as Arrow IPC.

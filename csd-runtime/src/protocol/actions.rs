@@ -10,6 +10,7 @@
 //! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
 //! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
 //! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
+//! | `grant` | `{"ticket": "<base64>", "tenant": "t", "revoke": false}` (`revoke` optional) | a [`RefDescription`]: the reference with a ticket for tenant `t` |
 //! | `lease` | `{"slots": n, "seconds": t, "idle_seconds": i}` (`idle_seconds` optional) | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
 //! | `release_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] |
 //! | `leases` | `{}` | a list of [`LeaseInfo`]: the caller's |
@@ -170,6 +171,33 @@ impl ActionRequest for ReleaseRequest {
     type Response = RefInfo;
 }
 
+/// `grant`: lets another tenant read a kept result (the whole kept query at this
+/// node), or with `revoke`, no longer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    /// The kept result's ticket (the owner's), base64.
+    pub ticket: String,
+    /// The tenant to grant it to.
+    pub tenant: String,
+    /// Take the grant back instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revoke: bool,
+}
+
+impl GrantRequest {
+    /// The ticket's bytes.
+    pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
+        crate::refs::decode_ticket(&self.ticket)
+    }
+}
+
+impl ActionRequest for GrantRequest {
+    const TYPE: &'static str = "grant";
+    const DESCRIPTION: &'static str = "let another tenant read a kept result; body {\"ticket\": \"<base64>\", \"tenant\": \"t\"} (\"revoke\": true takes it back)";
+    type Response = RefDescription;
+}
+
 /// `lease`: CPU slots for a while, to invoke shipped functions on without queueing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -246,7 +274,7 @@ pub struct InvokeRequest {
 pub const INVOKE: &str = "invoke";
 
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 13] = [
+pub(crate) const ACTIONS: [(&str, &str); 14] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
@@ -256,6 +284,7 @@ pub(crate) const ACTIONS: [(&str, &str); 13] = [
     ),
     (RefsRequest::TYPE, RefsRequest::DESCRIPTION),
     (ReleaseRequest::TYPE, ReleaseRequest::DESCRIPTION),
+    (GrantRequest::TYPE, GrantRequest::DESCRIPTION),
     (
         "RenewFlightEndpoint",
         "extend a kept result's expiration_time (Flight's RenewFlightEndpointRequest)",
