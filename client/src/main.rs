@@ -169,6 +169,11 @@ enum Command {
         /// With --hold: the idle limit, in seconds.
         #[arg(long, default_value_t = 10.0, requires = "hold")]
         idle_s: f64,
+        /// Memory held for the pushed work run on the lease (`csd sql --lease`,
+        /// `csd run --lease`), e.g. 512MiB; without it, that work draws on the
+        /// node's free memory.
+        #[arg(long)]
+        memory: Option<csd_runtime::config::ByteSize>,
         #[command(flatten)]
         creds: ClientCreds,
     },
@@ -276,16 +281,28 @@ struct ClientCreds {
     /// The client certificate's private key (PEM).
     #[arg(long = "tls-key", env = "CSD_CLIENT_KEY")]
     tls_key: Option<PathBuf>,
+    /// Leases (ids from `csd lease`, of any of the nodes; comma-separated) that this
+    /// command's pushed work runs on where a node holds one: it skips the node's
+    /// queue.
+    #[arg(long, env = "CSD_LEASE", value_delimiter = ',')]
+    lease: Vec<String>,
 }
 
 impl ClientCreds {
     fn credentials(&self) -> Result<csd_runtime::node_client::Credentials> {
-        Ok(csd_runtime::node_client::Credentials::from_files(
+        let mut c = csd_runtime::node_client::Credentials::from_files(
             self.token.clone(),
             self.tls_ca.as_deref(),
             self.tls_cert.as_deref(),
             self.tls_key.as_deref(),
-        )?)
+        )?;
+        c.leases = self
+            .lease
+            .iter()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        Ok(c)
     }
 
     async fn connect(&self, url: &str) -> Result<NodeClient> {
@@ -665,11 +682,25 @@ async fn run_wasm(args: RunArgs) -> Result<()> {
         .filter(|e| e.pushed_back.is_some())
         .count();
     let sent = r.endpoints.iter().filter(|e| e.module_sent).count();
+    let leased = r
+        .endpoints
+        .iter()
+        .filter(|e| {
+            e.report
+                .as_ref()
+                .is_some_and(|r| r.details.contains_key("lease"))
+        })
+        .count();
     eprintln!(
-        "{rows} rows from module {} over {} partitions in {:.3} s; {read} bytes read at the nodes, {received} bytes received{}{}",
+        "{rows} rows from module {} over {} partitions in {:.3} s; {read} bytes read at the nodes, {received} bytes received{}{}{}",
         r.digest.short(),
         r.endpoints.len(),
         started.elapsed().as_secs_f64(),
+        if leased > 0 {
+            format!("; {leased} on leases")
+        } else {
+            String::new()
+        },
         if sent > 0 {
             format!("; module sent to {sent} partitions' nodes")
         } else {
@@ -737,6 +768,11 @@ async fn run_sql(
         })
         .sum();
     let handed_back = r.node_runs.iter().filter(|n| n.work_pushed_back()).count();
+    let leased = r
+        .node_runs
+        .iter()
+        .filter(|n| n.report.details.contains_key("lease"))
+        .count();
     eprintln!(
         "{} rows in {:.1} ms; {} bytes moved from the nodes{}",
         r.rows(),
@@ -744,8 +780,13 @@ async fn run_sql(
         r.bytes_moved,
         if session.pushdown() {
             format!(
-                " (pushdown: nodes read {scanned} bytes from their devices; {} fragments, {node_ms:.1} ms run at the nodes in all, {handed_back} handed back)",
-                r.node_runs.len()
+                " (pushdown: nodes read {scanned} bytes from their devices; {} fragments, {node_ms:.1} ms run at the nodes in all, {handed_back} handed back{})",
+                r.node_runs.len(),
+                if leased > 0 {
+                    format!(", {leased} on leases")
+                } else {
+                    String::new()
+                }
             )
         } else {
             " (no pushdown: Parquet byte ranges)".to_string()
@@ -1078,21 +1119,32 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             release,
             hold,
             idle_s,
+            memory,
             creds,
         } => {
             let c = creds.connect(&node).await?;
+            if release.is_none() && (!seconds.is_finite() || seconds <= 0.0) {
+                return Err(Error::InvalidInput(format!(
+                    "--seconds {seconds}: a lease lasts a positive number of seconds"
+                )));
+            }
+            let ask = csd_runtime::protocol::LeaseRequest {
+                slots,
+                seconds,
+                idle_seconds: None,
+                memory,
+            };
             if hold {
-                if !seconds.is_finite() || seconds <= 0.0 || !idle_s.is_finite() || idle_s <= 0.0 {
+                if !idle_s.is_finite() || idle_s <= 0.0 {
                     return Err(Error::InvalidInput(
-                        "--seconds and --idle-s must be positive numbers of seconds".into(),
+                        "--idle-s must be a positive number of seconds".into(),
                     ));
                 }
                 let held = c
-                    .hold_lease(
-                        slots,
-                        std::time::Duration::from_secs_f64(seconds),
-                        std::time::Duration::from_secs_f64(idle_s),
-                    )
+                    .hold_lease_with(&csd_runtime::protocol::LeaseRequest {
+                        idle_seconds: Some(idle_s),
+                        ..ask
+                    })
                     .await?;
                 println!("{}", serde_json::to_string(&held.info).unwrap_or_default());
                 eprintln!("holding lease {} (Ctrl-C ends it)", held.info.id);
@@ -1104,15 +1156,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             }
             let info = match release {
                 Some(id) => c.release_lease(&id).await?,
-                None => {
-                    if !seconds.is_finite() || seconds <= 0.0 {
-                        return Err(Error::InvalidInput(format!(
-                            "--seconds {seconds}: a lease lasts a positive number of seconds"
-                        )));
-                    }
-                    c.lease(slots, std::time::Duration::from_secs_f64(seconds))
-                        .await?
-                }
+                None => c.lease_with(&ask).await?,
             };
             println!("{}", serde_json::to_string(&info).unwrap_or_default());
             Ok(())

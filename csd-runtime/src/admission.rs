@@ -331,6 +331,9 @@ pub struct AdmissionStats {
     /// Slots leased out now (other work sees fewer).
     #[serde(default)]
     pub leased: usize,
+    /// Memory leases hold for the requests run on them.
+    #[serde(default)]
+    pub lease_memory: u64,
     /// Memory budget.
     pub memory_budget: u64,
     /// Queueing-delay target, milliseconds.
@@ -387,6 +390,10 @@ pub(crate) struct Controller {
     io_service: Duration,
     /// Slots leased out (see [`Admission::lease`]): other work sees fewer.
     leased: usize,
+    /// Of those, by tenant (they count toward its reserve).
+    leased_by: BTreeMap<String, usize>,
+    /// Memory leases hold for their own requests: admitted work sees less.
+    leased_memory: u64,
 }
 
 impl Controller {
@@ -406,6 +413,8 @@ impl Controller {
             io_waiting: 0,
             io_service: Duration::from_millis(2),
             leased: 0,
+            leased_by: BTreeMap::new(),
+            leased_memory: 0,
         }
     }
 
@@ -414,10 +423,17 @@ impl Controller {
         self.cfg.slots.saturating_sub(self.leased).max(1)
     }
 
-    /// Leases `n` slots if the node can spare them now: beyond its current load,
-    /// leaving at least one slot and the tenants' reserves to everyone else.
-    fn lease(&mut self, n: usize) -> Result<(), String> {
-        let reserves: usize = self.cfg.tenants.values().map(|t| t.reserve).sum();
+    /// Leases `n` slots and `memory` bytes to `tenant` if the node can spare them
+    /// now: beyond its current load and memory held, leaving at least one slot and
+    /// the other tenants' reserves to everyone else (a tenant may lease its own).
+    fn lease(&mut self, tenant: &str, n: usize, memory: u64) -> Result<(), String> {
+        let reserves: usize = self
+            .cfg
+            .tenants
+            .iter()
+            .filter(|(name, _)| name.as_str() != tenant)
+            .map(|(_, t)| t.reserve)
+            .sum();
         let keep = reserves.max(1);
         let idle = self
             .cfg
@@ -428,7 +444,7 @@ impl Controller {
         }
         if self.cfg.slots < self.leased + n + keep {
             return Err(format!(
-                "the node has {} CPU workers, {} leased and {keep} kept for other work (the tenants' reserves, at least one): {n} more cannot be leased",
+                "the node has {} CPU workers, {} leased and {keep} kept for other work (the other tenants' reserves, at least one): {n} more cannot be leased",
                 self.cfg.slots, self.leased
             ));
         }
@@ -440,8 +456,34 @@ impl Controller {
                 self.leased
             ));
         }
+        if memory > 0 && !self.memory_fits(memory) {
+            return Err(format!(
+                "{memory} bytes of memory are not free now ({} of {} held by running requests and leases)",
+                self.memory_reserved + self.leased_memory,
+                self.cfg.memory
+            ));
+        }
         self.leased += n;
+        *self.leased_by.entry(tenant.to_string()).or_default() += n;
+        self.leased_memory += memory;
         Ok(())
+    }
+
+    /// Gives back what [`Self::lease`] took.
+    fn unlease(&mut self, tenant: &str, n: usize, memory: u64) {
+        self.leased = self.leased.saturating_sub(n);
+        if let Some(l) = self.leased_by.get_mut(tenant) {
+            *l = l.saturating_sub(n);
+            if *l == 0 {
+                self.leased_by.remove(tenant);
+            }
+        }
+        self.leased_memory = self.leased_memory.saturating_sub(memory);
+    }
+
+    /// Slots `tenant` holds: running requests and leased slots.
+    fn held_by(&self, tenant: &str, running: usize) -> usize {
+        running + self.leased_by.get(tenant).copied().unwrap_or(0)
     }
 
     /// The settings.
@@ -488,7 +530,10 @@ impl Controller {
     /// Slots `tenant` may take now: free slots minus the unmet reserves of others.
     fn free_for(&self, tenant: &str) -> usize {
         let free = self.slots().saturating_sub(self.running.len());
-        let own = self.tenants.get(tenant).map(|t| t.running).unwrap_or(0);
+        let own = self.held_by(
+            tenant,
+            self.tenants.get(tenant).map(|t| t.running).unwrap_or(0),
+        );
         if own < self.share(tenant).reserve {
             return free;
         }
@@ -496,7 +541,11 @@ impl Controller {
             .tenants
             .iter()
             .filter(|(name, t)| name.as_str() != tenant && !t.queue.is_empty())
-            .map(|(name, t)| self.share(name).reserve.saturating_sub(t.running))
+            .map(|(name, t)| {
+                self.share(name)
+                    .reserve
+                    .saturating_sub(self.held_by(name, t.running))
+            })
             .sum();
         free.saturating_sub(held)
     }
@@ -531,7 +580,7 @@ impl Controller {
     }
 
     fn memory_fits(&self, memory: u64) -> bool {
-        self.memory_reserved + memory <= self.cfg.memory
+        self.memory_reserved + self.leased_memory + memory <= self.cfg.memory
     }
 
     /// Decides what happens to `ask` at `now`.
@@ -843,6 +892,7 @@ impl Controller {
             policy: self.cfg.policy,
             slots: self.cfg.slots,
             leased: self.leased,
+            lease_memory: self.leased_memory,
             memory_budget: self.cfg.memory,
             queue_target_ms: self.cfg.queue_target.as_secs_f64() * 1e3,
             running: self.running.len(),
@@ -917,18 +967,40 @@ impl Admission {
         self.ctl().stats()
     }
 
-    /// Leases `n` slots (see `Controller::lease`): they are taken from what admitted
-    /// work may use until [`Self::unlease`]. Refused, with why, when the node cannot
-    /// spare them now.
-    pub fn lease(&self, n: usize) -> Result<(), String> {
-        self.ctl().lease(n)
+    /// Leases `n` slots and `memory` bytes to `tenant` (see `Controller::lease`):
+    /// they are taken from what admitted work may use until [`Self::unlease`].
+    /// Refused, with why, when the node cannot spare them now.
+    pub fn lease(&self, tenant: &str, n: usize, memory: u64) -> Result<(), String> {
+        self.ctl().lease(tenant, n, memory)
     }
 
-    /// Gives back `n` leased slots; queued work may start on them.
-    pub fn unlease(&self, n: usize) {
+    /// Gives back what [`Self::lease`] took; queued work may start on it.
+    pub fn unlease(&self, tenant: &str, n: usize, memory: u64) {
         let started = {
             let mut ctl = self.ctl();
-            ctl.leased = ctl.leased.saturating_sub(n);
+            ctl.unlease(tenant, n, memory);
+            let now = self.now();
+            ctl.dispatch(now)
+        };
+        self.wake(started);
+    }
+
+    /// Holds `memory` bytes of the node's budget for a request that runs on a lease
+    /// without memory of its own, if they are free now (`false`: not held).
+    pub fn take_memory(&self, memory: u64) -> bool {
+        let mut ctl = self.ctl();
+        let fits = ctl.memory_fits(memory);
+        if fits {
+            ctl.memory_reserved += memory;
+        }
+        fits
+    }
+
+    /// Gives back what [`Self::take_memory`] held.
+    pub fn give_memory(&self, memory: u64) {
+        let started = {
+            let mut ctl = self.ctl();
+            ctl.memory_reserved = ctl.memory_reserved.saturating_sub(memory);
             let now = self.now();
             ctl.dispatch(now)
         };
@@ -1347,11 +1419,14 @@ mod tests {
             },
         );
         let mut c = Controller::new(cf);
-        // etl reserves 2 of 4 slots: at most 2 may be leased.
-        let e = c.lease(3).unwrap_err();
+        // etl reserves 2 of 4 slots: others may lease at most 2 (etl itself 3).
+        let e = c.lease("bulk", 3, 0).unwrap_err();
         assert!(e.contains("cannot be leased"), "{e}");
-        c.lease(2).unwrap();
-        assert!(c.lease(1).is_err(), "the reserves hold under a lease flood");
+        c.lease("bulk", 2, 0).unwrap();
+        assert!(
+            c.lease("bulk", 1, 0).is_err(),
+            "the reserves hold under a lease flood"
+        );
         assert_eq!(c.stats().leased, 2);
         // Admitted work sees 2 slots: the third request waits.
         let t0 = Duration::ZERO;
@@ -1364,15 +1439,59 @@ mod tests {
         );
         assert!(matches!(q, Offer::Queued(_)), "{q:?}");
         // Slots given back: the queued request can start.
-        c.leased -= 2;
+        c.unlease("bulk", 2, 0);
         let started = c.dispatch(MS);
         assert_eq!(started.len(), 1, "{started:?}");
         // Under load, a lease waits for idle slots.
         let d = c.offer(ask("bulk", 1_000_000), t0);
         assert!(matches!(d, Offer::Run(_)), "{d:?}");
-        let e = c.lease(1).unwrap_err();
+        let e = c.lease("bulk", 1, 0).unwrap_err();
         assert!(e.contains("idle"), "{e}");
-        assert_eq!(c.lease(0).unwrap_err(), "a lease needs at least one slot");
+        assert_eq!(
+            c.lease("bulk", 0, 0).unwrap_err(),
+            "a lease needs at least one slot"
+        );
+    }
+
+    #[test]
+    fn a_tenants_leases_count_toward_its_reserve_and_lease_memory_is_held() {
+        let mut cf = cfg(4);
+        cf.policy = Policy::Always;
+        cf.memory = 100 << 20;
+        cf.tenants.insert(
+            "etl".into(),
+            TenantShare {
+                weight: 1.0,
+                reserve: 2,
+            },
+        );
+        let mut c = Controller::new(cf);
+        // etl may lease into its own reserve (others could lease only 2 of 4).
+        c.lease("etl", 2, 0).unwrap();
+        let t0 = Duration::ZERO;
+        assert!(matches!(c.offer(ask("etl", 1_000), t0), Offer::Run(_)));
+        // etl's next request waits for memory, with a slot free.
+        let waiting = c.offer(
+            Ask {
+                memory: 100 << 20,
+                ..ask("etl", 1_000)
+            },
+            t0,
+        );
+        assert!(matches!(waiting, Offer::Queued(_)), "{waiting:?}");
+        // Its reserve is met by its lease and its running request: the free slot is
+        // not held back from others for it.
+        assert_eq!(c.free_for("bulk"), 1);
+        c.unlease("etl", 2, 0);
+        assert!(c.leased_by.is_empty());
+        // Memory a lease holds is not offered to admitted work.
+        c.lease("bulk", 1, 60 << 20).unwrap();
+        let big = 50 << 20;
+        assert!(!c.memory_fits(big));
+        let e = c.lease("bulk", 1, 60 << 20).unwrap_err();
+        assert!(e.contains("memory"), "{e}");
+        c.unlease("bulk", 1, 60 << 20);
+        assert!(c.memory_fits(big));
     }
 
     #[test]

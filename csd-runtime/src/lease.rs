@@ -14,6 +14,17 @@
 //!
 //! Invocations use the SQL-function ABI of the guest SDK (`export_functions!`):
 //! one Arrow IPC batch of arguments in, one column out.
+//!
+//! Operator requests (`csd run`, pushed SQL fragments) of the lease's tenant run on
+//! it too when they name it (the `csd-lease` header: lease ids, comma-separated, of
+//! any nodes; each node uses the one it holds): they skip admission's queue and are
+//! never handed back for queueing. One that does not fit the lease's memory (or,
+//! for a lease without memory of its own, the node's free memory) goes through
+//! admission as usual.
+//!
+//! Fairness: a lease of N slots counts as N of its tenant's `max_requests` while it
+//! lasts (the calls on it take no more) and toward its tenant's reserve; a lease
+//! never takes the node below the other tenants' reserves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +52,14 @@ pub struct LeaseInfo {
     /// It ends earlier when its holder is silent this long (ms); `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_ms: Option<u64>,
+    /// Memory held for the requests run on it, bytes (0: none of its own; they draw
+    /// on the node's free memory).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// How an invocation started.
@@ -62,6 +81,12 @@ struct Lease {
     cancel: Arc<AtomicBool>,
     /// One permit per leased slot: at most that many calls run at once.
     running: Arc<tokio::sync::Semaphore>,
+    /// Of [`LeaseInfo::memory`], what the requests running on it hold.
+    memory_used: AtomicU64,
+    /// The admission bucket it was leased from.
+    bucket: String,
+    /// Its tenant's request slots (`max_requests`) it holds.
+    _quota: Vec<crate::auth::RequestSlot>,
 }
 
 impl Lease {
@@ -76,6 +101,59 @@ impl Lease {
     }
 }
 
+/// What a lease is asked for.
+pub struct Grant {
+    /// The tenant asking (its name in the lease).
+    pub tenant: String,
+    /// Its admission bucket.
+    pub bucket: String,
+    /// CPU slots.
+    pub slots: usize,
+    /// Memory for the requests run on it (0: none of its own).
+    pub memory: u64,
+    /// How long.
+    pub ttl: Duration,
+    /// The longest lease this node grants.
+    pub max_ttl: Duration,
+    /// End it once its holder is silent this long.
+    pub idle: Option<Duration>,
+    /// The tenant's request slots it holds while it lasts.
+    pub quota: Vec<crate::auth::RequestSlot>,
+}
+
+/// Where a request run on a lease holds its memory.
+enum Held {
+    Lease(u64),
+    Node(Arc<Admission>, u64),
+}
+
+/// An operator request's slot on a lease; gives back its slot and memory on drop.
+pub struct LeaseRun {
+    lease: Arc<Lease>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    memory: Held,
+    /// How long it waited for one of the lease's slots.
+    pub waited: Duration,
+}
+
+impl LeaseRun {
+    /// The lease's id.
+    pub fn id(&self) -> &str {
+        &self.lease.info.id
+    }
+}
+
+impl Drop for LeaseRun {
+    fn drop(&mut self) {
+        match &self.memory {
+            Held::Lease(m) => {
+                self.lease.memory_used.fetch_sub(*m, Ordering::AcqRel);
+            }
+            Held::Node(adm, m) => adm.give_memory(*m),
+        }
+    }
+}
+
 /// The leases of a node.
 #[derive(Default)]
 pub struct Leases {
@@ -83,6 +161,7 @@ pub struct Leases {
     granted: AtomicU64,
     refused: AtomicU64,
     expired: AtomicU64,
+    runs: AtomicU64,
 }
 
 /// Leases in `stats`.
@@ -98,6 +177,9 @@ pub struct LeaseStats {
     pub refused: u64,
     /// Ended by expiry since start.
     pub expired: u64,
+    /// Operator requests run on leases since start.
+    #[serde(default)]
+    pub runs: u64,
 }
 
 impl Leases {
@@ -105,17 +187,18 @@ impl Leases {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Grants `tenant` `slots` slots for `ttl` (at most `max_ttl`), or refuses with
-    /// why and when to retry.
-    pub fn grant(
-        &self,
-        admission: &Admission,
-        tenant: &str,
-        slots: usize,
-        ttl: Duration,
-        max_ttl: Duration,
-        idle: Option<Duration>,
-    ) -> Result<LeaseInfo> {
+    /// Grants `ask` or refuses with why and when to retry.
+    pub fn grant(&self, admission: &Admission, ask: Grant) -> Result<LeaseInfo> {
+        let Grant {
+            tenant,
+            bucket,
+            slots,
+            memory,
+            ttl,
+            max_ttl,
+            idle,
+            quota,
+        } = ask;
         if ttl.is_zero() || ttl > max_ttl {
             return Err(Error::InvalidArgument(format!(
                 "a lease lasts from 1 ms to {} s on this node; {} ms was asked",
@@ -123,7 +206,7 @@ impl Leases {
                 ttl.as_millis()
             )));
         }
-        if let Err(why) = admission.lease(slots) {
+        if let Err(why) = admission.lease(&bucket, slots, memory) {
             self.refused.fetch_add(1, Ordering::Relaxed);
             let now = now_unix_ms();
             let earliest = self
@@ -140,10 +223,11 @@ impl Leases {
         }
         let info = LeaseInfo {
             id: crate::refs::new_group(),
-            tenant: tenant.to_string(),
+            tenant,
             slots,
             expires_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),
             idle_ms: idle.map(|d| (d.as_millis() as u64).max(1)),
+            memory,
         };
         self.lock().insert(
             info.id.clone(),
@@ -153,12 +237,83 @@ impl Leases {
                 hot: std::sync::Mutex::new(HashMap::new()),
                 cancel: Arc::new(AtomicBool::new(false)),
                 running: Arc::new(tokio::sync::Semaphore::new(slots)),
+                memory_used: AtomicU64::new(0),
+                bucket,
+                _quota: quota,
             }),
         );
         self.granted.fetch_add(1, Ordering::Relaxed);
         Ok(info)
     }
 
+    /// Whether one of `ids` names a live lease of `tenant` (`None`: any) here.
+    pub fn holds(&self, ids: &str, tenant: Option<&str>) -> bool {
+        let now = now_unix_ms();
+        let leases = self.lock();
+        ids.split(',').map(str::trim).any(|id| {
+            leases
+                .get(id)
+                .is_some_and(|l| !l.over(now) && tenant.is_none_or(|t| t == l.info.tenant))
+        })
+    }
+
+    /// A slot to run an operator request needing `memory` bytes on, from the first
+    /// of `ids` (a `csd-lease` header's) this node holds, for `tenant` (`None`: an
+    /// admin): waits for one of the lease's slots. `None` when the node holds none
+    /// of them or the request does not fit the lease's memory (or the node's free
+    /// memory): it goes through admission then.
+    pub async fn run_on(
+        &self,
+        admission: &Arc<Admission>,
+        ids: &str,
+        tenant: Option<&str>,
+        memory: u64,
+    ) -> Result<Option<LeaseRun>> {
+        let held = {
+            let leases = self.lock();
+            ids.split(',')
+                .map(str::trim)
+                .find(|id| leases.contains_key(*id))
+                .map(str::to_string)
+        };
+        let Some(id) = held else { return Ok(None) };
+        let l = match self.get(&id, tenant) {
+            Ok(l) => l,
+            Err(Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let waiting = std::time::Instant::now();
+        let permit = l.running.clone().acquire_owned().await.map_err(|_| {
+            Error::NotFound(format!(
+                "lease {} ended while the request waited",
+                truncated(&id)
+            ))
+        })?;
+        let waited = waiting.elapsed();
+        let memory = if l.info.memory > 0 {
+            let fits = l
+                .memory_used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    (used.saturating_add(memory) <= l.info.memory).then_some(used + memory)
+                })
+                .is_ok();
+            if !fits {
+                return Ok(None);
+            }
+            Held::Lease(memory)
+        } else if admission.take_memory(memory) {
+            Held::Node(admission.clone(), memory)
+        } else {
+            return Ok(None);
+        };
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(LeaseRun {
+            lease: l,
+            _permit: permit,
+            memory,
+            waited,
+        }))
+    }
     fn get(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Lease>> {
         let now = now_unix_ms();
         let l = self
@@ -224,7 +379,7 @@ impl Leases {
         if self.lock().remove(&l.info.id).is_some() {
             l.cancel.store(true, Ordering::Relaxed);
             l.running.close();
-            admission.unlease(l.info.slots);
+            admission.unlease(&l.bucket, l.info.slots, l.info.memory);
         }
     }
 
@@ -299,6 +454,7 @@ impl Leases {
             granted: self.granted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             expired: self.expired.load(Ordering::Relaxed),
+            runs: self.runs.load(Ordering::Relaxed),
         }
     }
 }

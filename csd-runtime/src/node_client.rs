@@ -192,6 +192,9 @@ pub struct Credentials {
     pub tls_ca: Option<Vec<u8>>,
     /// Client certificate and key (PEM), for nodes that require mutual TLS.
     pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Leases (ids, of any nodes) operator requests run on where a node holds one
+    /// (the `csd-lease` header): they skip its queue.
+    pub leases: Vec<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -200,6 +203,7 @@ impl std::fmt::Debug for Credentials {
             .field("token", &self.token.as_ref().map(|_| "…"))
             .field("tls_ca", &self.tls_ca.is_some())
             .field("tls_identity", &self.tls_identity.is_some())
+            .field("leases", &self.leases)
             .finish()
     }
 }
@@ -239,6 +243,7 @@ impl Credentials {
             token: token.filter(|t| !t.is_empty()),
             tls_ca: ca.map(|p| read(p, "CA certificate")).transpose()?,
             tls_identity,
+            leases: Vec::new(),
         })
     }
 }
@@ -251,6 +256,8 @@ pub struct NodeClient {
     tenant: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// `Bearer <token>`, sent with every call.
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// Leases operator requests may run on (`csd-lease`).
+    lease: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// This client's link from the node, learned from its range reads (shared by
     /// clones); sent with operator requests so the node can price handing back.
     link: Arc<crate::link::LinkMeter>,
@@ -327,11 +334,18 @@ impl NodeClient {
         let raw = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let lease = match credentials.leases.join(",") {
+            l if l.is_empty() => None,
+            l => Some(l.parse().map_err(|_| {
+                Error::InvalidInput(format!("lease ids {l:?} are not printable ASCII"))
+            })?),
+        };
         Ok(NodeClient {
             url: url.to_string(),
             raw,
             tenant: None,
             authorization,
+            lease,
             link: crate::link::LinkMeter::new(),
         })
     }
@@ -366,6 +380,10 @@ impl NodeClient {
                 req.metadata_mut()
                     .insert(crate::auth::AUTHORIZATION, a.clone());
             }
+            if let Some(l) = &self.lease {
+                req.metadata_mut()
+                    .insert(crate::protocol::LEASE_METADATA, l.clone());
+            }
             match self.raw.clone().do_get(req).await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(status) => match Error::from(status) {
@@ -398,6 +416,7 @@ impl NodeClient {
         for (k, v) in [
             (crate::protocol::TENANT_METADATA, &self.tenant),
             (crate::auth::AUTHORIZATION, &self.authorization),
+            (crate::protocol::LEASE_METADATA, &self.lease),
         ] {
             if let Some(v) = v {
                 c.metadata_mut().insert(k, v.clone());
@@ -724,12 +743,21 @@ impl NodeClient {
     /// Leases `slots` of the node's CPU slots for `ttl` (see [`crate::lease`]); a
     /// node that cannot spare them refuses with [`Error::Busy`] and when to retry.
     pub async fn lease(&self, slots: usize, ttl: Duration) -> Result<crate::lease::LeaseInfo> {
-        self.action(&crate::protocol::LeaseRequest {
+        self.lease_with(&crate::protocol::LeaseRequest {
             slots,
             seconds: ttl.as_secs_f64(),
             idle_seconds: None,
+            memory: None,
         })
         .await
+    }
+
+    /// A lease as `request` asks (memory, an idle limit).
+    pub async fn lease_with(
+        &self,
+        request: &crate::protocol::LeaseRequest,
+    ) -> Result<crate::lease::LeaseInfo> {
+        self.action(request).await
     }
 
     /// Like [`Self::lease`], held by this process: the node ends the lease once it
@@ -742,13 +770,30 @@ impl NodeClient {
         ttl: Duration,
         idle: Duration,
     ) -> Result<HeldLease> {
-        let info: crate::lease::LeaseInfo = self
-            .action(&crate::protocol::LeaseRequest {
-                slots,
-                seconds: ttl.as_secs_f64(),
-                idle_seconds: Some(idle.as_secs_f64()),
-            })
-            .await?;
+        self.hold_lease_with(&crate::protocol::LeaseRequest {
+            slots,
+            seconds: ttl.as_secs_f64(),
+            idle_seconds: Some(idle.as_secs_f64()),
+            memory: None,
+        })
+        .await
+    }
+
+    /// [`Self::hold_lease`] as `request` asks; its idle limit defaults to 10 s.
+    pub async fn hold_lease_with(
+        &self,
+        request: &crate::protocol::LeaseRequest,
+    ) -> Result<HeldLease> {
+        let mut request = request.clone();
+        let idle = Duration::from_secs_f64(
+            request
+                .idle_seconds
+                .filter(|i| i.is_finite() && *i > 0.0)
+                .unwrap_or(10.0)
+                .min(1e9),
+        );
+        request.idle_seconds = Some(idle.as_secs_f64());
+        let info: crate::lease::LeaseInfo = self.action(&request).await?;
         let (client, id) = (self.clone(), info.id.clone());
         let every = (idle / 3).max(Duration::from_millis(10));
         let task = tokio::spawn(async move {

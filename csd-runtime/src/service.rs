@@ -60,6 +60,36 @@ use crate::table::{ObjectReader, ParquetObject, Table};
 const ENCODER_LIMIT: usize = crate::protocol::MAX_MESSAGE_BYTES / 4;
 
 /// `stream`, holding `permit` until it ends or is dropped.
+/// The `csd-lease` header of a request (lease ids, comma-separated), if any.
+fn lease_header(m: &tonic::metadata::MetadataMap) -> Option<String> {
+    m.get(crate::protocol::LEASE_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.chars().take(4096).collect::<String>())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// What an operator request runs under: admission's permit, or a lease's slot.
+enum Slot {
+    Admitted(crate::admission::Permit),
+    Leased(crate::lease::LeaseRun),
+}
+
+impl Slot {
+    /// Marks it run to completion (an admitted request's time teaches the cost model).
+    fn complete(&mut self) {
+        if let Slot::Admitted(p) = self {
+            p.complete();
+        }
+    }
+
+    fn lease(&self) -> Option<&str> {
+        match self {
+            Slot::Leased(l) => Some(l.id()),
+            Slot::Admitted(_) => None,
+        }
+    }
+}
+
 fn holding<S, T, G>(stream: S, permit: G) -> BoxStream<'static, T>
 where
     S: Stream<Item = T> + Send + 'static,
@@ -373,6 +403,7 @@ impl FlightNode {
         tenant: String,
         patient: bool,
         asker: Asker,
+        lease: Option<String>,
     ) -> Result<TaskStream> {
         let started = Instant::now();
         let op = self.state.operators.get(name).cloned().ok_or_else(|| {
@@ -390,23 +421,48 @@ impl FlightNode {
         };
         // Estimated (and malformed arguments refused) before the request can queue.
         let estimate = op.estimate(&ctx, &args).await?;
-        let ask = Ask {
-            operator: op.cost_key(&args).unwrap_or_else(|| name.to_string()),
-            tenant,
-            bytes: estimate.bytes,
-            memory: estimate.memory,
-            patient,
-            asker,
+        // A request naming a lease of its tenant runs on it, without queueing.
+        let leased = match &lease {
+            Some(ids) => {
+                self.state
+                    .leases
+                    .run_on(
+                        &self.state.admission,
+                        ids,
+                        Self::ref_owner(&ctx.principal),
+                        estimate.memory,
+                    )
+                    .await?
+            }
+            None => None,
         };
-        let mut permit = self.state.admission.admit(ask).await.map_err(|r| match r {
-            Refusal::PushBack(p) => Error::PushedBack(p),
-            Refusal::Reject(r) => Error::Busy {
-                reason: r.reason,
-                retry_after: r.retry_after,
-            },
-        })?;
-        let (waited, estimated) = (permit.waited, permit.estimate);
-        let queue_reason = self.state.admission.why_waited(waited, estimated, patient);
+        let (mut permit, waited, estimated, queue_reason) = match leased {
+            Some(run) => {
+                let waited = run.waited;
+                (Slot::Leased(run), waited, std::time::Duration::ZERO, None)
+            }
+            None => {
+                let ask = Ask {
+                    operator: op.cost_key(&args).unwrap_or_else(|| name.to_string()),
+                    tenant,
+                    bytes: estimate.bytes,
+                    memory: estimate.memory,
+                    patient,
+                    asker,
+                };
+                let permit = self.state.admission.admit(ask).await.map_err(|r| match r {
+                    Refusal::PushBack(p) => Error::PushedBack(p),
+                    Refusal::Reject(r) => Error::Busy {
+                        reason: r.reason,
+                        retry_after: r.retry_after,
+                    },
+                })?;
+                let (waited, estimated) = (permit.waited, permit.estimate);
+                let why = self.state.admission.why_waited(waited, estimated, patient);
+                (Slot::Admitted(permit), waited, estimated, why)
+            }
+        };
+        let lease_id = permit.lease().map(str::to_string);
         let piece = self.state.wire_piece;
         let opened = self
             .state
@@ -461,6 +517,9 @@ impl FlightNode {
             );
             if let Some(why) = queue_reason {
                 details.insert("queue_reason".into(), why);
+            }
+            if let Some(id) = lease_id {
+                details.insert("lease".into(), id);
             }
             let report = OperatorReport {
                 operator: name,
@@ -534,6 +593,7 @@ impl FlightNode {
         compression: Compression,
         patient: bool,
         asker: Option<crate::protocol::AskerFigures>,
+        lease: Option<String>,
     ) -> Result<TaskStream> {
         if let Some(op) = self.state.operators.get(&name) {
             let args = Bytes::copy_from_slice(&args);
@@ -563,6 +623,7 @@ impl FlightNode {
             tenant,
             patient,
             asker,
+            lease,
         )
         .await
     }
@@ -618,6 +679,7 @@ impl FlightNode {
         who: Principal,
         peer: Option<std::net::IpAddr>,
         cmd: &[u8],
+        lease: Option<String>,
     ) -> Result<FlightInfo> {
         let (ticket, seal) = Ticket::decode_sealed(cmd)?;
         if let Some(seal) = &seal {
@@ -663,6 +725,7 @@ impl FlightNode {
                 compression,
                 true,
                 asker,
+                lease,
             )
             .await?;
         // The operator's encoded answer, decoded back to batches for the table (the
@@ -1101,7 +1164,8 @@ impl FlightService for FlightNode {
         if request.get_ref().r#type == arrow_flight::flight_descriptor::DescriptorType::Cmd as i32 {
             let peer = request.remote_addr().map(|a| a.ip());
             let cmd = request.get_ref().cmd.clone();
-            return Ok(Response::new(self.keep(who, peer, &cmd).await?));
+            let lease = lease_header(request.metadata());
+            return Ok(Response::new(self.keep(who, peer, &cmd, lease).await?));
         }
         let table = Self::table_of(request.get_ref())?;
         self.check_table(&who, Permission::Read, &table)?;
@@ -1142,7 +1206,12 @@ impl FlightService for FlightNode {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
         let who = self.who(&request)?;
-        let slot = who.request_slot()?;
+        let lease = lease_header(request.metadata());
+        // Requests on a lease run within the request slots the lease holds.
+        let slot = match &lease {
+            Some(ids) if self.state.leases.holds(ids, Self::ref_owner(&who)) => None,
+            _ => Some(who.request_slot()?),
+        };
         let tenant = self.state.admission.bucket(who.name());
         let peer = request.remote_addr().map(|a| a.ip());
         let (ticket, seal) = Ticket::decode_sealed(&request.get_ref().ticket)?;
@@ -1167,7 +1236,17 @@ impl FlightService for FlightNode {
                 keep_ms: None,
                 keep_group: _,
             } => self
-                .operator_request(&who, peer, tenant, name, args, compression, patient, asker)
+                .operator_request(
+                    &who,
+                    peer,
+                    tenant,
+                    name,
+                    args,
+                    compression,
+                    patient,
+                    asker,
+                    lease,
+                )
                 .await?
                 .boxed(),
             Ticket::Ref { id } => {
@@ -1378,13 +1457,30 @@ impl FlightService for FlightNode {
                     }
                     i => i.map(|i| std::time::Duration::from_secs_f64(i.min(1e9))),
                 };
+                // The lease holds `slots` of its tenant's max_requests while it lasts.
+                let mut quota = Vec::new();
+                if who.tenant().is_some_and(|t| t.max_requests.is_some()) {
+                    for _ in 0..r.slots {
+                        quota.push(who.request_slot().map_err(|e| {
+                            Error::ResourcesExhausted(format!(
+                                "a lease of {} slots counts as {} requests: {e}",
+                                r.slots, r.slots
+                            ))
+                        })?);
+                    }
+                }
                 let info = self.state.leases.grant(
                     &self.state.admission,
-                    who.name(),
-                    r.slots,
-                    std::time::Duration::from_secs_f64(r.seconds.min(1e9)),
-                    self.state.lease_max,
-                    idle,
+                    crate::lease::Grant {
+                        tenant: who.name().to_string(),
+                        bucket: self.state.admission.bucket(who.name()),
+                        slots: r.slots,
+                        memory: r.memory.map(|m| m.0).unwrap_or(0),
+                        ttl: std::time::Duration::from_secs_f64(r.seconds.min(1e9)),
+                        max_ttl: self.state.lease_max,
+                        idle,
+                        quota,
+                    },
                 )?;
                 tracing::info!(lease = %info.id, tenant = %info.tenant, slots = info.slots, "lease granted");
                 json_result(&info)?

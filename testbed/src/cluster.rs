@@ -107,7 +107,7 @@ fn security() -> Result<(tempfile::TempDir, Credentials)> {
     let credentials = Credentials {
         token: Some(TOKEN.into()),
         tls_ca: Some(certs.ca_pem.into_bytes()),
-        tls_identity: None,
+        ..Default::default()
     };
     Ok((dir, credentials))
 }

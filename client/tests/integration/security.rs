@@ -60,11 +60,19 @@ name = "certified"
 cert_subject = "certified-client"
 tables = ["lineitem"]
 can = ["read"]
+
+[[tenant]]
+name = "leaser"
+token_sha256 = "{leaser}"
+tables = ["lineitem"]
+can = ["read", "code"]
+max_requests = 1
 "#,
         ops = token_digest("ops-token"),
         etl = token_digest("etl-token"),
         reader = token_digest("reader-token"),
         small = token_digest("small-token"),
+        leaser = token_digest("leaser-token"),
     )
 }
 
@@ -107,7 +115,7 @@ impl Secure {
         Credentials {
             token: token.map(Into::into),
             tls_ca: Some(self.ca.clone()),
-            tls_identity: None,
+            ..Default::default()
         }
     }
 
@@ -556,7 +564,7 @@ async fn claimed_identities_quotas_and_reload() {
         Code::PermissionDenied
     );
     std::fs::write(s.path("tenants.toml"), tenants("\"read\", \"write\"")).unwrap();
-    assert_eq!(s.node.reload_auth().unwrap(), 5);
+    assert_eq!(s.node.reload_auth().unwrap(), 6);
     put(&reader, "lineitem", lineitem(0.001, 1, 1).unwrap())
         .await
         .unwrap();
@@ -583,6 +591,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate() {
             s.certs.client_cert_pem.clone().into_bytes(),
             s.certs.client_key_pem.clone().into_bytes(),
         )),
+        ..Default::default()
     };
     let c = NodeClient::connect_with(&s.node.url, &with_cert)
         .await
@@ -825,4 +834,82 @@ async fn kept_results_are_bound_to_their_tenant_and_count_against_its_quota() {
         .keep("SELECT * FROM q_tiny", std::time::Duration::from_secs(60))
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holds_its_tenants_request_quota_and_runs_its_requests_within_it() {
+    use csd_query_pushdown::{Cluster, SessionOptions};
+    let s = secure_node(false).await;
+    let etl = s.client("etl-token").await;
+    put(&etl, "lineitem", lineitem(0.002, 1, 1).unwrap())
+        .await
+        .unwrap();
+    let leaser = s.client("leaser-token").await;
+    // max_requests = 1: a lease of 2 slots would hold 2 requests.
+    let (c, m) = code(leaser.lease(2, std::time::Duration::from_secs(30)).await);
+    assert_eq!(c, Code::ResourceExhausted, "{m}");
+    assert!(
+        m.contains("max_requests") && m.contains("counts as 2"),
+        "{m}"
+    );
+    let lease = leaser
+        .lease(1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Another tenant may not run on it.
+    let q = "SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem";
+    let session = |token: &'static str, leases: Vec<String>| {
+        let mut creds = s.creds(Some(token));
+        creds.leases = leases;
+        let url = s.node.url.clone();
+        async move {
+            Cluster::connect_with(&[url], &creds)
+                .await
+                .unwrap()
+                .session(SessionOptions::default())
+                .await
+                .unwrap()
+        }
+    };
+    let expected = session("etl-token", vec![]).await.run(q).await.unwrap();
+    let e = session("etl-token", vec![lease.id.clone()])
+        .await
+        .run(q)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("belongs to tenant leaser"), "{e}");
+    // The lease holds leaser's one request: without it, its queries are refused...
+    let e = session("leaser-token", vec![])
+        .await
+        .run(q)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_requests"), "{e}");
+    // ...and on it, they run (taking no more), with the same answer.
+    let on_lease = session("leaser-token", vec![lease.id.clone()])
+        .await
+        .run(q)
+        .await
+        .unwrap();
+    assert_eq!(
+        arrow::util::pretty::pretty_format_batches(&on_lease.batches)
+            .unwrap()
+            .to_string(),
+        arrow::util::pretty::pretty_format_batches(&expected.batches)
+            .unwrap()
+            .to_string()
+    );
+    assert!(
+        on_lease
+            .node_runs
+            .iter()
+            .all(|r| r.report.details.get("lease") == Some(&lease.id)),
+        "{:?}",
+        on_lease.node_runs
+    );
+    // Released, the quota's request comes back.
+    leaser.release_lease(&lease.id).await.unwrap();
+    session("leaser-token", vec![]).await.run(q).await.unwrap();
 }

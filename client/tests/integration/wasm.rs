@@ -733,3 +733,94 @@ async fn a_lease_whose_holder_goes_silent_gives_its_slots_back() {
     let e = c.release_lease(&id).await.unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_fragments_on_a_lease_skip_admission_and_answer_alike() {
+    use csd_runtime::node_client::Credentials;
+    use csd_runtime::protocol::LeaseRequest;
+    let node = start(&config("emulated:mem")).await;
+    load_lineitem(&node.url).await;
+    let c = NodeClient::connect(&node.url).await.unwrap();
+    let q = "SELECT l_returnflag, count(*) AS n, sum(l_quantity) AS q FROM lineitem \
+             WHERE l_shipdate < DATE '1998-01-01' GROUP BY l_returnflag ORDER BY l_returnflag";
+    let text = |b: &[RecordBatch]| {
+        arrow::util::pretty::pretty_format_batches(b)
+            .unwrap()
+            .to_string()
+    };
+    let plain = session(&node.url).await.run(q).await.unwrap();
+    assert!(
+        plain
+            .node_runs
+            .iter()
+            .all(|r| !r.report.details.contains_key("lease"))
+    );
+    let on = |leases: Vec<String>| {
+        let url = node.url.clone();
+        async move {
+            Cluster::connect_with(
+                &[url],
+                &Credentials {
+                    leases,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .session(SessionOptions::default())
+            .await
+            .unwrap()
+        }
+    };
+    let admitted =
+        |c: NodeClient| async move { c.stats().await.unwrap().admission.counters.admitted };
+    let ask = |memory: u64| LeaseRequest {
+        slots: 1,
+        seconds: 30.0,
+        idle_seconds: None,
+        memory: Some(ByteSize(memory)),
+    };
+    let lease = c.lease_with(&ask(256 << 20)).await.unwrap();
+    assert_eq!(lease.memory, 256 << 20);
+    assert_eq!(c.stats().await.unwrap().admission.lease_memory, 256 << 20);
+    // Another node's lease id first: each node uses the one it holds.
+    let before = admitted(c.clone()).await;
+    let leased = on(vec!["0".repeat(32), lease.id.clone()])
+        .await
+        .run(q)
+        .await
+        .unwrap();
+    assert_eq!(text(&leased.batches), text(&plain.batches));
+    assert!(
+        leased
+            .node_runs
+            .iter()
+            .all(|r| r.report.details.get("lease") == Some(&lease.id)),
+        "{:?}",
+        leased.node_runs
+    );
+    assert_eq!(
+        admitted(c.clone()).await,
+        before,
+        "fragments on a lease do not go through admission"
+    );
+    assert_eq!(c.stats().await.unwrap().leases.runs, 2);
+    c.release_lease(&lease.id).await.unwrap();
+    // A released lease, or one too small for the request's memory: admission runs
+    // it, with the same answer.
+    let tiny = c.lease_with(&ask(1)).await.unwrap();
+    for ids in [vec![lease.id.clone()], vec![tiny.id.clone()]] {
+        let before = admitted(c.clone()).await;
+        let r = on(ids).await.run(q).await.unwrap();
+        assert_eq!(text(&r.batches), text(&plain.batches));
+        assert!(
+            r.node_runs
+                .iter()
+                .all(|r| !r.report.details.contains_key("lease"))
+        );
+        assert_eq!(admitted(c.clone()).await, before + 2);
+    }
+    c.release_lease(&tiny.id).await.unwrap();
+    let st = c.stats().await.unwrap().admission;
+    assert_eq!((st.leased, st.lease_memory, st.memory_reserved), (0, 0, 0));
+}

@@ -11,7 +11,7 @@
 //! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
 //! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
 //! | `grant` | `{"ticket": "<base64>", "tenant": "t", "revoke": false}` (`revoke` optional) | a [`RefDescription`]: the reference with a ticket for tenant `t` |
-//! | `lease` | `{"slots": n, "seconds": t, "idle_seconds": i}` (`idle_seconds` optional) | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
+//! | `lease` | `{"slots": n, "seconds": t, "idle_seconds": i, "memory": "512MiB"}` (`idle_seconds`, `memory` optional) | [`LeaseInfo`] (or `RESOURCE_EXHAUSTED` with `retry-after-ms`) |
 //! | `release_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] |
 //! | `leases` | `{}` | a list of [`LeaseInfo`]: the caller's |
 //! | `touch_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] (the holder is alive) |
@@ -210,6 +210,10 @@ pub struct LeaseRequest {
     /// this many seconds: a client that disappears gives the slots back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_seconds: Option<f64>,
+    /// Memory held for the operator requests run on it (`"512MiB"` or bytes);
+    /// none: they draw on the node's free memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::config::ByteSize>,
 }
 
 impl ActionRequest for LeaseRequest {

@@ -28,6 +28,9 @@ pub use ticket::{AskerFigures, Compression, Ticket};
 
 /// Metadata key naming the tenant of a request (default `default`).
 pub const TENANT_METADATA: &str = "csd-tenant";
+/// Metadata key naming the leases an operator request may run on: lease ids,
+/// comma-separated (see [`crate::lease`]).
+pub const LEASE_METADATA: &str = "csd-lease";
 /// Metadata key of a pushed-back request's JSON
 /// [`PushBack`](crate::admission::PushBack), on `UNAVAILABLE`.
 pub const PUSHBACK_METADATA: &str = "csd-pushback";
