@@ -11,13 +11,14 @@
 //! baseline's, and writes a [`report`] (Markdown, JSON, SVG plots).
 //!
 //! * [`link`]: throttled TCP links; the SQL benchmark uses them too.
-//! * [`sql`], `feature_runs`: the two workload kinds.
+//! * [`sql`], `pipeline`, `feature_runs`: the workload kinds.
 
 #![warn(unreachable_pub)]
 
 mod cluster;
 mod feature_runs;
 pub mod link;
+mod pipeline;
 pub mod report;
 pub mod scenario;
 pub mod sql;
@@ -135,6 +136,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
     let mut capacity: Option<f64> = None;
     let mut sql_refs: HashMap<String, sql::References> = HashMap::new();
     let mut ml_refs: HashMap<String, feature_runs::References> = HashMap::new();
+    let mut pipeline_refs: HashMap<String, Option<u64>> = HashMap::new();
     let mut runs = Vec::new();
     let mut load_s = Vec::new();
     for policy in order {
@@ -168,6 +170,17 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                         policy,
                         sql_refs.entry(label(pt)).or_default(),
                         &mut capacity,
+                        &bar,
+                    )
+                    .await
+                }
+                WorkloadSpec::Pipeline { .. } => {
+                    pipeline::run(
+                        &at,
+                        c,
+                        &links,
+                        policy,
+                        pipeline_refs.entry(label(pt)).or_default(),
                         &bar,
                     )
                     .await

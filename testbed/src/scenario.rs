@@ -256,6 +256,16 @@ pub enum WorkloadSpec {
         #[serde(default)]
         wasm_functions: Vec<WasmFunctionSpec>,
     },
+    /// A pipeline of SQL steps over TPC-H data, each reading the previous step's
+    /// answer (`{input}` in its text): policies `kept` (each step's answer kept at
+    /// the nodes) and `shipped` (brought back and sent again).
+    Pipeline {
+        /// The steps, in order; every step after the first names `{input}`.
+        steps: Vec<String>,
+        /// Pipelines per run.
+        #[serde(default = "one")]
+        repetitions: usize,
+    },
     /// A feature-extraction job (one epoch over the data set per run).
     Features {
         /// Training batch size.
@@ -304,6 +314,10 @@ pub enum PolicyName {
     Auto,
     /// Features: stages `[0, k)` at the node.
     Split(usize),
+    /// Pipelines: each step's answer kept at the nodes, read there by the next.
+    Kept,
+    /// Pipelines: each step's answer brought back and sent to a node again.
+    Shipped,
 }
 
 impl PolicyName {
@@ -313,6 +327,10 @@ impl PolicyName {
             self,
             PolicyName::None | PolicyName::Full | PolicyName::Adaptive
         )
+    }
+    /// Whether it applies to pipelines.
+    pub fn pipeline(self) -> bool {
+        matches!(self, PolicyName::Kept | PolicyName::Shipped)
     }
     /// Whether it applies to feature jobs.
     pub fn features(self) -> bool {
@@ -332,6 +350,8 @@ impl std::fmt::Display for PolicyName {
             PolicyName::ComputeOnly => f.write_str("compute-only"),
             PolicyName::Auto => f.write_str("auto"),
             PolicyName::Split(k) => write!(f, "split:{k}"),
+            PolicyName::Kept => f.write_str("kept"),
+            PolicyName::Shipped => f.write_str("shipped"),
         }
     }
 }
@@ -345,11 +365,13 @@ impl std::str::FromStr for PolicyName {
             "adaptive" => PolicyName::Adaptive,
             "compute-only" => PolicyName::ComputeOnly,
             "auto" => PolicyName::Auto,
+            "kept" => PolicyName::Kept,
+            "shipped" => PolicyName::Shipped,
             other => match other.strip_prefix("split:").map(str::parse) {
                 Some(Ok(k)) => PolicyName::Split(k),
                 _ => {
                     return Err(format!(
-                        "unknown policy {other:?}: expected none, full, adaptive (SQL) or compute-only, full, auto, split:N (features)"
+                        "unknown policy {other:?}: expected none, full, adaptive (SQL), compute-only, full, auto, split:N (features) or kept, shipped (pipelines)"
                     ));
                 }
             },
@@ -530,8 +552,11 @@ impl Scenario {
                 if partitions.is_some_and(|p| p == 0 || p > 1024) {
                     return Err(bad("data.partitions", "expected 1 to 1024"));
                 }
-                if !matches!(self.workload, WorkloadSpec::Sql { .. }) {
-                    return Err(bad("workload.kind", "TPC-H data needs kind = \"sql\""));
+                if matches!(self.workload, WorkloadSpec::Features { .. }) {
+                    return Err(bad(
+                        "workload.kind",
+                        "TPC-H data needs kind = \"sql\" or \"pipeline\"",
+                    ));
                 }
             }
             DataSpec::Images {
@@ -640,6 +665,23 @@ impl Scenario {
                     return Err(bad("workload.selectivity", "expected 0 to 1"));
                 }
             }
+            WorkloadSpec::Pipeline { steps, repetitions } => {
+                if steps.len() < 2 {
+                    return Err(bad("workload.steps", "expected at least two steps"));
+                }
+                if let Some(i) = steps.iter().skip(1).position(|s| !s.contains("{input}")) {
+                    return Err(bad(
+                        "workload.steps",
+                        format!(
+                            "step {} does not read the previous step's answer: name it {{input}}",
+                            i + 2
+                        ),
+                    ));
+                }
+                if *repetitions == 0 || *repetitions > 10_000 {
+                    return Err(bad("workload.repetitions", "expected 1 to 10000"));
+                }
+            }
             WorkloadSpec::Features { batch, epochs, .. } => {
                 if *batch == 0 || *batch > 4096 {
                     return Err(bad("workload.batch", "expected 1 to 4096"));
@@ -653,7 +695,23 @@ impl Scenario {
             return Err(bad("policies", "expected at least one policy"));
         }
         let sql = matches!(self.workload, WorkloadSpec::Sql { .. });
+        let pipeline = matches!(self.workload, WorkloadSpec::Pipeline { .. });
         for p in &self.policies {
+            if pipeline {
+                if !p.pipeline() {
+                    return Err(bad(
+                        "policies",
+                        format!("{p} does not apply to pipelines; they take kept, shipped"),
+                    ));
+                }
+                continue;
+            }
+            if p.pipeline() {
+                return Err(bad(
+                    "policies",
+                    format!("{p} is a pipeline policy (workload.kind = \"pipeline\")"),
+                ));
+            }
             if sql && !p.sql() {
                 return Err(bad(
                     "policies",
@@ -884,6 +942,9 @@ impl Scenario {
         {
             *duration_s = duration_s.map(|d| d.min(2.0));
             *repetitions = repetitions.map(|_| 1);
+        }
+        if let WorkloadSpec::Pipeline { repetitions, .. } = &mut self.workload {
+            *repetitions = 1;
         }
         for a in &mut self.sweep {
             if a.values.len() > 2 {

@@ -180,6 +180,74 @@ wasm_functions = [
     );
 }
 
+/// A pipeline whose steps are kept at the node moves far fewer bytes than one whose
+/// steps come back and are sent again, with the same final answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_with_and_without_references() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "pipeline-small"
+policies = ["shipped", "kept"]
+timeout_s = 120
+[nodes]
+count = 1
+cpus = 2
+memory = "512MiB"
+capacity = "512MiB"
+[link]
+latency_us = 200
+bandwidth_mbit = 200
+[data]
+kind = "tpch"
+scale = 0.01
+[workload]
+kind = "pipeline"
+repetitions = 2
+steps = [
+  "SELECT l_orderkey, l_partkey, l_quantity, l_extendedprice, l_shipmode FROM lineitem WHERE l_shipdate >= DATE '1995-06-01'",
+  "SELECT l_orderkey, l_quantity, l_extendedprice, l_shipmode FROM {input} WHERE l_partkey % 10 < 3",
+  "SELECT l_shipmode, count(*) AS n, sum(l_quantity) AS q, sum(l_extendedprice) AS p FROM {input} GROUP BY l_shipmode ORDER BY l_shipmode",
+]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    let at = |p: PolicyName| r.runs.iter().find(|x| x.policy == p).expect("run");
+    let (shipped, kept) = (at(PolicyName::Shipped), at(PolicyName::Kept));
+    assert_eq!((shipped.completed, kept.completed), (2, 2));
+    let moved = |x: &csd_testbed::report::RunResult| x.bytes_from_nodes + x.bytes_to_nodes;
+    assert!(
+        moved(kept) * 5 < moved(shipped),
+        "kept {} B vs shipped {} B",
+        moved(kept),
+        moved(shipped)
+    );
+    assert_report_files(dir.path(), &[]);
+    // Pipeline policies belong to pipelines, and every later step reads {input}.
+    let bad = Scenario::parse(
+        r#"
+name = "x"
+policies = ["kept", "full"]
+[nodes]
+count = 1
+[data]
+kind = "tpch"
+scale = 0.01
+[workload]
+kind = "pipeline"
+steps = ["SELECT 1", "SELECT * FROM lineitem"]
+"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("workload.steps") || bad.contains("policies"),
+        "{bad}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_answers_on_one_and_three_nodes() {
     let dir = tempfile::tempdir().expect("tempdir");
