@@ -641,6 +641,40 @@ async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
     assert!(stderr.contains("cold"), "{stderr}");
     let hot = invoke(id.clone()).await;
     assert!(text(&hot).1.contains("hot"), "{:?}", text(&hot));
+    // Pushed SQL runs on the lease too, past the queue, with the same answer.
+    let nums = arrow::record_batch::RecordBatch::try_from_iter([(
+        "x",
+        std::sync::Arc::new(arrow::array::Int64Array::from_iter_values(0..1000))
+            as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    csd_runtime::node_client::NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .put(
+            "nums",
+            "0",
+            nums.schema(),
+            futures::stream::iter([Ok(nums)]),
+        )
+        .await
+        .unwrap();
+    let q = "SELECT count(*) AS n, sum(x) AS s FROM nums WHERE x >= 10";
+    let plain = csd(args(&["sql", "--format", "csv", q], &node.url)).await;
+    let leased = csd(args(
+        &["sql", "--format", "csv", "--lease", &id, q],
+        &node.url,
+    ))
+    .await;
+    assert!(leased.status.success(), "{:?}", text(&leased));
+    assert_eq!(text(&leased).0, "n,s\n990,499455\n");
+    assert_eq!(text(&leased).0, text(&plain).0);
+    assert!(
+        text(&leased).1.contains("1 on leases"),
+        "{:?}",
+        text(&leased)
+    );
+    assert!(!text(&plain).1.contains("on leases"), "{:?}", text(&plain));
     let released = csd(args(&["lease", "--release", &id], &node.url)).await;
     assert!(released.status.success(), "{:?}", text(&released));
     let gone = invoke(id).await;
