@@ -284,8 +284,14 @@ struct ClientCreds {
     /// Leases (ids from `csd lease`, of any of the nodes; comma-separated) that this
     /// command's pushed work runs on where a node holds one: it skips the node's
     /// queue.
-    #[arg(long, env = "CSD_LEASE", value_delimiter = ',')]
-    lease: Vec<String>,
+    #[arg(
+        long = "lease",
+        id = "run_on_lease",
+        value_name = "ID",
+        env = "CSD_LEASE",
+        value_delimiter = ','
+    )]
+    run_on_lease: Vec<String>,
 }
 
 impl ClientCreds {
@@ -297,7 +303,7 @@ impl ClientCreds {
             self.tls_key.as_deref(),
         )?;
         c.leases = self
-            .lease
+            .run_on_lease
             .iter()
             .map(|l| l.trim().to_string())
             .filter(|l| !l.is_empty())
@@ -1438,4 +1444,22 @@ async fn features(args: FeaturesArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Clap checks a command's arguments only when that (sub)command is built: each
+    /// one is checked here (a flag clashing with another, as `--lease` once did with
+    /// `invoke`'s lease argument, would otherwise panic when a user runs it).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        fn check(c: &clap::Command) {
+            c.clone().debug_assert();
+            for s in c.get_subcommands() {
+                check(s);
+            }
+        }
+        check(&super::Cli::command());
+    }
 }

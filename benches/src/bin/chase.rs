@@ -61,6 +61,9 @@ struct Args {
     /// Skip the start-latency and CPU-time-limit parts (for profiling the others).
     #[arg(long)]
     skip_start: bool,
+    /// Run the pushed chase on a leased slot (`csd run --lease`): past admission.
+    #[arg(long)]
+    lease: bool,
 }
 
 #[derive(Serialize)]
@@ -113,7 +116,11 @@ fn pct(mut v: Vec<f64>, p: f64) -> f64 {
 }
 
 async fn session(url: &str) -> CsdSession {
-    Cluster::connect(&[url.to_string()])
+    session_with(url, Default::default()).await
+}
+
+async fn session_with(url: &str, creds: csd_runtime::node_client::Credentials) -> CsdSession {
+    Cluster::connect_with(&[url.to_string()], &creds)
         .await
         .expect("connect")
         .session(SessionOptions::default())
@@ -156,9 +163,23 @@ async fn main() {
     // Held once as `Bytes`, as a client that runs a module repeatedly would.
     let chase = bytes::Bytes::from(guest(&args.chase_guest));
     let mut report = Report::default();
+    let mut creds = csd_runtime::node_client::Credentials::default();
+    if args.lease {
+        let l = direct
+            .lease(1, std::time::Duration::from_secs(3600))
+            .await
+            .expect("lease");
+        creds.leases = vec![l.id];
+    }
     println!(
-        "pointer chase, {n} records, {} Mbit/s, median of {}",
-        args.mbit, args.runs
+        "pointer chase, {n} records, {} Mbit/s, median of {}{}",
+        args.mbit,
+        args.runs,
+        if args.lease {
+            ", pushed on a leased slot"
+        } else {
+            ""
+        }
     );
     println!(
         "{:>8} {:>5} {:>14} {:>12} {:>8}",
@@ -168,7 +189,7 @@ async fn main() {
         let spec = LinkSpec::mbit(args.mbit, (rtt * 500.0) as u64);
         let link = ThrottledLink::start(spec, upstream).await.expect("link");
         let client = NodeClient::connect(&link.url()).await.expect("client");
-        let s = session(&link.url()).await;
+        let s = session_with(&link.url(), creds.clone()).await;
         let job = |hops: u64, start: u64| WasmJob {
             module: chase.clone(),
             table: "chain".into(),
