@@ -387,6 +387,78 @@ async fn a_restarted_node_does_not_compile_again() {
     assert_eq!((st.compiled, st.loaded_from_device), (0, 1), "{st:?}");
 }
 
+/// Flips a byte in the middle of the first extent of the object named `suffix`
+/// under `.csd/wasm/` of the (stopped) node's device file.
+async fn damage(url: &str, dev: &str, suffix: &str) -> impl FnOnce() + use<> {
+    let objects = NodeClient::connect(url)
+        .await
+        .unwrap()
+        .objects(".csd/wasm/")
+        .await
+        .unwrap();
+    let o = objects
+        .iter()
+        .find(|o| o.name.ends_with(suffix))
+        .unwrap_or_else(|| panic!("no {suffix} in {objects:?}"))
+        .clone();
+    let dev = dev.to_string();
+    move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+            .unwrap();
+        let at = o.extents[0].lba * 4096 + (o.len / 2).min(4000);
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        b[0] ^= 0x5a;
+        f.write_all_at(&b, at).unwrap();
+        f.sync_all().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_module_on_the_device_is_compiled_or_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("dev.img").display().to_string();
+    let cfg = config(&dev);
+    let node = start(&cfg).await;
+    load_lineitem(&node.url).await;
+    let j = job(
+        "filter_map",
+        FILTER_MAP_COLUMNS,
+        Some("l_quantity < 30"),
+        &[("mode", "AIR")],
+    );
+    let first = session(&node.url).await.run_wasm(&j).await.unwrap();
+    // The compiled form damaged: the node compiles the module again from its bytes.
+    let flip = damage(&node.url, &dev, ".cwasm").await;
+    node.shutdown().await.unwrap();
+    flip();
+    let node = start(&cfg).await;
+    let again = session(&node.url).await.run_wasm(&j).await.unwrap();
+    assert_eq!(pairs(&again.batches), pairs(&first.batches));
+    assert!(again.endpoints.iter().all(|e| !e.module_sent));
+    let st = sandbox_stats(&node.url).await;
+    assert_eq!((st.compiled, st.loaded_from_device), (1, 0), "{st:?}");
+    // ...and writes it again: the next start loads it without compiling.
+    node.shutdown().await.unwrap();
+    let node = start(&cfg).await;
+    session(&node.url).await.run_wasm(&j).await.unwrap();
+    let st = sandbox_stats(&node.url).await;
+    assert_eq!((st.compiled, st.loaded_from_device), (0, 1), "{st:?}");
+    // Its bytes damaged: the node asks for them and the client sends them again.
+    let flip = damage(&node.url, &dev, ".wasm").await;
+    node.shutdown().await.unwrap();
+    flip();
+    let node = start(&cfg).await;
+    let third = session(&node.url).await.run_wasm(&j).await.unwrap();
+    assert_eq!(pairs(&third.batches), pairs(&first.batches));
+    assert!(third.endpoints.iter().any(|e| e.module_sent));
+    assert_eq!(sandbox_stats(&node.url).await.compiled, 1);
+}
+
 #[test]
 fn a_module_error_keeps_its_kind() {
     let e = Error::DeadlineExceeded("x".into());

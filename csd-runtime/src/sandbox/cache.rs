@@ -124,6 +124,30 @@ impl ModuleStore {
         }
     }
 
+    /// Reads `name`, a damaged copy (checksums or seal wrong) counting as absent
+    /// and removed, so that it is written again.
+    async fn read_intact(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self.read(name).await {
+            Err(Error::Corrupt(why)) => {
+                tracing::warn!("{name} is damaged ({why}); dropping it");
+                self.remove(name).await;
+                Ok(None)
+            }
+            r => r,
+        }
+    }
+
+    async fn remove(&self, name: &str) {
+        let r = match self {
+            ModuleStore::Device(d) => d.delete(name).await.map(drop),
+            ModuleStore::Dir(dir) => std::fs::remove_file(Self::path(dir, name))
+                .map_err(|e| Error::Internal(format!("removing {name}: {e}"))),
+        };
+        if let Err(e) = r {
+            tracing::warn!("removing {name}: {e}");
+        }
+    }
+
     async fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
         match self {
             ModuleStore::Device(d) => d.put(name, bytes).await.map(|_| ()),
@@ -242,33 +266,39 @@ impl ModuleCache {
         let Some(dev) = &self.device else {
             return Ok(None);
         };
-        let Some(source) = dev.read(&Self::source_object(digest)).await? else {
+        let source_name = Self::source_object(digest);
+        let Some(source) = dev.read_intact(&source_name).await? else {
             return Ok(None);
         };
         if ModuleDigest::of(&source) != *digest {
             // A damaged copy: as if it were not there (the client sends it again).
+            tracing::warn!("{source_name} does not hash to its name; dropping it");
+            dev.remove(&source_name).await;
             return Ok(None);
         }
-        let compiled = match dev.read(&self.compiled_object(digest)).await? {
+        let compiled = match dev.read_intact(&self.compiled_object(digest)).await? {
             Some(c) => match dev {
                 ModuleStore::Device(_) => Some(c),
                 ModuleStore::Dir(_) => unsealed(&c).map(<[u8]>::to_vec),
             },
             None => None,
         };
-        let module = match compiled {
-            Some(bytes) => {
-                // SAFETY: the compiled form was written by an engine of this
-                // configuration (its hash is in the name): at a node under `.csd/`,
-                // which no tenant can write or read, read back with its checksums
-                // verified; at the compute side in this user's private directory,
-                // behind the SHA-256 of its contents, checked above.
-                let m = unsafe { Module::deserialize(&self.engine, &bytes) }.map_err(|e| {
-                    Error::Corrupt(format!("the compiled form of module {digest:?}: {e:#}"))
-                })?;
-                (link(linker, *digest, source.len(), &m)?, None)
-            }
+        // SAFETY: the compiled form was written by an engine of this configuration
+        // (its hash is in the name): at a node under `.csd/`, which no tenant can
+        // write or read, read back with its checksums verified; at the compute side
+        // in this user's private directory, behind the SHA-256 of its contents,
+        // checked above.
+        let deserialized = compiled.and_then(|bytes| {
+            unsafe { Module::deserialize(&self.engine, &bytes) }
+                .map_err(|e| {
+                    tracing::warn!("the compiled form of module {digest:?} does not load ({e:#}); compiling it again");
+                })
+                .ok()
+        });
+        let module = match deserialized {
+            Some(m) => (link(linker, *digest, source.len(), &m)?, None),
             None => {
+                // Not compiled for this engine yet, or the compiled form was damaged.
                 let started = std::time::Instant::now();
                 let m = compile(&self.engine, linker, *digest, &source)?;
                 let took = started.elapsed();
