@@ -117,7 +117,16 @@ impl ModuleStore {
                 None => Ok(None),
             },
             ModuleStore::Dir(dir) => match std::fs::read(Self::path(dir, name)) {
-                Ok(b) => Ok(Some(b)),
+                Ok(b) => {
+                    // Its modification time is its last use: what pruning goes by.
+                    if let Ok(f) = std::fs::File::options()
+                        .append(true)
+                        .open(Self::path(dir, name))
+                    {
+                        let _ = f.set_modified(std::time::SystemTime::now());
+                    }
+                    Ok(Some(b))
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(Error::Internal(format!("reading {name}: {e}"))),
             },
@@ -156,8 +165,45 @@ impl ModuleStore {
                 let tmp = path.with_extension(format!("tmp{}", std::process::id()));
                 std::fs::write(&tmp, bytes)
                     .and_then(|()| std::fs::rename(&tmp, &path))
-                    .map_err(|e| Error::Internal(format!("writing {}: {e}", path.display())))
+                    .map_err(|e| Error::Internal(format!("writing {}: {e}", path.display())))?;
+                prune(dir, DIR_BUDGET, &path);
+                Ok(())
             }
+        }
+    }
+}
+
+/// The most a compute-side module directory holds; past it, the files used least
+/// recently go.
+const DIR_BUDGET: u64 = 1 << 30;
+
+/// Removes the least recently modified files of `dir` until it holds at most
+/// `budget` bytes, never `keep` (the file just written).
+fn prune(dir: &Path, budget: u64, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            m.is_file().then(|| {
+                (
+                    m.modified().unwrap_or(std::time::UNIX_EPOCH),
+                    m.len(),
+                    e.path(),
+                )
+            })
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    files.sort();
+    for (_, len, path) in files {
+        if total <= budget {
+            break;
+        }
+        if path != keep && std::fs::remove_file(&path).is_ok() {
+            total = total.saturating_sub(len);
         }
     }
 }
@@ -308,5 +354,33 @@ impl ModuleCache {
         };
         self.insert(module.0.clone());
         Ok(Some(module))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_module_directory_is_pruned_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = |s: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + s);
+        for (name, age) in [("old", 1), ("mid", 2), ("new", 3)] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, vec![0u8; 100]).unwrap();
+            std::fs::File::options()
+                .append(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t(age))
+                .unwrap();
+        }
+        let left = |n: &str| dir.path().join(n).exists();
+        // 300 bytes in a 250-byte budget: the oldest goes, unless it is the file
+        // just written; then the next oldest.
+        super::prune(dir.path(), 250, &dir.path().join("old"));
+        assert!(left("old") && !left("mid") && left("new"));
+        super::prune(dir.path(), 1000, &dir.path().join("new"));
+        assert!(left("old") && left("new"));
+        super::prune(dir.path(), 100, &dir.path().join("new"));
+        assert!(!left("old") && left("new"));
     }
 }
