@@ -74,3 +74,29 @@ pub fn cpu_seconds() -> f64 {
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
     t(u.ru_utime) + t(u.ru_stime)
 }
+
+/// The three-step pipeline the `pipeline` and `shaped --pipeline` benches run over
+/// lineitem: a filter keeping about half the rows, a key filter keeping 30% of
+/// those (reading the first step's answer), an aggregate (reading the second's).
+pub mod pipeline_steps {
+    /// Step 1, over lineitem.
+    pub const STEP1: &str = "SELECT l_orderkey, l_partkey, l_suppkey, l_quantity, l_extendedprice, \
+                             l_discount, l_shipmode FROM lineitem WHERE l_shipdate >= DATE '1995-06-01'";
+
+    /// Step 2, over step 1's answer as table `input`.
+    pub fn step2(input: &str) -> String {
+        format!(
+            "SELECT l_orderkey, l_quantity, l_extendedprice, l_discount, l_shipmode FROM {input} \
+             WHERE l_partkey % 10 < 3"
+        )
+    }
+
+    /// Step 3, over step 2's answer as table `input`.
+    pub fn step3(input: &str) -> String {
+        format!(
+            "SELECT l_shipmode, count(*) AS n, sum(l_quantity) AS quantity, \
+             sum(l_extendedprice * (1 - l_discount)) AS revenue FROM {input} \
+             GROUP BY l_shipmode ORDER BY l_shipmode"
+        )
+    }
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use arrow::record_batch::RecordBatch;
 use clap::Parser;
+use csd_benches::pipeline_steps::{STEP1, step2, step3};
 use csd_benches::{default_json_path, write_json};
 use csd_client::demo::lineitem;
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
@@ -41,24 +42,6 @@ struct Args {
     /// Write the JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-const STEP1: &str = "SELECT l_orderkey, l_partkey, l_suppkey, l_quantity, l_extendedprice, \
-                     l_discount, l_shipmode FROM lineitem WHERE l_shipdate >= DATE '1995-06-01'";
-
-fn step2(input: &str) -> String {
-    format!(
-        "SELECT l_orderkey, l_quantity, l_extendedprice, l_discount, l_shipmode FROM {input} \
-         WHERE l_partkey % 10 < 3"
-    )
-}
-
-fn step3(input: &str) -> String {
-    format!(
-        "SELECT l_shipmode, count(*) AS n, sum(l_quantity) AS quantity, \
-         sum(l_extendedprice * (1 - l_discount)) AS revenue FROM {input} \
-         GROUP BY l_shipmode ORDER BY l_shipmode"
-    )
 }
 
 #[derive(Serialize)]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use csd_benches::pipeline_steps::{STEP1, step2, step3};
 use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
 use csd_testbed::tpch;
 use datafusion::parquet::arrow::ArrowWriter;
@@ -841,24 +842,6 @@ fn print_report(r: &Report) {
             println!("MISMATCH {m}");
         }
     }
-}
-
-const STEP1: &str = "SELECT l_orderkey, l_partkey, l_suppkey, l_quantity, l_extendedprice, \
-                     l_discount, l_shipmode FROM lineitem WHERE l_shipdate >= DATE '1995-06-01'";
-
-fn step2(input: &str) -> String {
-    format!(
-        "SELECT l_orderkey, l_quantity, l_extendedprice, l_discount, l_shipmode FROM {input} \
-         WHERE l_partkey % 10 < 3"
-    )
-}
-
-fn step3(input: &str) -> String {
-    format!(
-        "SELECT l_shipmode, count(*) AS n, sum(l_quantity) AS quantity, \
-         sum(l_extendedprice * (1 - l_discount)) AS revenue FROM {input} \
-         GROUP BY l_shipmode ORDER BY l_shipmode"
-    )
 }
 
 /// `csd ARGS… --node NODE`, output checked.
