@@ -1,6 +1,6 @@
 //! `csd`: run a storage node, load data into it, inspect it, and run the demo.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -98,6 +98,11 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// Write the rows to this file instead of printing them, as they arrive:
+        /// Arrow IPC (`.arrow`, `.ipc`, `.feather`) or Parquet (any other name).
+        /// For what CSV cannot hold (features, lists).
+        #[arg(long)]
+        out: Option<PathBuf>,
         #[command(flatten)]
         creds: ClientCreds,
     },
@@ -721,6 +726,72 @@ async fn run_wasm(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// A file of batches opened on the first one: Arrow IPC or Parquet by extension.
+#[derive(Default)]
+enum BatchFile {
+    #[default]
+    Closed,
+    Ipc(
+        arrow::ipc::writer::FileWriter<std::io::BufWriter<std::fs::File>>,
+        usize,
+    ),
+    Parquet(
+        parquet::arrow::ArrowWriter<std::io::BufWriter<std::fs::File>>,
+        usize,
+    ),
+}
+
+impl BatchFile {
+    fn write(&mut self, path: &Path, b: &arrow::record_batch::RecordBatch) -> Result<()> {
+        let io = |e: std::io::Error| Error::io(format!("writing {}", path.display()), e);
+        if let BatchFile::Closed = self {
+            let f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+            let ipc = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("arrow" | "ipc" | "feather")
+            );
+            *self = if ipc {
+                BatchFile::Ipc(arrow::ipc::writer::FileWriter::try_new(f, &b.schema())?, 0)
+            } else {
+                BatchFile::Parquet(
+                    parquet::arrow::ArrowWriter::try_new(f, b.schema(), None)
+                        .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?,
+                    0,
+                )
+            };
+        }
+        match self {
+            BatchFile::Ipc(w, n) => {
+                w.write(b)?;
+                *n += b.num_rows();
+            }
+            BatchFile::Parquet(w, n) => {
+                w.write(b)
+                    .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?;
+                *n += b.num_rows();
+            }
+            BatchFile::Closed => {}
+        }
+        Ok(())
+    }
+
+    /// Closes the file; the rows written.
+    fn finish(self) -> Result<usize> {
+        Ok(match self {
+            BatchFile::Closed => 0,
+            BatchFile::Ipc(mut w, n) => {
+                w.finish()?;
+                n
+            }
+            BatchFile::Parquet(w, n) => {
+                w.close()
+                    .map_err(|e| Error::InvalidInput(format!("closing the Parquet file: {e}")))?;
+                n
+            }
+        })
+    }
+}
+
 fn print_batches(batches: &[arrow::record_batch::RecordBatch], format: Format) -> Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -1058,11 +1129,26 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
         Command::Get {
             refs,
             format,
+            out,
             creds,
         } => {
             use futures::TryStreamExt;
+            let refs = read_refs(&refs)?;
+            if let Some(path) = out {
+                let mut file = BatchFile::default();
+                for r in &refs {
+                    let client = creds.connect(&r.location).await?;
+                    let mut stream = client.resolve(r).await?;
+                    while let Some(b) = stream.try_next().await? {
+                        file.write(&path, &b)?;
+                    }
+                }
+                let rows = file.finish()?;
+                eprintln!("{rows} rows written to {}", path.display());
+                return Ok(());
+            }
             let mut batches = Vec::new();
-            for r in read_refs(&refs)? {
+            for r in refs {
                 let client = creds.connect(&r.location).await?;
                 let got: Vec<_> = client.resolve(&r).await?.try_collect().await?;
                 batches.extend(got);

@@ -467,6 +467,35 @@ async fn sql_keep_prints_references_that_get_resolves_and_release_frees() {
         .collect();
     assert!(!local_rows.is_empty());
     assert_eq!(got_rows, local_rows, "kept answer differs from the query's");
+    // Into a file instead (Parquet, or Arrow IPC by extension): the same rows.
+    for name in ["kept.parquet", "kept.arrow"] {
+        let file = dir.path().join(name);
+        let out = csd(vec![
+            "get".into(),
+            refs.to_str().unwrap().into(),
+            "--out".into(),
+            file.to_str().unwrap().into(),
+        ])
+        .await;
+        assert!(out.status.success(), "{:?}", text(&out));
+        let rows: usize = if name.ends_with(".arrow") {
+            arrow::ipc::reader::FileReader::try_new(std::fs::File::open(&file).unwrap(), None)
+                .unwrap()
+                .map(|b| b.unwrap().num_rows())
+                .sum()
+        } else {
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&file).unwrap(),
+            )
+            .unwrap()
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap().num_rows())
+            .sum()
+        };
+        assert_eq!(rows, got_rows.len(), "{name}");
+        assert!(text(&out).1.contains("rows written to"), "{:?}", text(&out));
+    }
 
     let listed = csd(args(&["refs"], &node.url)).await;
     assert_eq!(text(&listed).0.lines().count(), 2, "{:?}", text(&listed));
