@@ -70,14 +70,16 @@ fn lease_header(m: &tonic::metadata::MetadataMap) -> Option<String> {
 
 /// What an operator request runs under: admission's permit, or a lease's slot.
 enum Slot {
-    Admitted(crate::admission::Permit),
+    /// Admission's permit, and the tenant's request slot when the request came
+    /// on a lease that could not take it.
+    Admitted(crate::admission::Permit, Option<crate::auth::RequestSlot>),
     Leased(crate::lease::LeaseRun),
 }
 
 impl Slot {
     /// Marks it run to completion (an admitted request's time teaches the cost model).
     fn complete(&mut self) {
-        if let Slot::Admitted(p) = self {
+        if let Slot::Admitted(p, _) = self {
             p.complete();
         }
     }
@@ -85,7 +87,7 @@ impl Slot {
     fn lease(&self) -> Option<&str> {
         match self {
             Slot::Leased(l) => Some(l.id()),
-            Slot::Admitted(_) => None,
+            Slot::Admitted(..) => None,
         }
     }
 }
@@ -442,6 +444,19 @@ impl FlightNode {
                 (Slot::Leased(run), waited, std::time::Duration::ZERO, None)
             }
             None => {
+                // Sent on a lease of its tenant that could not take it (its memory):
+                // the request slot `do_get` left to the lease is taken now.
+                let quota = match &lease {
+                    Some(ids)
+                        if self
+                            .state
+                            .leases
+                            .holds(ids, Self::ref_owner(&ctx.principal)) =>
+                    {
+                        Some(ctx.principal.request_slot()?)
+                    }
+                    _ => None,
+                };
                 let ask = Ask {
                     operator: op.cost_key(&args).unwrap_or_else(|| name.to_string()),
                     tenant,
@@ -459,7 +474,7 @@ impl FlightNode {
                 })?;
                 let (waited, estimated) = (permit.waited, permit.estimate);
                 let why = self.state.admission.why_waited(waited, estimated, patient);
-                (Slot::Admitted(permit), waited, estimated, why)
+                (Slot::Admitted(permit, quota), waited, estimated, why)
             }
         };
         let lease_id = permit.lease().map(str::to_string);

@@ -535,7 +535,8 @@ async fn claimed_identities_quotas_and_reload() {
         }
     });
     let mut refused = None;
-    for _ in 0..100 {
+    // Until the upload reaches the node (seconds when the whole suite shares 2 cores).
+    for _ in 0..1000 {
         match small.scan("q_tiny", None, &[]).await {
             Err(e) => {
                 refused = Some(e);
@@ -912,4 +913,23 @@ async fn a_lease_holds_its_tenants_request_quota_and_runs_its_requests_within_it
     // Released, the quota's request comes back.
     leaser.release_lease(&lease.id).await.unwrap();
     session("leaser-token", vec![]).await.run(q).await.unwrap();
+    // A lease too small for the request (1 byte of memory): it goes through
+    // admission, and takes a request slot there — the lease holds the only one.
+    let small = leaser
+        .lease_with(&csd_runtime::protocol::LeaseRequest {
+            slots: 1,
+            seconds: 30.0,
+            idle_seconds: None,
+            memory: Some(ByteSize(1)),
+        })
+        .await
+        .unwrap();
+    let e = session("leaser-token", vec![small.id.clone()])
+        .await
+        .run(q)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_requests"), "{e}");
+    leaser.release_lease(&small.id).await.unwrap();
 }
