@@ -72,22 +72,25 @@ fn lease_header(m: &tonic::metadata::MetadataMap) -> Option<String> {
 enum Slot {
     /// Admission's permit, and the tenant's request slot when the request came
     /// on a lease that could not take it.
-    Admitted(crate::admission::Permit, Option<crate::auth::RequestSlot>),
+    Admitted {
+        permit: crate::admission::Permit,
+        _quota: Option<crate::auth::RequestSlot>,
+    },
     Leased(crate::lease::LeaseRun),
 }
 
 impl Slot {
     /// Marks it run to completion (an admitted request's time teaches the cost model).
     fn complete(&mut self) {
-        if let Slot::Admitted(p, _) = self {
-            p.complete();
+        if let Slot::Admitted { permit, .. } = self {
+            permit.complete();
         }
     }
 
     fn lease(&self) -> Option<&str> {
         match self {
             Slot::Leased(l) => Some(l.id()),
-            Slot::Admitted(..) => None,
+            Slot::Admitted { .. } => None,
         }
     }
 }
@@ -474,7 +477,11 @@ impl FlightNode {
                 })?;
                 let (waited, estimated) = (permit.waited, permit.estimate);
                 let why = self.state.admission.why_waited(waited, estimated, patient);
-                (Slot::Admitted(permit, quota), waited, estimated, why)
+                let slot = Slot::Admitted {
+                    permit,
+                    _quota: quota,
+                };
+                (slot, waited, estimated, why)
             }
         };
         let lease_id = permit.lease().map(str::to_string);
