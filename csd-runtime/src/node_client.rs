@@ -99,8 +99,14 @@ impl From<tonic::Status> for Error {
         if s.code() == tonic::Code::ResourceExhausted
             && let Some(ms) = meta(RETRY_AFTER_METADATA).and_then(|v| v.parse::<u64>().ok())
         {
+            // A csd node's message repeats the hint this error prints: keep its reason.
+            let m = s.message();
+            let reason = m
+                .strip_prefix("node overloaded, retry in ")
+                .and_then(|r| r.split_once(" ms: "))
+                .map_or(m, |(_, reason)| reason);
             return Error::Busy {
-                message: s.message().to_string(),
+                message: reason.to_string(),
                 retry_after: Duration::from_millis(ms),
             };
         }
@@ -1019,5 +1025,33 @@ impl ReplyStats {
     /// The node's report, if it has arrived.
     pub fn report(&self) -> Option<OperatorReport> {
         self.report.lock().ok().and_then(|g| g.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_nodes_refusal_says_its_hint_once() {
+        let node_side = crate::error::Error::Busy {
+            reason: "no lease of 5 slots now: the node has 2 CPU workers".into(),
+            retry_after: Duration::from_millis(500),
+        };
+        let status: tonic::Status = node_side.into();
+        let e = Error::from(status).to_string();
+        assert_eq!(
+            e,
+            "storage node overloaded (retry in 500 ms): no lease of 5 slots now: the node has 2 CPU workers"
+        );
+        // Another Flight server's message is kept whole.
+        let mut other = tonic::Status::resource_exhausted("queue full");
+        other
+            .metadata_mut()
+            .insert(RETRY_AFTER_METADATA, "20".parse().unwrap());
+        assert_eq!(
+            Error::from(other).to_string(),
+            "storage node overloaded (retry in 20 ms): queue full"
+        );
     }
 }
