@@ -246,17 +246,6 @@ impl Leases {
         Ok(info)
     }
 
-    /// Whether one of `ids` names a live lease of `tenant` (`None`: any) here.
-    pub fn holds(&self, ids: &str, tenant: Option<&str>) -> bool {
-        let now = now_unix_ms();
-        let leases = self.lock();
-        ids.split(',').map(str::trim).any(|id| {
-            leases
-                .get(id)
-                .is_some_and(|l| !l.over(now) && tenant.is_none_or(|t| t == l.info.tenant))
-        })
-    }
-
     /// A slot to run an operator request needing `memory` bytes on, from the first
     /// of `ids` (a `csd-lease` header's) this node holds, for `tenant` (`None`: an
     /// admin): waits for one of the lease's slots. `None` when the node holds none
@@ -269,26 +258,20 @@ impl Leases {
         tenant: Option<&str>,
         memory: u64,
     ) -> Result<Option<LeaseRun>> {
-        let held = {
-            let leases = self.lock();
-            ids.split(',')
-                .map(str::trim)
-                .find(|id| leases.contains_key(*id))
-                .map(str::to_string)
-        };
-        let Some(id) = held else { return Ok(None) };
-        let l = match self.get(&id, tenant) {
-            Ok(l) => l,
-            Err(Error::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
+        let mut held = None;
+        for id in ids.split(',').map(str::trim) {
+            match self.get(id, tenant) {
+                Ok(l) => {
+                    held = Some(l);
+                    break;
+                }
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(l) = held else { return Ok(None) };
         let waiting = std::time::Instant::now();
-        let permit = l.running.clone().acquire_owned().await.map_err(|_| {
-            Error::NotFound(format!(
-                "lease {} ended while the request waited",
-                truncated(&id)
-            ))
-        })?;
+        let permit = Self::acquire(&l).await?;
         let waited = waiting.elapsed();
         let memory = if l.info.memory > 0 {
             let fits = l
@@ -314,6 +297,17 @@ impl Leases {
             waited,
         }))
     }
+
+    /// One of lease `l`'s slots, waiting for one.
+    async fn acquire(l: &Lease) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        l.running.clone().acquire_owned().await.map_err(|_| {
+            Error::NotFound(format!(
+                "lease {} ended while the call waited",
+                truncated(&l.info.id)
+            ))
+        })
+    }
+
     fn get(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Lease>> {
         let now = now_unix_ms();
         let l = self
@@ -349,13 +343,7 @@ impl Leases {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        let l = self.get(id, tenant)?;
-        l.running.clone().acquire_owned().await.map_err(|_| {
-            Error::NotFound(format!(
-                "lease {} ended while the call waited",
-                truncated(id)
-            ))
-        })
+        Self::acquire(&*self.get(id, tenant)?).await
     }
 
     /// Notes that lease `id`'s holder is alive (for `tenant`; `None`: an admin).

@@ -440,17 +440,19 @@ impl RefStore {
             .collect();
         let mut out = r;
         for mut g in group {
-            let had = g.readers.iter().any(|x| x == to);
-            match (revoke, had) {
-                (false, false) => g.readers.push(to.to_string()),
-                (true, true) => g.readers.retain(|x| x != to),
-                _ => {}
+            // A change only when it is not already as asked.
+            if g.readers.iter().any(|x| x == to) == revoke {
+                if revoke {
+                    g.readers.retain(|x| x != to);
+                } else {
+                    g.readers.push(to.to_string());
+                }
+                self.write_record(&g).await?;
+                self.lock().insert(g.id.clone(), g.clone());
             }
-            self.write_record(&g).await?;
             if g.id == id {
-                out = g.clone();
+                out = g;
             }
-            self.lock().insert(g.id.clone(), g);
         }
         Ok(out)
     }

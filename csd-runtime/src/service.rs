@@ -59,7 +59,6 @@ use crate::table::{ObjectReader, ParquetObject, Table};
 /// which measures buffer capacity, would otherwise cut slices again.
 const ENCODER_LIMIT: usize = crate::protocol::MAX_MESSAGE_BYTES / 4;
 
-/// `stream`, holding `permit` until it ends or is dropped.
 /// The `csd-lease` header of a request (lease ids, comma-separated), if any.
 fn lease_header(m: &tonic::metadata::MetadataMap) -> Option<String> {
     m.get(crate::protocol::LEASE_METADATA)
@@ -70,11 +69,11 @@ fn lease_header(m: &tonic::metadata::MetadataMap) -> Option<String> {
 
 /// What an operator request runs under: admission's permit, or a lease's slot.
 enum Slot {
-    /// Admission's permit, and the tenant's request slot when the request came
-    /// on a lease that could not take it.
+    /// Admission's permit and one of the tenant's request slots (`max_requests`;
+    /// a lease holds its own).
     Admitted {
         permit: crate::admission::Permit,
-        _quota: Option<crate::auth::RequestSlot>,
+        _request: crate::auth::RequestSlot,
     },
     Leased(crate::lease::LeaseRun),
 }
@@ -95,6 +94,7 @@ impl Slot {
     }
 }
 
+/// `stream`, holding `permit` until it ends or is dropped.
 fn holding<S, T, G>(stream: S, permit: G) -> BoxStream<'static, T>
 where
     S: Stream<Item = T> + Send + 'static,
@@ -447,19 +447,7 @@ impl FlightNode {
                 (Slot::Leased(run), waited, std::time::Duration::ZERO, None)
             }
             None => {
-                // Sent on a lease of its tenant that could not take it (its memory):
-                // the request slot `do_get` left to the lease is taken now.
-                let quota = match &lease {
-                    Some(ids)
-                        if self
-                            .state
-                            .leases
-                            .holds(ids, Self::ref_owner(&ctx.principal)) =>
-                    {
-                        Some(ctx.principal.request_slot()?)
-                    }
-                    _ => None,
-                };
+                let request = ctx.principal.request_slot()?;
                 let ask = Ask {
                     operator: op.cost_key(&args).unwrap_or_else(|| name.to_string()),
                     tenant,
@@ -479,7 +467,7 @@ impl FlightNode {
                 let why = self.state.admission.why_waited(waited, estimated, patient);
                 let slot = Slot::Admitted {
                     permit,
-                    _quota: quota,
+                    _request: request,
                 };
                 (slot, waited, estimated, why)
             }
@@ -725,7 +713,6 @@ impl FlightNode {
             .state
             .refs
             .check_ttl(std::time::Duration::from_millis(keep_ms))?;
-        let _slot = who.request_slot()?;
         let room = match who.tenant().and_then(|t| t.max_stored_bytes) {
             Some(limit) => {
                 let stored = self.stored_by(&who);
@@ -1229,17 +1216,18 @@ impl FlightService for FlightNode {
         self.state.counters.do_get.fetch_add(1, Ordering::Relaxed);
         let who = self.who(&request)?;
         let lease = lease_header(request.metadata());
-        // Requests on a lease run within the request slots the lease holds.
-        let slot = match &lease {
-            Some(ids) if self.state.leases.holds(ids, Self::ref_owner(&who)) => None,
-            _ => Some(who.request_slot()?),
-        };
         let tenant = self.state.admission.bucket(who.name());
         let peer = request.remote_addr().map(|a| a.ip());
         let (ticket, seal) = Ticket::decode_sealed(&request.get_ref().ticket)?;
         if let Some(seal) = &seal {
             self.state.ticket_key.verify(seal, &who)?;
         }
+        // An operator request takes its request slot where it is admitted (on a
+        // lease it runs within the slots the lease holds); the others here.
+        let slot = match &ticket {
+            Ticket::Operator { .. } => None,
+            _ => Some(who.request_slot()?),
+        };
         let stream = match ticket {
             Ticket::Operator {
                 keep_ms: Some(_), ..

@@ -363,8 +363,10 @@ async fn sandbox_stats(url: &str) -> csd_runtime::sandbox::SandboxStats {
     c.stats().await.unwrap().sandbox
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_node_does_not_compile_again() {
+/// A node on a device file (its folder, path and settings) with lineitem loaded, and
+/// the filter_map job over it.
+async fn filter_map_on_a_device_file()
+-> (tempfile::TempDir, String, NodeConfig, RunningNode, WasmJob) {
     let dir = tempfile::tempdir().unwrap();
     let dev = dir.path().join("dev.img").display().to_string();
     let cfg = config(&dev);
@@ -376,6 +378,12 @@ async fn a_restarted_node_does_not_compile_again() {
         Some("l_quantity < 30"),
         &[("mode", "AIR")],
     );
+    (dir, dev, cfg, node, j)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_does_not_compile_again() {
+    let (_dir, _, cfg, node, j) = filter_map_on_a_device_file().await;
     let first = session(&node.url).await.run_wasm(&j).await.unwrap();
     assert_eq!(sandbox_stats(&node.url).await.compiled, 1);
     node.shutdown().await.unwrap();
@@ -420,17 +428,7 @@ async fn damage(url: &str, dev: &str, suffix: &str) -> impl FnOnce() + use<> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_module_on_the_device_is_compiled_or_sent_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let dev = dir.path().join("dev.img").display().to_string();
-    let cfg = config(&dev);
-    let node = start(&cfg).await;
-    load_lineitem(&node.url).await;
-    let j = job(
-        "filter_map",
-        FILTER_MAP_COLUMNS,
-        Some("l_quantity < 30"),
-        &[("mode", "AIR")],
-    );
+    let (_dir, dev, cfg, node, j) = filter_map_on_a_device_file().await;
     let first = session(&node.url).await.run_wasm(&j).await.unwrap();
     // The compiled form damaged: the node compiles the module again from its bytes.
     let flip = damage(&node.url, &dev, ".cwasm").await;
