@@ -172,7 +172,17 @@ impl RefStore {
             else {
                 continue;
             };
-            let record = store.get_all(&o.name).await?;
+            let record = match store.get_all(&o.name).await {
+                Ok(r) => r,
+                // A damaged record: the result is freed (its partition becomes an
+                // orphan, freed below) rather than the node refusing to start.
+                Err(e @ Error::Corrupt(_)) => {
+                    tracing::warn!("freeing kept result {id}: its record is damaged ({e})");
+                    let _ = store.delete(&o.name).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match serde_json::from_slice::<RefInfo>(&record) {
                 Ok(r) if r.id == id && is_ref_table(&r.table) => {
                     let there = tables

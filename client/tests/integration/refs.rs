@@ -442,6 +442,45 @@ async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
         long.iter().map(|k| k.bytes).sum::<u64>(),
         "space accounting balances"
     );
+    // A flipped byte in one reference's record: the node still starts, that
+    // reference is freed, the others still resolve.
+    let records = NodeClient::connect(&node.url)
+        .await
+        .unwrap()
+        .objects(csd_runtime::refs::REF_PREFIX)
+        .await
+        .unwrap();
+    let damaged = records.first().expect("a reference's record").clone();
+    node.shutdown().await.unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join("dev"))
+            .unwrap();
+        let at = damaged.extents[0].lba * 4096 + damaged.len / 2;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
+    }
+    let node = node_on(&device).await;
+    let at = |r: &Reference| Reference {
+        location: node.url.clone(),
+        ..r.clone()
+    };
+    let mut gone = 0;
+    for k in &long {
+        match resolve(&at(&k.reference)).await {
+            Ok(_) => {}
+            Err((c, m)) => {
+                assert_eq!(c, Code::NotFound, "{m}");
+                gone += 1;
+            }
+        }
+    }
+    assert_eq!(gone, 1, "only the damaged reference is gone");
+    assert_eq!(ref_objects(&node.url).await, parts - 1);
     node.shutdown().await.unwrap();
 }
 
