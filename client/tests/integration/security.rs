@@ -518,20 +518,30 @@ async fn claimed_identities_quotas_and_reload() {
 
     // Concurrent requests: small may have one request at a time. An upload left
     // open (its stream not ended) holds the one it has.
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(Ok(tiny.clone())).await.unwrap();
+    // The upload is tried again while a probe below holds the slot as it arrives
+    // (refused itself for max_requests); each try hands its stream's sender over.
+    let (senders_tx, mut senders) = tokio::sync::mpsc::unbounded_channel();
     let held = tokio::spawn({
         let small = small.clone();
-        let schema = tiny.schema();
+        let tiny = tiny.clone();
         async move {
-            small
-                .put(
-                    "q_tiny",
-                    "0",
-                    schema,
-                    tokio_stream::wrappers::ReceiverStream::new(rx),
-                )
-                .await
+            loop {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                tx.send(Ok(tiny.clone())).await.unwrap();
+                senders_tx.send(tx).unwrap();
+                match small
+                    .put(
+                        "q_tiny",
+                        "0",
+                        tiny.schema(),
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                    )
+                    .await
+                {
+                    Err(e) if e.code() == Some(Code::ResourceExhausted) => continue,
+                    r => return r,
+                }
+            }
         }
     });
     let mut refused = None;
@@ -545,6 +555,10 @@ async fn claimed_identities_quotas_and_reload() {
             Ok(s) => drop(s),
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut tx = senders.recv().await.unwrap();
+    while let Ok(newer) = senders.try_recv() {
+        tx = newer;
     }
     let (c, m) = code::<()>(Err(refused.expect("a second request refused")));
     assert_eq!(c, Code::ResourceExhausted, "{m}");
