@@ -223,6 +223,10 @@ enum Command {
     /// query and no -f, reads statements from stdin (an interactive prompt on a
     /// terminal), each ended by `;`.
     Sql(SqlArgs),
+    /// Run a compute-tier worker (datafusion-distributed) for `csd sql --workers`: it
+    /// runs the stages of pushdown plans, with its own connections to the storage
+    /// nodes (made with its own token and TLS settings).
+    Worker(WorkerArgs),
     /// Run a WebAssembly module (a guest built with csd-guest, or any module speaking
     /// its ABI) over a table at the nodes that hold it; print the union of its outputs
     /// (or its merged aggregate) on stdout.
@@ -371,8 +375,33 @@ struct SqlArgs {
     /// With --keep: how long the nodes keep it (e.g. 90s, 10m, 2h, 1d).
     #[arg(long, default_value = "10m", requires = "keep", value_parser = parse_ttl)]
     ttl: std::time::Duration,
+    /// Run the plan's stages on these workers (`csd worker`; comma-separated
+    /// `host:port` or `grpc://host:port`): this process plans and merges.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["no_pushdown", "keep"])]
+    workers: Vec<String>,
+    /// With --workers: the worker nearest a storage node, `NODE_URL=WORKER_URL`
+    /// (repeatable; default: a worker on the node's host, else any).
+    #[arg(long = "near", value_name = "NODE=WORKER", requires = "workers")]
+    near: Vec<String>,
     /// The SQL (one or more statements separated by `;`).
     query: Option<String>,
+    #[command(flatten)]
+    creds: ClientCreds,
+}
+
+#[derive(clap::Args)]
+struct WorkerArgs {
+    /// Address to serve the worker on.
+    #[arg(long, default_value = "127.0.0.1:50061", env = "CSD_WORKER_LISTEN")]
+    listen: std::net::SocketAddr,
+    /// Storage nodes to connect to at start-up (repeatable; others named by a plan
+    /// are connected when first needed).
+    #[arg(long = "node")]
+    nodes: Vec<String>,
+    /// Fragments handed back by the nodes that this worker evaluates at once
+    /// (default: its cores).
+    #[arg(long)]
+    local_slots: Option<usize>,
     #[command(flatten)]
     creds: ClientCreds,
 }
@@ -650,6 +679,28 @@ async fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> Result<()> {
     Ok(())
 }
 
+async fn worker(args: WorkerArgs) -> Result<()> {
+    let env = csd_query_pushdown::WorkerEnv::new(args.creds.credentials()?, args.local_slots)?;
+    env.connect(&args.nodes).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Error::io(format!("binding {}", args.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("the worker's address", e))?;
+    println!("csd worker listening on grpc://{addr}");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::io("waiting for SIGTERM", e))?;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    csd_query_pushdown::serve_worker_on(env, listener, stop).await?;
+    Ok(())
+}
+
 async fn run_wasm(args: RunArgs) -> Result<()> {
     let module = std::fs::read(&args.wasm).map_err(|e| Error::io(args.wasm.display(), e))?;
     let mut kv = std::collections::BTreeMap::new();
@@ -855,7 +906,9 @@ async fn run_sql(
         r.rows(),
         r.elapsed.as_secs_f64() * 1e3,
         r.bytes_moved,
-        if session.pushdown() {
+        if !session.workers().is_empty() {
+            format!(" (pushdown, stages on {} workers)", session.workers().len())
+        } else if session.pushdown() {
             format!(
                 " (pushdown: nodes read {scanned} bytes from their devices; {} fragments, {node_ms:.1} ms run at the nodes in all, {handed_back} handed back{})",
                 r.node_runs.len(),
@@ -875,13 +928,25 @@ async fn run_sql(
 async fn sql(args: SqlArgs) -> Result<()> {
     let cluster =
         csd_query_pushdown::Cluster::connect_with(&args.nodes, &args.creds.credentials()?).await?;
-    let session = cluster
-        .session(csd_query_pushdown::SessionOptions {
-            pushdown: !args.no_pushdown,
-            compression: args.compression.parse()?,
-            ..Default::default()
-        })
-        .await?;
+    let opts = csd_query_pushdown::SessionOptions {
+        pushdown: !args.no_pushdown,
+        compression: args.compression.parse()?,
+        ..Default::default()
+    };
+    let session = if args.workers.is_empty() {
+        cluster.session(opts).await?
+    } else {
+        let mut workers = csd_query_pushdown::Workers::new(args.workers.iter().cloned());
+        for n in &args.near {
+            let (node, worker) = n.split_once('=').ok_or_else(|| {
+                Error::InvalidInput(format!("--near {n:?}: write NODE_URL=WORKER_URL"))
+            })?;
+            workers
+                .locality
+                .insert(node.to_string(), worker.to_string());
+        }
+        cluster.distributed_session(opts, &workers).await?
+    };
     for spec in &args.wasm_fns {
         let (name, file, export) = parse_wasm_fn(spec)?;
         let module = std::fs::read(&file).map_err(|e| Error::io(file.display(), e))?;
@@ -985,6 +1050,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
             serve(args, serve_matches).await
         }
         Command::Sql(args) => sql(args).await,
+        Command::Worker(args) => worker(args).await,
         Command::Run(args) => run_wasm(args).await,
         Command::Features(args) => features(args).await,
         Command::Put {

@@ -278,6 +278,24 @@ impl NodeClient {
 
     /// [`connect`](Self::connect) with a token and TLS settings.
     pub async fn connect_with(url: &str, credentials: &Credentials) -> Result<Self> {
+        let endpoint = Self::endpoint(url, credentials)?;
+        let channel = endpoint.connect().await.map_err(|source| Error::Connect {
+            url: url.to_string(),
+            source,
+        })?;
+        Self::over(url, channel, credentials)
+    }
+
+    /// [`connect_with`](Self::connect_with), connecting on the first call instead of
+    /// now (for code that cannot wait here, such as a plan being decoded; a node that
+    /// cannot be reached fails that call). Needs a Tokio runtime.
+    pub fn connect_lazy_with(url: &str, credentials: &Credentials) -> Result<Self> {
+        let channel = Self::endpoint(url, credentials)?.connect_lazy();
+        Self::over(url, channel, credentials)
+    }
+
+    /// The transport endpoint of `url` with `credentials`' TLS settings.
+    fn endpoint(url: &str, credentials: &Credentials) -> Result<Endpoint> {
         let (tls, http) = match url.split_once("://") {
             Some(("grpc" | "http", rest)) => (false, format!("http://{rest}")),
             Some(("grpc+tls" | "grpcs" | "https", rest)) => (true, format!("https://{rest}")),
@@ -313,6 +331,15 @@ impl NodeClient {
                 ))
             })?;
         }
+        Ok(endpoint
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(crate::protocol::STREAM_WINDOW)
+            .initial_connection_window_size(crate::protocol::CONNECTION_WINDOW))
+    }
+
+    /// A client over `channel` to `url`, sending `credentials`' token and leases.
+    fn over(url: &str, channel: Channel, credentials: &Credentials) -> Result<Self> {
         let authorization = match &credentials.token {
             Some(t) => {
                 let mut v: tonic::metadata::MetadataValue<_> =
@@ -326,17 +353,6 @@ impl NodeClient {
             }
             None => None,
         };
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .initial_stream_window_size(crate::protocol::STREAM_WINDOW)
-            .initial_connection_window_size(crate::protocol::CONNECTION_WINDOW)
-            .connect()
-            .await
-            .map_err(|source| Error::Connect {
-                url: url.to_string(),
-                source,
-            })?;
         let raw = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);

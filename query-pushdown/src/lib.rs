@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `compute` | the compute tier | the DataFusion session over a cluster, the table provider, the optimizer rules that choose what to push, [`CsdScanExec`], join-key collection, the local gate, the no-pushdown baseline |
 //! | `node` | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
+//! | `compute::distributed` | the compute tier's workers | running pushdown plans on `datafusion-distributed` workers (`csd worker`): the codec of our plan nodes, placing scan tasks beside their nodes, the worker's session ([`Cluster::distributed_session`], [`WorkerEnv`]) |
 //! | `eval` | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
 //! | [`wire`] | both (the protocol) | the fragment message and its limits, the join-key filter as it travels, the functions a node may evaluate |
 //!
@@ -45,6 +46,10 @@ mod node;
 mod options;
 pub mod wire;
 
+pub use compute::distributed::{
+    CsdCodec, Placement, WorkerEnv, WorkerSessions, Workers, serve_worker, serve_worker_on,
+    worker_sessions,
+};
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
 pub use compute::provider::Encoded;

@@ -710,3 +710,106 @@ async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
     assert!(!gone.status.success());
     assert!(text(&gone).1.contains("not held here"), "{:?}", text(&gone));
 }
+
+/// `csd worker` as its own process, and the URL it prints.
+fn spawn_worker() -> (std::process::Child, String) {
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_csd"))
+        .args(["worker", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(worker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("grpc://"))
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    (worker, url)
+}
+
+/// `csd sql --workers` with two `csd worker` processes: the same CSV as one
+/// process, for aggregates, joins and top-k; with a worker killed (-9), the query
+/// fails in bounded time with a message that names the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_named() {
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let (a, b) = (sql_node().await, sql_node().await);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv);
+    for (node, part) in [(&a.url, "0"), (&b.url, "1")] {
+        let put = csd(args(
+            &[
+                "put",
+                csv.to_str().unwrap(),
+                "--table",
+                "t",
+                "--partition",
+                part,
+            ],
+            node,
+        ))
+        .await;
+        assert!(put.status.success(), "{:?}", text(&put));
+    }
+    let (w1, u1) = spawn_worker();
+    let (w2, u2) = spawn_worker();
+    let mut w1 = Kill(w1);
+    let _w2 = Kill(w2);
+    let workers = format!("{u1},{u2}");
+    let queries = [
+        "select city, sum(amount) s, count(*) n from t group by city order by city",
+        "select x.name, count(*) c from t x join t y on x.name = y.name \
+         where x.city = 'oslo' and y.amount > 50 group by x.name order by x.name",
+        "select name, amount from t where city <> 'lima' order by amount desc, name limit 7",
+    ];
+    let run = |q: &str, workers: Option<&str>| {
+        let mut v = vec![
+            "sql".to_string(),
+            "--format".into(),
+            "csv".into(),
+            "--node".into(),
+            a.url.clone(),
+            "--node".into(),
+            b.url.clone(),
+        ];
+        if let Some(w) = workers {
+            v.extend(["--workers".into(), w.to_string()]);
+        }
+        v.push(q.to_string());
+        csd(v)
+    };
+    for q in queries {
+        let here = run(q, None).await;
+        let there = run(q, Some(&workers)).await;
+        assert!(here.status.success(), "{:?}", text(&here));
+        assert!(there.status.success(), "{q}: {:?}", text(&there));
+        assert_eq!(text(&here).0, text(&there).0, "{q}");
+        assert!(
+            text(&there).1.contains("stages on 2 workers"),
+            "{:?}",
+            text(&there)
+        );
+        assert!(!text(&there).0.trim().is_empty());
+    }
+    w1.0.kill().unwrap();
+    w1.0.wait().unwrap();
+    let started = std::time::Instant::now();
+    let dead = run(queries[1], Some(&workers)).await;
+    assert!(!dead.status.success(), "{:?}", text(&dead));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let err = text(&dead).1;
+    println!("{err}");
+    assert!(err.contains(&u1) && err.contains("worker"), "{err}");
+}

@@ -69,6 +69,18 @@ impl TableEndpoints {
         }
     }
 
+    /// The same table with `endpoints` only.
+    pub(crate) fn with_endpoints(&self, endpoints: Vec<Endpoint>) -> Self {
+        TableEndpoints {
+            name: self.name.clone(),
+            schema: self.schema.clone(),
+            endpoints,
+            compression: self.compression,
+            ranges: self.ranges.clone(),
+            local: self.local.clone(),
+        }
+    }
+
     /// Table name.
     pub fn name(&self) -> &str {
         &self.name

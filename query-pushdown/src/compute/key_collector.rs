@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,8 +18,8 @@ use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, RecordBatchStream,
-    ReplaceChildrenOptions, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PhysicalExpr,
+    PlanProperties, RecordBatchStream, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::Stream;
 use tokio::sync::watch;
@@ -28,8 +29,11 @@ use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
 /// The keys of one hash join's build side, collected as its partitions run.
 #[derive(Debug)]
 pub(crate) struct KeyCollector {
+    /// Names it within a plan (how a scan finds it again in a decoded plan).
+    id: u64,
     exprs: Vec<Arc<dyn PhysicalExpr>>,
-    parts: usize,
+    /// Build partitions: those of [`KeyCollectExec`]'s input, set when it is built.
+    parts: AtomicUsize,
     wait: Duration,
     bits_per_key: usize,
     state: Mutex<Collect>,
@@ -54,9 +58,28 @@ impl KeyCollector {
         wait: Duration,
         bits_per_key: usize,
     ) -> Self {
-        KeyCollector {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self::with_id(
+            NEXT.fetch_add(1, Ordering::Relaxed),
             exprs,
             parts,
+            wait,
+            bits_per_key,
+        )
+    }
+
+    /// [`new`](Self::new) with a given id (a plan decoded elsewhere).
+    pub(crate) fn with_id(
+        id: u64,
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+        parts: usize,
+        wait: Duration,
+        bits_per_key: usize,
+    ) -> Self {
+        KeyCollector {
+            id,
+            exprs,
+            parts: AtomicUsize::new(parts),
             wait,
             bits_per_key: bits_per_key.max(1),
             state: Mutex::new(Collect::default()),
@@ -109,7 +132,7 @@ impl KeyCollector {
         let all = match self.state.lock() {
             Ok(mut s) => {
                 s.finished += 1;
-                s.finished >= self.parts
+                s.finished >= self.parts.load(Ordering::Relaxed)
             }
             Err(_) => true,
         };
@@ -155,6 +178,26 @@ impl KeyCollector {
             .clone()
     }
 
+    /// Its id within the plan.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The build side's key expressions.
+    pub(crate) fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.exprs
+    }
+
+    /// How long a scan waits for it.
+    pub(crate) fn wait_for(&self) -> Duration {
+        self.wait
+    }
+
+    /// Filter bits per key.
+    pub(crate) fn bits_per_key(&self) -> usize {
+        self.bits_per_key
+    }
+
     /// Distinct keys in the built filter (0 before it is built).
     pub(crate) fn keys(&self) -> usize {
         self.state.lock().map(|s| s.keys).unwrap_or(0)
@@ -174,9 +217,19 @@ pub(crate) struct KeyCollectExec {
 }
 
 impl KeyCollectExec {
-    /// Wraps `input`, feeding `collector`.
+    /// Wraps `input`, feeding `collector` (which then waits for all of `input`'s
+    /// partitions: a distributed planner may have changed their number).
     pub(crate) fn new(input: Arc<dyn ExecutionPlan>, collector: Arc<KeyCollector>) -> Self {
+        collector.parts.store(
+            input.output_partitioning().partition_count(),
+            Ordering::Relaxed,
+        );
         KeyCollectExec { input, collector }
+    }
+
+    /// Its collector.
+    pub(crate) fn collector(&self) -> &Arc<KeyCollector> {
+        &self.collector
     }
 }
 
@@ -229,10 +282,9 @@ impl ExecutionPlan for KeyCollectExec {
         _: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(KeyCollectExec {
-                input,
-                collector: self.collector.clone(),
-            })),
+            Some(input) if children.is_empty() => {
+                Ok(Arc::new(KeyCollectExec::new(input, self.collector.clone())))
+            }
             _ => Err(datafusion::common::DataFusionError::Internal(
                 "KeyCollectExec takes one child".into(),
             )),

@@ -2,6 +2,7 @@
 //! decide what is pushed, and the scan that sends fragments to the nodes.
 
 pub(crate) mod dimension_join_down;
+pub(crate) mod distributed;
 pub(crate) mod endpoints;
 pub(crate) mod gate;
 pub(crate) mod keep;

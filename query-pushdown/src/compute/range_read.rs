@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -38,8 +38,8 @@ pub(crate) const CLUSTER_URL: &str = "csd-cluster://nodes";
 
 /// Reads objects of several nodes by range. Paths are `n{node}/{object name}`.
 pub struct NodeRangeStore {
-    nodes: Vec<NodeClient>,
-    objects: HashMap<Path, u64>,
+    nodes: RwLock<Vec<NodeClient>>,
+    objects: RwLock<HashMap<Path, u64>>,
     bytes: AtomicU64,
     requests: AtomicU64,
 }
@@ -49,8 +49,8 @@ impl fmt::Debug for NodeRangeStore {
         write!(
             f,
             "NodeRangeStore({} nodes, {} objects)",
-            self.nodes.len(),
-            self.objects.len()
+            read(&self.nodes).len(),
+            read(&self.objects).len()
         )
     }
 }
@@ -65,11 +65,13 @@ impl NodeRangeStore {
     /// A store over `nodes`; `objects` are (node index, object name, length).
     pub fn new(nodes: Vec<NodeClient>, objects: &[(usize, String, u64)]) -> Self {
         NodeRangeStore {
-            nodes,
-            objects: objects
-                .iter()
-                .map(|(n, name, len)| (Self::path(*n, name), *len))
-                .collect(),
+            nodes: RwLock::new(nodes),
+            objects: RwLock::new(
+                objects
+                    .iter()
+                    .map(|(n, name, len)| (Self::path(*n, name), *len))
+                    .collect(),
+            ),
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
         }
@@ -78,6 +80,26 @@ impl NodeRangeStore {
     /// The store path of `object` on node `node`.
     pub fn path(node: usize, object: &str) -> Path {
         Path::from(format!("n{node}/{object}"))
+    }
+
+    /// Adds a node; returns its index (a worker learns the nodes from the plans it
+    /// runs).
+    pub(crate) fn add_node(&self, client: NodeClient) -> usize {
+        let mut nodes = write(&self.nodes);
+        nodes.push(client);
+        nodes.len() - 1
+    }
+
+    /// Makes `objects` (name, length) of node `node` readable.
+    pub(crate) fn add_objects<'a>(
+        &self,
+        node: usize,
+        objects: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        let mut known = write(&self.objects);
+        for (name, len) in objects {
+            known.insert(Self::path(node, name), len);
+        }
     }
 
     /// Bytes read so far (what crossed the network).
@@ -90,19 +112,22 @@ impl NodeRangeStore {
         self.requests.load(Ordering::Relaxed)
     }
 
-    fn locate(&self, location: &Path) -> object_store::Result<(&NodeClient, String, u64)> {
+    pub(crate) fn locate(
+        &self,
+        location: &Path,
+    ) -> object_store::Result<(NodeClient, String, u64)> {
         let not_found = || object_store::Error::NotFound {
             path: location.to_string(),
             source: "no such object on the storage nodes".into(),
         };
-        let len = *self.objects.get(location).ok_or_else(not_found)?;
+        let len = *read(&self.objects).get(location).ok_or_else(not_found)?;
         let s = location.as_ref();
         let (node, name) = s.split_once('/').ok_or_else(not_found)?;
         let i: usize = node
             .trim_start_matches('n')
             .parse()
             .map_err(|_| not_found())?;
-        let client = self.nodes.get(i).ok_or_else(not_found)?;
+        let client = read(&self.nodes).get(i).cloned().ok_or_else(not_found)?;
         Ok((client, name.to_string(), len))
     }
 
@@ -129,6 +154,16 @@ impl NodeRangeStore {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(b)
     }
+}
+
+/// The lock's value; a panic elsewhere while it was held left it consistent (every
+/// write is one insert or push).
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn read_only() -> object_store::Error {
@@ -210,8 +245,7 @@ impl ObjectStore for NodeRangeStore {
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         let prefix = prefix.map(|p| p.to_string()).unwrap_or_default();
-        let mut out: Vec<_> = self
-            .objects
+        let mut out: Vec<_> = read(&self.objects)
             .iter()
             .filter(|(p, _)| p.as_ref().starts_with(&prefix))
             .map(|(p, len)| Ok(Self::meta(p, *len)))

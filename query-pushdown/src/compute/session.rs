@@ -15,6 +15,7 @@ use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::compute::dimension_join_down::DimensionJoinDown;
+use crate::compute::distributed::Workers;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::gate::LocalGate;
 use crate::compute::key_filter_rule::KeyFilterRule;
@@ -144,6 +145,31 @@ impl Cluster {
 
     /// A session with every table of the cluster registered.
     pub async fn session(&self, opts: SessionOptions) -> Result<CsdSession> {
+        self.session_on(opts, None).await
+    }
+
+    /// A session whose queries run on `workers` (`csd worker`s; see
+    /// [`crate::compute::distributed`]): this process plans and merges, the workers
+    /// run the stages. Pushdown only (the baseline's byte-range reads name the nodes
+    /// by this process's numbering).
+    pub async fn distributed_session(
+        &self,
+        opts: SessionOptions,
+        workers: &Workers,
+    ) -> Result<CsdSession> {
+        if !opts.pushdown {
+            return Err(DataFusionError::Plan(
+                "workers run pushdown plans only: without pushdown, query here".into(),
+            ));
+        }
+        self.session_on(opts, Some(workers)).await
+    }
+
+    async fn session_on(
+        &self,
+        opts: SessionOptions,
+        workers: Option<&Workers>,
+    ) -> Result<CsdSession> {
         let mut config = SessionConfig::new().with_information_schema(true);
         if let Some(p) = opts.target_partitions {
             config = config.with_target_partitions(p);
@@ -154,10 +180,11 @@ impl Cluster {
             "datafusion.sql_parser.recursion_limit",
             &SQL_RECURSION_LIMIT.to_string(),
         )?;
-        let config = scan::configure(config).with_option_extension(CsdOptions {
+        let csd_options = CsdOptions {
             direct_unfiltered: opts.direct_unfiltered,
             ..CsdOptions::default()
-        });
+        };
+        let config = scan::configure(config).with_option_extension(csd_options.clone());
         let runtime = RuntimeEnvBuilder::new().build_arc()?;
         let tables = self.tables().await?;
         // Byte-range reads of the nodes' objects: the whole baseline, and with
@@ -185,6 +212,9 @@ impl Cluster {
                 .with_optimizer_rule(Arc::new(DimensionJoinDown))
                 .with_optimizer_rule(Arc::new(PushdownRule))
                 .with_physical_optimizer_rule(Arc::new(KeyFilterRule));
+        }
+        if let Some(w) = workers {
+            builder = w.configure(builder, csd_options)?;
         }
         let ctx = SessionContext::new_with_state(builder.build());
         let local = opts
@@ -221,6 +251,7 @@ impl Cluster {
             ctx,
             ranges,
             pushdown: opts.pushdown,
+            workers: workers.map(|w| w.urls.clone()).unwrap_or_default(),
         })
     }
 }
@@ -231,6 +262,8 @@ pub struct CsdSession {
     pub ctx: SessionContext,
     ranges: Arc<NodeRangeStore>,
     pushdown: bool,
+    /// Where its stages run (empty: here).
+    workers: Vec<String>,
 }
 
 /// One query's answer and what it cost.
@@ -264,6 +297,37 @@ impl QueryRun {
 }
 
 impl CsdSession {
+    /// The workers its stages run on (empty: this process).
+    pub fn workers(&self) -> &[String] {
+        &self.workers
+    }
+
+    /// `e`, saying which workers the query ran on, and that a connection to one of
+    /// them broke when that is what happened.
+    fn on_workers(&self, e: DataFusionError) -> DataFusionError {
+        if self.workers.is_empty() {
+            return e;
+        }
+        let text = e.to_string();
+        let broke = [
+            "transport error",
+            "broken pipe",
+            "h2 protocol error",
+            "Connection refused",
+            "connection reset",
+        ]
+        .iter()
+        .any(|s| text.to_lowercase().contains(&s.to_lowercase()));
+        let what = if broke {
+            "a worker stopped answering (the query failed; run it again once the workers are up)"
+        } else {
+            "the query failed on the workers"
+        };
+        DataFusionError::External(
+            format!("{what} [workers: {}]: {text}", self.workers.join(", ")).into(),
+        )
+    }
+
     /// Whether this session pushes work down.
     pub fn pushdown(&self) -> bool {
         self.pushdown
@@ -275,12 +339,25 @@ impl CsdSession {
         let before = self.ranges.bytes_read();
         let df = self.ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
-        let batches = collect(plan.clone(), self.ctx.task_ctx()).await?;
+        let batches = collect(plan.clone(), self.ctx.task_ctx())
+            .await
+            .map_err(|e| self.on_workers(e))?;
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
-        let bytes_moved = self.ranges.bytes_read() - before
+        let mut bytes_moved = self.ranges.bytes_read() - before
             + node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
+        let mut plan = plan;
+        if !self.workers.is_empty() {
+            // The scans ran on the workers: their counters come back with the
+            // workers' metrics.
+            plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
+                plan,
+                datafusion_distributed::DistributedMetricsFormat::Aggregated,
+            )
+            .await?;
+            bytes_moved += metric_sum(&plan, "bytes_received");
+        }
         Ok(QueryRun {
             batches,
             schema,
@@ -290,6 +367,22 @@ impl CsdSession {
             plan,
         })
     }
+}
+
+/// The sum of the counter `name` over the scans of `plan`.
+fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> u64 {
+    let own = if plan.name() == "CsdScanExec" || plan.name() == "DistributedLeafExec" {
+        plan.metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize() as u64)
+    } else {
+        0
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| metric_sum(c, name))
+        .sum::<u64>()
 }
 
 /// What every `CsdScanExec` in `plan` did.

@@ -15,14 +15,14 @@ use datafusion::prelude::SessionContext;
 use crate::{assert_same, nodes, register_local, sessions};
 
 /// Scale factor of the default suite (`CSD_TPCH_SF` overrides, e.g. 0.1).
-fn scale() -> f64 {
+pub(crate) fn scale() -> f64 {
     std::env::var("CSD_TPCH_SF")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.01)
 }
 
-fn local(scale: f64) -> SessionContext {
+pub(crate) fn local(scale: f64) -> SessionContext {
     let ctx = SessionContext::new();
     for t in tpch::TABLES {
         let (schema, batches) = tpch::generate(t, scale, 1, 1).unwrap();

@@ -6,6 +6,7 @@
 //! (`opener.rs`: join keys, the node request, pushback to local evaluation) and a
 //! stream state machine (`stream.rs`) over it, with its counters in `metrics.rs`.
 
+pub(crate) mod codec;
 mod metrics;
 pub(crate) mod opener;
 mod stream;
@@ -29,7 +30,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::compute::endpoints::TableEndpoints;
+use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::key_collector::KeyCollector;
 use crate::eval::wasm_fn::ShippedFunction;
 use crate::options::CsdOptions;
@@ -117,6 +118,40 @@ impl CsdScanExec {
             pinned: false,
             functions: Arc::new(Vec::new()),
         }
+    }
+
+    /// The same scan with `partitions` output partitions (the endpoints' count at
+    /// least; the rest are empty): every task of a distributed stage answers with as
+    /// many.
+    pub(crate) fn with_partitions(mut self, partitions: usize) -> Self {
+        let n = self.table.endpoints().len().max(partitions).max(1);
+        let props = self
+            .props
+            .as_ref()
+            .clone()
+            .with_partitioning(Partitioning::UnknownPartitioning(n));
+        self.props = Arc::new(props);
+        self.runs = Arc::new((0..n).map(|_| RunSlot::default()).collect());
+        self
+    }
+
+    /// The same scan over `endpoints` only (a share of a distributed stage), with
+    /// `partitions` output partitions.
+    pub(crate) fn with_endpoints(&self, endpoints: Vec<Endpoint>, partitions: usize) -> Self {
+        let mut s = CsdScanExec::new(
+            Arc::new(self.table.with_endpoints(endpoints)),
+            self.schema.clone(),
+            self.plan.as_ref().clone(),
+            self.mode,
+            self.describe.clone(),
+        )
+        .with_estimate(self.row_fraction, self.limit)
+        .with_partitions(partitions);
+        s.direct = self.direct;
+        s.pinned = self.pinned;
+        s.functions = self.functions.clone();
+        s.key_filters = self.key_filters.clone();
+        s
     }
 
     /// The Wasm SQL functions the plan calls: declared in every fragment (their

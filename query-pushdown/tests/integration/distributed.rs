@@ -1,0 +1,133 @@
+//! Pushdown plans on datafusion-distributed workers: real workers serving gRPC on
+//! 127.0.0.1, real storage nodes. Every answer is compared with DataFusion running
+//! the same query on the same data locally.
+
+use std::time::{Duration, Instant};
+
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions, WorkerEnv, Workers};
+use csd_runtime::node::RunningNode;
+use csd_runtime::node_client::Credentials;
+use csd_testbed::link::{LinkSpec, ThrottledLink};
+use csd_testbed::tpch;
+use tokio::sync::oneshot;
+
+use crate::tpch::{local, scale};
+use crate::{assert_same, nodes};
+
+/// Workers serving on 127.0.0.1:0; dropping the senders stops them.
+async fn workers(n: usize) -> (Vec<String>, Vec<oneshot::Sender<()>>) {
+    let mut urls = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..n {
+        let env = WorkerEnv::new(Credentials::default(), Some(2)).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("grpc://{}", listener.local_addr().unwrap()));
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(csd_query_pushdown::serve_worker_on(env, listener, async {
+            let _ = rx.await;
+        }));
+        stops.push(tx);
+    }
+    (urls, stops)
+}
+
+async fn session_on(nodes: &[RunningNode], workers: &[String]) -> CsdSession {
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    Cluster::connect(&urls)
+        .await
+        .unwrap()
+        .distributed_session(
+            SessionOptions::default(),
+            &Workers::new(workers.iter().cloned()),
+        )
+        .await
+        .unwrap()
+}
+
+/// All 22 queries on 3 storage nodes (2 partitions each), with their stages on 2
+/// and then 3 workers: the same answers as local DataFusion, and the plans are
+/// really cut into stages that ran on the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpch_on_two_and_three_workers() {
+    let (nodes, clients) = nodes(3).await;
+    let sf = scale();
+    tpch::load(&clients, sf, 2, |_, _| {}).await.unwrap();
+    let local = local(sf);
+    for n in [2, 3] {
+        let (urls, _stop) = workers(n).await;
+        let session = session_on(&nodes, &urls).await;
+        let mut staged = 0;
+        for (q, sql) in tpch::QUERIES {
+            assert_same(&local, &session, sql).await;
+            let run = session.run(sql).await.unwrap();
+            let plan = run.plan_with_metrics();
+            // The scans' counters come back from the workers.
+            assert!(run.bytes_moved > 0, "Q{q}: no bytes counted from the nodes");
+            if plan.contains("Stage") || plan.contains("Network") {
+                staged += 1;
+            }
+            if q == 3 && n == 2 {
+                println!("Q3 on 2 workers:\n{plan}");
+            }
+        }
+        assert!(
+            staged >= 15,
+            "only {staged} of 22 plans were distributed on {n} workers"
+        );
+    }
+}
+
+/// A worker that goes away while its tasks run (its link cut): the query fails with
+/// an error naming what broke, within a bound, and the session answers the next
+/// query right on the workers that remain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_lost_mid_query_fails_the_query_clearly() {
+    let (nodes, clients) = nodes(2).await;
+    let sf = scale();
+    tpch::load(&clients, sf, 2, |_, _| {}).await.unwrap();
+    let local = local(sf);
+    let (urls, _stop) = workers(2).await;
+    // The second worker is reached through a link so slow (50 kbit/s) that its
+    // tasks' plans are still arriving when the link is cut.
+    let upstream = urls[1].trim_start_matches("grpc://").parse().unwrap();
+    let link = ThrottledLink::start(LinkSpec::mbit(0.05, 2_000), upstream)
+        .await
+        .unwrap();
+    let session = session_on(&nodes, &[urls[0].clone(), link.url()]).await;
+    let sql = tpch::QUERIES
+        .iter()
+        .find(|(q, _)| *q == 3)
+        .map(|(_, s)| *s)
+        .unwrap();
+    let started = Instant::now();
+    let run = tokio::spawn(async move {
+        let r = session.run(sql).await.map(|r| r.rows());
+        (r, session)
+    });
+    while link.counters().up() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the query sent nothing to the second worker"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let link_url = link.url();
+    link.shutdown().await;
+    let (result, _session) = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the query ended within 60 s of the worker's loss")
+        .unwrap();
+    let e = result
+        .expect_err("a query whose worker went away fails")
+        .to_string();
+    println!("the error: {e}");
+    assert!(
+        e.contains("a worker stopped answering") && e.contains(&link_url),
+        "the error says what broke: {e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // The remaining worker runs the next query right.
+    let session = session_on(&nodes, &urls[..1]).await;
+    assert_same(&local, &session, sql).await;
+}
