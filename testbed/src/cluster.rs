@@ -252,9 +252,33 @@ impl Cluster {
                     })?,
             );
         }
+        let mut workers = Vec::new();
+        for i in 0..s.compute.workers {
+            let context = || format!("compute worker {i}");
+            let env = csd_query_pushdown::WorkerEnv::new(self.credentials.clone(), None).map_err(
+                |e| Error::Cluster {
+                    context: context(),
+                    source: csd_runtime::Error::Internal(e.to_string()),
+                },
+            )?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .and_then(|l| Ok((l.local_addr()?, l)))
+                .map_err(|e| Error::Cluster {
+                    context: context(),
+                    source: csd_runtime::Error::io("binding the worker", e),
+                })?;
+            let (addr, listener) = listener;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(csd_query_pushdown::serve_worker_on(env, listener, async {
+                let _ = stopped.await;
+            }));
+            workers.push((format!("grpc://{addr}"), stop));
+        }
         Ok(Links {
             links,
             credentials: self.credentials.clone(),
+            workers,
         })
     }
 
@@ -304,6 +328,8 @@ impl Cluster {
 pub struct Links {
     links: Vec<ThrottledLink>,
     credentials: Credentials,
+    /// Compute-tier workers (`compute.workers`): URL and what stops it.
+    workers: Vec<(String, tokio::sync::oneshot::Sender<()>)>,
 }
 
 impl Links {
@@ -317,6 +343,11 @@ impl Links {
                 false => l.url(),
             })
             .collect()
+    }
+
+    /// The compute-tier workers of this run (`grpc://…`; empty: none).
+    pub fn worker_urls(&self) -> Vec<String> {
+        self.workers.iter().map(|(u, _)| u.clone()).collect()
     }
 
     /// What clients present to the nodes.
@@ -346,6 +377,9 @@ impl Links {
 
     /// Closes them.
     pub async fn shutdown(self) {
+        for (_, stop) in self.workers {
+            let _ = stop.send(());
+        }
         for l in self.links {
             l.shutdown().await;
         }

@@ -13,6 +13,8 @@ use crate::{Error, Result};
 
 /// Most storage nodes one scenario may start (all on this machine).
 pub(crate) const MAX_NODES: usize = 16;
+/// Most compute-tier workers a scenario starts.
+pub(crate) const MAX_WORKERS: usize = 16;
 /// Longest a single run (one policy at one sweep point) may take, seconds.
 pub(crate) const MAX_TIMEOUT_S: f64 = 1800.0;
 
@@ -150,6 +152,12 @@ pub struct ComputeSpec {
     /// DataFusion partitions (default: this machine's cores).
     #[serde(default)]
     pub partitions: Option<usize>,
+    /// datafusion-distributed workers (`csd worker`, in-process, serving gRPC on
+    /// 127.0.0.1) that run the pushdown policies' stages; 0: the session runs them.
+    /// They reach the nodes through the same links. The `none` policy always runs
+    /// in the session.
+    #[serde(default)]
+    pub workers: usize,
 }
 
 /// One link's bandwidth and latency (each direction).
@@ -403,7 +411,8 @@ pub struct SweepAxis {
 }
 
 /// Parameters a sweep may vary.
-pub(crate) const SWEEPABLE: [&str; 8] = [
+pub(crate) const SWEEPABLE: [&str; 9] = [
+    "compute.workers",
     "link.bandwidth_mbit",
     "link.latency_us",
     "nodes.count",
@@ -513,6 +522,12 @@ impl Scenario {
             return Err(bad(
                 "nodes.queue_target_ms",
                 "expected a non-negative number",
+            ));
+        }
+        if self.compute.workers > MAX_WORKERS {
+            return Err(bad(
+                "compute.workers",
+                format!("expected 0 to {MAX_WORKERS}, got {}", self.compute.workers),
             ));
         }
         self.device_spec()?;
@@ -846,6 +861,7 @@ impl Scenario {
                 }
             }
             "nodes.count" => self.nodes.count = whole(parameter, v, 1, MAX_NODES)?,
+            "compute.workers" => self.compute.workers = whole(parameter, v, 0, MAX_WORKERS)?,
             "nodes.cpus" => self.nodes.cpus = whole(parameter, v, 1, 64)?,
             p => {
                 let WorkloadSpec::Sql {

@@ -49,13 +49,19 @@ pub fn mix(s: &Scenario) -> Vec<(String, String)> {
 pub async fn session(s: &Scenario, links: &Links, policy: PolicyName) -> Result<CsdSession> {
     let cluster =
         csd_query_pushdown::Cluster::connect_with(&links.urls(), links.credentials()).await?;
-    let session = cluster
-        .session(SessionOptions {
-            pushdown: policy != PolicyName::None,
-            target_partitions: s.compute.partitions,
-            ..SessionOptions::default()
-        })
-        .await?;
+    let opts = SessionOptions {
+        pushdown: policy != PolicyName::None,
+        target_partitions: s.compute.partitions,
+        ..SessionOptions::default()
+    };
+    let workers = links.worker_urls();
+    let session = if workers.is_empty() || !opts.pushdown {
+        cluster.session(opts).await?
+    } else {
+        cluster
+            .distributed_session(opts, &csd_query_pushdown::Workers::new(workers))
+            .await?
+    };
     if let WorkloadSpec::Sql { wasm_functions, .. } = &s.workload {
         for f in wasm_functions {
             let path = crate::scenario::expand(&f.module);

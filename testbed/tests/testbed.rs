@@ -292,6 +292,53 @@ values = [1, 3]
     assert_eq!(three.cpu.first().map(|s| s.busy.len()), Some(3));
 }
 
+/// `compute.workers`: the pushdown policy's stages on 2 in-process workers answer as
+/// the session alone does, and as no pushdown does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_answers_on_the_session_and_on_workers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_text(
+        r#"
+name = "workers-small"
+policies = ["none", "full"]
+[nodes]
+count = 2
+capacity = "256MiB"
+memory = "512MiB"
+[link]
+bandwidth_mbit = 0
+latency_us = 0
+[data]
+kind = "tpch"
+scale = 0.01
+partitions = 4
+[workload]
+kind = "sql"
+queries = [3, 5, 9, 13, 18, 21]
+clients = 1
+[[sweep]]
+parameter = "compute.workers"
+values = [0, 2]
+"#,
+        dir.path(),
+    )
+    .await;
+    assert_clean(&r);
+    let bytes = |w: f64| {
+        r.runs
+            .iter()
+            .find(|x| x.policy == PolicyName::Full && x.point[0].1 == w)
+            .expect("run")
+            .bytes_from_nodes
+    };
+    let (here, on_workers) = (bytes(0.0), bytes(2.0));
+    println!("bytes from the nodes: {here} in the session, {on_workers} on 2 workers");
+    assert!(here > 0 && on_workers > 0);
+    for run in &r.runs {
+        assert_eq!(run.completed, 6, "{:?}", run.point);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_load_with_and_without_admission() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -422,7 +469,7 @@ fn shipped_scenarios_are_valid() {
             n += 1;
         }
     }
-    assert!(n >= 5, "expected the five shipped scenarios, found {n}");
+    assert!(n >= 7, "expected the seven shipped scenarios, found {n}");
 }
 
 /// This crate's directory, read at run time: a test binary cached in a shared target

@@ -227,6 +227,11 @@ impl KeyCollectExec {
         KeyCollectExec { input, collector }
     }
 
+    /// The build side it wraps.
+    pub(crate) fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
     /// Its collector.
     pub(crate) fn collector(&self) -> &Arc<KeyCollector> {
         &self.collector

@@ -11,8 +11,9 @@
 //! ([`CsdCodec`]). On the worker the scan runs exactly as in one process: pushed to
 //! the nodes, handed back and evaluated here under the worker's own [`LocalGate`],
 //! patient requests, join-key filters from a build side in the same stage (a
-//! broadcast join's; a build side in another stage sends no filter, and the join
-//! above is exact either way).
+//! broadcast join's build side is collected in the join's stage, see `lift`; a
+//! build side behind a shuffle sends no filter, and the join above is exact either
+//! way).
 //!
 //! Credentials never travel in a plan: a worker reaches the storage nodes with its
 //! own (`csd worker --token/--tls-*`, as every client), so it must hold a token the
@@ -21,10 +22,12 @@
 //! [`LocalGate`]: crate::compute::gate::LocalGate
 
 mod codec;
+mod lift;
 pub(crate) mod placement;
 mod worker;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
@@ -88,9 +91,13 @@ impl Workers {
         options: CsdOptions,
     ) -> Result<SessionStateBuilder> {
         let (urls, locality) = self.resolve()?;
-        Ok(builder
+        let mut builder = builder
             .with_distributed_worker_resolver(StaticWorkers(urls.clone()))
-            .with_distributed_planner()
+            .with_distributed_planner();
+        if let Some(inner) = builder.query_planner().take() {
+            builder = builder.with_query_planner(Arc::new(lift::LiftKeyCollectors { inner }));
+        }
+        Ok(builder
             .with_distributed_user_codec(CsdCodec)
             .with_distributed_option_extension(options)
             .with_distributed_desired_task_count_handler(placement::desired_tasks)
