@@ -164,3 +164,47 @@ async fn a_worker_lost_mid_query_fails_the_query_clearly() {
     let session = session_on(&nodes, &urls[..1]).await;
     assert_same(&local, &session, sql).await;
 }
+
+/// The edge-case queries (NULLs, casts, LIMIT 0, strings, empty results, …) on 2
+/// workers equal local DataFusion. A function registered only on the coordinating
+/// session (the workers do not have it) is an error that names it, never a wrong
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn edge_cases_on_two_workers() {
+    use crate::edge::{QUERIES, put_t, schema};
+    let (nodes, clients) = nodes(2).await;
+    let local = datafusion::prelude::SessionContext::new();
+    let all = put_t(&clients, 5, 2000).await;
+    crate::register_local(&local, "t", schema(), all);
+    let (urls, _stop) = workers(2).await;
+    let session = session_on(&nodes, &urls).await;
+    let mut ran = 0;
+    for q in QUERIES.iter().filter(|q| !q.contains("twice(")) {
+        assert_same(&local, &session, q).await;
+        ran += 1;
+    }
+    assert!(ran >= 20, "{ran}");
+    assert_eq!(
+        assert_same(&local, &session, "select * from t").await,
+        40_000
+    );
+    let twice = datafusion::logical_expr::create_udf(
+        "twice",
+        vec![arrow::datatypes::DataType::Int64],
+        arrow::datatypes::DataType::Int64,
+        datafusion::logical_expr::Volatility::Immutable,
+        std::sync::Arc::new(|args: &[datafusion::logical_expr::ColumnarValue]| Ok(args[0].clone())),
+    );
+    session.ctx.register_udf(twice);
+    match session
+        .run("select id, twice(id) from t where id % 7 = 0 order by id")
+        .await
+    {
+        Err(e) => {
+            println!("twice on workers: {e}");
+            assert!(e.to_string().contains("twice"), "{e}")
+        }
+        // Run where the function is (the coordinator): then it must be right.
+        Ok(r) => assert_eq!(r.rows(), 40_000 / 7 + 1),
+    }
+}

@@ -104,7 +104,7 @@ pub fn batch(from: i64, rows: i64) -> RecordBatch {
     RecordBatch::try_new(schema(), cols).unwrap()
 }
 
-const QUERIES: &[&str] = &[
+pub(crate) const QUERIES: &[&str] = &[
     "select * from t",
     "select id from t where name is null",
     "select id, name from t where name is not null and score is null",
