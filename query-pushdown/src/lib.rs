@@ -47,8 +47,7 @@ mod options;
 pub mod wire;
 
 pub use compute::distributed::{
-    CsdCodec, Placement, WorkerEnv, WorkerSessions, Workers, serve_worker, serve_worker_on,
-    worker_sessions,
+    CsdCodec, Placement, WorkerEnv, WorkerSessions, Workers, serve_worker_on, worker_sessions,
 };
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;

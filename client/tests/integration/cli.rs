@@ -521,18 +521,18 @@ async fn sql_keep_prints_references_that_get_resolves_and_release_frees() {
     );
 }
 
-/// `csd serve` on `device` as its own process, and the URL it prints.
-fn spawn_serve(device: &str) -> (std::process::Child, String) {
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_csd"))
-        .args(["serve", "--device", device, "--capacity", "256MiB"])
-        .args(["--listen", "127.0.0.1:0"])
+/// `csd ARGS…` as its own process, and the first `grpc://` URL its first line
+/// prints (a server saying where it listens).
+fn spawn_listening(args: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_csd"))
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     use std::io::BufRead;
     let mut line = String::new();
-    std::io::BufReader::new(serve.stdout.take().unwrap())
+    std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     let url = line
@@ -540,7 +540,20 @@ fn spawn_serve(device: &str) -> (std::process::Child, String) {
         .find(|w| w.starts_with("grpc://"))
         .unwrap_or_else(|| panic!("{line}"))
         .to_string();
-    (serve, url)
+    (child, url)
+}
+
+/// `csd serve` on `device` as its own process, and the URL it prints.
+fn spawn_serve(device: &str) -> (std::process::Child, String) {
+    spawn_listening(&[
+        "serve",
+        "--device",
+        device,
+        "--capacity",
+        "256MiB",
+        "--listen",
+        "127.0.0.1:0",
+    ])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -713,23 +726,7 @@ async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
 
 /// `csd worker` as its own process, and the URL it prints.
 fn spawn_worker() -> (std::process::Child, String) {
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_csd"))
-        .args(["worker", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::BufRead;
-    let mut line = String::new();
-    std::io::BufReader::new(worker.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("grpc://"))
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_string();
-    (worker, url)
+    spawn_listening(&["worker", "--listen", "127.0.0.1:0"])
 }
 
 /// `csd sql --workers` with two `csd worker` processes: the same CSV as one

@@ -345,19 +345,21 @@ impl CsdSession {
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
-        let mut bytes_moved = self.ranges.bytes_read() - before
-            + node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
-        let mut plan = plan;
-        if !self.workers.is_empty() {
-            // The scans ran on the workers: their counters come back with the
-            // workers' metrics.
-            plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
+        let (plan, from_scans) = if plan.is::<datafusion_distributed::DistributedExec>() {
+            // Scans ran on workers (and any in this process's stage too): every
+            // scan's counters come back with the workers' metrics.
+            let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
                 plan,
                 datafusion_distributed::DistributedMetricsFormat::Aggregated,
             )
             .await?;
-            bytes_moved += metric_sum(&plan, "bytes_received");
-        }
+            let bytes = metric_sum(&plan, "bytes_received");
+            (plan, bytes)
+        } else {
+            let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
+            (plan, bytes)
+        };
+        let bytes_moved = self.ranges.bytes_read() - before + from_scans;
         Ok(QueryRun {
             batches,
             schema,

@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use csd_runtime::node_client::NodeClient;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
@@ -22,11 +21,9 @@ use datafusion_proto::protobuf;
 use prost::Message;
 
 use super::worker::WorkerEnv;
-use crate::compute::gate::LocalGate;
 use crate::compute::key_collector::{KeyCollectExec, KeyCollector};
-use crate::compute::range_read::NodeRangeStore;
 use crate::compute::scan::CsdScanExec;
-use crate::compute::scan::codec::{ScanContext, ScanMsg};
+use crate::compute::scan::codec::ScanMsg;
 
 /// Encodes and decodes the plan nodes of this crate for distributed execution.
 /// Register it on the coordinating session and on every worker (both done by
@@ -77,28 +74,20 @@ impl DecodeScope {
         }
     }
 
+    /// The worker's connections and stores.
+    pub(crate) fn env(&self) -> &WorkerEnv {
+        &self.env
+    }
+
+    /// The collector `id` of the plan being decoded, if it is in the same plan.
+    pub(crate) fn collector(&self, id: u64) -> Option<Arc<KeyCollector>> {
+        self.collectors().get(&id).cloned()
+    }
+
     fn collectors(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<KeyCollector>>> {
         self.collectors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl ScanContext for DecodeScope {
-    fn node(&self, url: &str) -> Result<(NodeClient, usize)> {
-        self.env.node(url)
-    }
-
-    fn ranges(&self) -> Arc<NodeRangeStore> {
-        self.env.ranges().clone()
-    }
-
-    fn local(&self) -> Arc<LocalGate> {
-        self.env.local().clone()
-    }
-
-    fn collector(&self, id: u64) -> Option<Arc<KeyCollector>> {
-        self.collectors().get(&id).cloned()
     }
 }
 
@@ -209,7 +198,7 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::compute::endpoints::{Endpoint, TableEndpoints};
-    use crate::compute::scan::codec::ScanContext;
+    use crate::compute::range_read::NodeRangeStore;
     use crate::eval::wasm_fn::ShippedFunction;
     use crate::wire::fragment::Mode;
 

@@ -21,7 +21,7 @@
 //!
 //! [`LocalGate`]: crate::compute::gate::LocalGate
 
-mod codec;
+pub(crate) mod codec;
 mod lift;
 pub(crate) mod placement;
 mod worker;
@@ -36,7 +36,7 @@ use url::Url;
 
 pub use codec::CsdCodec;
 pub use placement::Placement;
-pub use worker::{WorkerEnv, WorkerSessions, serve_worker, serve_worker_on, worker_sessions};
+pub use worker::{WorkerEnv, WorkerSessions, serve_worker_on, worker_sessions};
 
 use crate::options::CsdOptions;
 

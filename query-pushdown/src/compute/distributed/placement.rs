@@ -35,7 +35,11 @@ pub(crate) fn desired_tasks(
 /// one share where they can (and that share's task goes beside the node).
 pub(crate) fn scale_up(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
     let scan = ev.plan.downcast_ref::<CsdScanExec>()?;
-    let shares = split(scan.table().endpoints().to_vec(), ev.task_count.max(1));
+    let shares = split(
+        scan.table().endpoints().to_vec(),
+        ev.task_count.max(1),
+        |e| e.node,
+    );
     let width = shares.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let variants = shares
         .into_iter()
@@ -46,25 +50,15 @@ pub(crate) fn scale_up(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNod
     )
 }
 
-/// `items` (sorted by node, stable) in `n` contiguous shares whose lengths differ by
-/// at most one.
-fn split<T: NodeOf>(mut items: Vec<T>, n: usize) -> Vec<Vec<T>> {
-    items.sort_by_key(|e| e.node_of());
+/// `items` (sorted by `node`, stable) in `n` contiguous shares whose lengths differ
+/// by at most one.
+fn split<T>(mut items: Vec<T>, n: usize, node: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    items.sort_by_key(|e| node(e));
     let (base, extra) = (items.len() / n, items.len() % n);
     let mut it = items.into_iter();
     (0..n)
         .map(|i| it.by_ref().take(base + usize::from(i < extra)).collect())
         .collect()
-}
-
-trait NodeOf {
-    fn node_of(&self) -> usize;
-}
-
-impl NodeOf for crate::compute::endpoints::Endpoint {
-    fn node_of(&self) -> usize {
-        self.node
-    }
 }
 
 /// Sends each task of a stage that scans the storage nodes to the worker nearest
@@ -156,25 +150,20 @@ impl RouteTasksHandler for Placement {
 mod tests {
     use super::*;
 
-    impl NodeOf for (usize, &str) {
-        fn node_of(&self) -> usize {
-            self.0
-        }
-    }
-
     #[test]
     fn shares_keep_a_nodes_partitions_together_and_differ_by_one_at_most() {
         let items = vec![(1, "a"), (0, "b"), (1, "c"), (0, "d"), (2, "e")];
-        let s = split(items.clone(), 2);
+        let node = |e: &(usize, &str)| e.0;
+        let s = split(items.clone(), 2, node);
         assert_eq!(
             s,
             vec![vec![(0, "b"), (0, "d"), (1, "a")], vec![(1, "c"), (2, "e")]]
         );
-        let s = split(items.clone(), 7);
+        let s = split(items.clone(), 7, node);
         assert_eq!(s.len(), 7);
         assert_eq!(s.iter().map(Vec::len).sum::<usize>(), 5);
         assert!(s.iter().all(|v| v.len() <= 1));
-        assert_eq!(split(items, 1)[0].len(), 5);
+        assert_eq!(split(items, 1, node)[0].len(), 5);
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! ([`worker_sessions`]).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -150,19 +149,7 @@ impl WorkerSessionBuilder for WorkerSessions {
     }
 }
 
-/// Serves `env`'s worker on `addr` until `shutdown` resolves.
-pub async fn serve_worker(
-    env: Arc<WorkerEnv>,
-    addr: SocketAddr,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| DataFusionError::External(format!("binding {addr}: {e}").into()))?;
-    serve_worker_on(env, listener, shutdown).await
-}
-
-/// [`serve_worker`] on a bound listener (port 0 then reading its address: tests).
+/// Serves `env`'s worker on `listener` until `shutdown` resolves.
 pub async fn serve_worker_on(
     env: Arc<WorkerEnv>,
     listener: tokio::net::TcpListener,

@@ -5,22 +5,19 @@
 //! URL, partition, objects), the pushed Substrait plan and mode, estimates, the
 //! join-key filters it waits on (by collector id), the Wasm functions its fragments
 //! call (with their modules), answer compression. Credentials never do: the process
-//! that decodes it connects with its own (see [`ScanContext`]).
+//! that decodes it connects with its own (see [`WorkerEnv`](crate::WorkerEnv)).
 
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
-use csd_runtime::node_client::NodeClient;
 use csd_runtime::protocol::{Compression, ObjectDescription};
 use csd_runtime::sandbox::ModuleDigest;
 use datafusion::common::{DataFusionError, Result};
 use datafusion_proto::protobuf;
 
 use super::CsdScanExec;
+use crate::compute::distributed::codec::DecodeScope;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
-use crate::compute::gate::LocalGate;
-use crate::compute::key_collector::KeyCollector;
-use crate::compute::range_read::NodeRangeStore;
 use crate::eval::wasm_fn::ShippedFunction;
 use crate::wire::fragment::Mode;
 
@@ -122,20 +119,6 @@ pub(crate) struct FunctionMsg {
     pub(crate) module: Option<Vec<u8>>,
 }
 
-/// What a process that decodes scans provides: its connections to the nodes (with
-/// its own credentials), its byte-range store and local gate, and the join-key
-/// collectors decoded so far in the same plan.
-pub(crate) trait ScanContext {
-    /// A client for the node at `url` and its index in [`Self::ranges`].
-    fn node(&self, url: &str) -> Result<(NodeClient, usize)>;
-    /// Where fragments handed back read the nodes' objects.
-    fn ranges(&self) -> Arc<NodeRangeStore>;
-    /// Where fragments handed back run here.
-    fn local(&self) -> Arc<LocalGate>;
-    /// The collector `id` of the plan being decoded, if it is in the same plan.
-    fn collector(&self, id: u64) -> Option<Arc<KeyCollector>>;
-}
-
 fn bad(what: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Plan(format!(
         "a CsdScanExec in the plan cannot be decoded: {what}"
@@ -198,19 +181,19 @@ impl CsdScanExec {
     /// The scan `msg` describes, connected through `cx`. A join-key filter whose
     /// collector is not in the same decoded plan (it ran on another machine) is
     /// dropped: the filter only ever spares rows, the join above decides.
-    pub(crate) fn from_msg(msg: ScanMsg, cx: &dyn ScanContext) -> Result<CsdScanExec> {
+    pub(crate) fn from_msg(msg: ScanMsg, cx: &DecodeScope) -> Result<CsdScanExec> {
         let schema = |s: &Option<protobuf::Schema>, what: &str| -> Result<Arc<Schema>> {
             let s = s.as_ref().ok_or_else(|| bad(format!("no {what}")))?;
             Ok(Arc::new(s.try_into()?))
         };
         let table_schema = schema(&msg.schema, "table schema")?;
         let output = schema(&msg.output, "output schema")?;
-        let ranges = cx.ranges();
+        let ranges = cx.env().ranges().clone();
         let mut endpoints = Vec::with_capacity(msg.endpoints.len());
         for e in msg.endpoints {
             let objects: Vec<ObjectDescription> = serde_json::from_str(&e.objects)
                 .map_err(|err| bad(format!("objects of {}/{}: {err}", e.url, e.partition)))?;
-            let (client, node) = cx.node(&e.url)?;
+            let (client, node) = cx.env().node(&e.url)?;
             ranges.add_objects(node, objects.iter().map(|o| (o.name.as_str(), o.len)));
             endpoints.push(Endpoint {
                 client,
@@ -230,7 +213,7 @@ impl CsdScanExec {
             endpoints,
             compression,
             ranges,
-            cx.local(),
+            cx.env().local().clone(),
         );
         let functions =
             msg.functions

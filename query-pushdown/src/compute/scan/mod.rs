@@ -138,8 +138,13 @@ impl CsdScanExec {
     /// The same scan over `endpoints` only (a share of a distributed stage), with
     /// `partitions` output partitions.
     pub(crate) fn with_endpoints(&self, endpoints: Vec<Endpoint>, partitions: usize) -> Self {
+        self.over(Arc::new(self.table.with_endpoints(endpoints)), partitions)
+    }
+
+    /// The same scan over `table`, with `partitions` output partitions and no runs.
+    fn over(&self, table: Arc<TableEndpoints>, partitions: usize) -> Self {
         let mut s = CsdScanExec::new(
-            Arc::new(self.table.with_endpoints(endpoints)),
+            table,
             self.schema.clone(),
             self.plan.as_ref().clone(),
             self.mode,
@@ -218,18 +223,7 @@ impl CsdScanExec {
         collector: Arc<KeyCollector>,
         columns: Vec<usize>,
     ) -> Self {
-        let mut s = CsdScanExec::new(
-            self.table.clone(),
-            self.schema.clone(),
-            self.plan.as_ref().clone(),
-            self.mode,
-            self.describe.clone(),
-        )
-        .with_estimate(self.row_fraction, self.limit);
-        s.direct = self.direct;
-        s.pinned = self.pinned;
-        s.functions = self.functions.clone();
-        s.key_filters = self.key_filters.clone();
+        let mut s = self.over(self.table.clone(), self.runs.len());
         s.key_filters.push((collector, columns));
         s
     }
