@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -81,6 +81,19 @@ pub struct OperatorContext {
     pub metrics: Arc<RequestMetrics>,
     /// Who asked: what else the request may read (a shipped module's host reads).
     pub principal: crate::auth::Principal,
+    /// Set once nobody waits for the answer any more (the asker went away, or its
+    /// stream was dropped): work that cannot be dropped mid-way (a guest running
+    /// on its thread) stops when it sees it.
+    pub cancelled: Arc<AtomicBool>,
+}
+
+/// Sets its flag when dropped: held by whoever still waits for an answer.
+pub struct CancelOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A kind of pushed-down work.

@@ -357,7 +357,7 @@ impl FlightNode {
 
     /// Like [`run_stream`](Self::run_stream); after the last item (if all went well)
     /// sends `trailer(bytes sent)` when that gives a message.
-    fn run_stream_then<S, T>(&self, mut stream: S, trailer: T) -> TaskStream
+    fn run_stream_then<S, T>(&self, stream: S, trailer: T) -> TaskStream
     where
         S: Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
         S: Unpin,
@@ -365,26 +365,14 @@ impl FlightNode {
     {
         let (tx, rx) = mpsc::channel(4);
         let task = self.state.node.pool.spawn(async move {
-            let mut sent = 0u64;
-            while let Some(item) = stream.next().await {
-                let item = item.map_err(|e| Error::from(e).to_status());
-                let stop = item.is_err();
-                if let Ok(d) = &item {
-                    sent += (d.data_body.len() + d.data_header.len()) as u64;
-                }
-                if tx.send(item).await.is_err() || stop {
-                    return Ok(());
-                }
-            }
-            if let Some(last) = trailer(sent) {
-                let _ = tx.send(Ok(last)).await;
-            }
+            forward(stream, &tx, trailer).await;
             Ok(())
         });
         TaskStream {
             rx,
             _task: task,
             sent: self.state.counters.bytes_sent.clone(),
+            _waiting: None,
         }
     }
 
@@ -419,10 +407,14 @@ impl FlightNode {
             ))
         })?;
         let metrics = Arc::new(RequestMetrics::default());
+        let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Dropped with this handler, or with the answer's stream once it is returned.
+        let waiting = crate::operator::CancelOnDrop(cancelled.clone());
         let ctx = OperatorContext {
             node: self.state.node.clone(),
             metrics: metrics.clone(),
             principal,
+            cancelled,
         };
         // Estimated (and malformed arguments refused) before the request can queue.
         let estimate = op.estimate(&ctx, &args).await?;
@@ -474,40 +466,14 @@ impl FlightNode {
         };
         let lease_id = permit.lease().map(str::to_string);
         let piece = self.state.wire_piece;
-        let opened = self
-            .state
-            .node
-            .pool
-            .spawn(async move { op.open(ctx, args).await })
-            .await?;
+        let name = name.to_string();
         let options = IpcWriteOptions::default().try_with_compression(match compression {
             Compression::None => None,
             Compression::Lz4Frame => Some(arrow::ipc::CompressionType::LZ4_FRAME),
             Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
         })?;
-        let rows = Arc::new(AtomicU64::new(0));
-        let batches = opened
-            .batches
-            .map({
-                let rows = rows.clone();
-                move |b| match b {
-                    Ok(b) => {
-                        rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                        let pieces = crate::operator::wire_pieces(b, piece);
-                        Ok(futures::stream::iter(pieces.into_iter().map(Ok)))
-                    }
-                    Err(e) => Err(FlightError::ExternalError(Box::new(e))),
-                }
-            })
-            .try_flatten();
-        let encoder = FlightDataEncoderBuilder::new()
-            .with_max_flight_data_size(ENCODER_LIMIT)
-            .with_options(options)
-            .with_schema(opened.schema)
-            .build(batches);
-        let name = name.to_string();
-        Ok(self.run_stream_then(encoder, move |bytes_sent| {
-            // Ran to the end: its time teaches the cost model; the slot is freed here.
+        // Ran to the end: its time teaches the cost model; the slot is freed here.
+        let trailer = move |bytes_sent: u64, rows: u64| {
             permit.complete();
             drop(permit);
             let mut details: BTreeMap<String, String> = metrics
@@ -536,13 +502,68 @@ impl FlightNode {
                 bytes_read: metrics.bytes_read.load(Ordering::Relaxed),
                 bytes_sent,
                 rows_scanned: metrics.rows_scanned.load(Ordering::Relaxed),
-                rows_returned: rows.load(Ordering::Relaxed),
+                rows_returned: rows,
                 elapsed_us: started.elapsed().as_micros() as u64,
                 details,
             };
             let json = serde_json::to_vec(&report).ok()?;
             Some(FlightData::new().with_app_metadata(json))
-        }))
+        };
+        // One task on the CPU pool opens the operator and streams its batches; this
+        // handler waits only for the open's outcome (a bad request fails the call
+        // itself), not for a second hop onto the pool.
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel::<Result<()>>();
+        let (tx, rx) = mpsc::channel(4);
+        let task = self.state.node.pool.spawn(async move {
+            let opened = match op.open(ctx, args).await {
+                Ok(o) => o,
+                Err(e) => {
+                    let _ = opened_tx.send(Err(e));
+                    return Ok(());
+                }
+            };
+            let _ = opened_tx.send(Ok(()));
+            let rows = Arc::new(AtomicU64::new(0));
+            let batches = opened
+                .batches
+                .map({
+                    let rows = rows.clone();
+                    move |b| match b {
+                        Ok(b) => {
+                            rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                            let pieces = crate::operator::wire_pieces(b, piece);
+                            Ok(futures::stream::iter(pieces.into_iter().map(Ok)))
+                        }
+                        Err(e) => Err(FlightError::ExternalError(Box::new(e))),
+                    }
+                })
+                .try_flatten();
+            let encoder = FlightDataEncoderBuilder::new()
+                .with_max_flight_data_size(ENCODER_LIMIT)
+                .with_options(options)
+                .with_schema(opened.schema)
+                .build(batches);
+            forward(encoder, &tx, |sent| {
+                trailer(sent, rows.load(Ordering::Relaxed))
+            })
+            .await;
+            Ok(())
+        });
+        match opened_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            // The task ended without a word: it panicked (or the pool is stopping).
+            Err(_) => {
+                task.await?;
+                return Err(Error::Internal("the operator's task ended early".into()));
+            }
+        }
+        Ok(TaskStream {
+            rx,
+            _task: task,
+            sent: self.state.counters.bytes_sent.clone(),
+            _waiting: Some(waiting),
+        })
     }
 
     fn range(
@@ -1075,6 +1096,8 @@ struct TaskStream {
     rx: mpsc::Receiver<Result<FlightData, Status>>,
     _task: AbortOnDrop<Result<()>>,
     sent: Arc<AtomicU64>,
+    /// Tells the operator when the answer is no longer wanted.
+    _waiting: Option<crate::operator::CancelOnDrop>,
 }
 
 impl Stream for TaskStream {
@@ -1088,6 +1111,30 @@ impl Stream for TaskStream {
             );
         }
         p
+    }
+}
+
+/// Sends `stream`'s items to `tx` until the receiver goes or an item fails; after
+/// the last item (if all went well) sends `trailer(bytes sent)` when that gives a
+/// message.
+async fn forward<S, T>(mut stream: S, tx: &mpsc::Sender<Result<FlightData, Status>>, trailer: T)
+where
+    S: Stream<Item = Result<FlightData, FlightError>> + Unpin,
+    T: FnOnce(u64) -> Option<FlightData>,
+{
+    let mut sent = 0u64;
+    while let Some(item) = stream.next().await {
+        let item = item.map_err(|e| Error::from(e).to_status());
+        let stop = item.is_err();
+        if let Ok(d) = &item {
+            sent += (d.data_body.len() + d.data_header.len()) as u64;
+        }
+        if tx.send(item).await.is_err() || stop {
+            return;
+        }
+    }
+    if let Some(last) = trailer(sent) {
+        let _ = tx.send(Ok(last)).await;
     }
 }
 
