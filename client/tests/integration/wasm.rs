@@ -310,11 +310,20 @@ async fn hostile_modules_get_their_status_and_the_node_goes_on() {
         ("trap", StatusCode::InvalidArgument, "unreachable"),
         ("badptr", StatusCode::InvalidArgument, "outside its"),
     ];
-    for (name, code, says) in cases {
-        let e = s
-            .run_wasm(&job(name, &["l_orderkey"], Some("l_orderkey < 100"), &[]))
-            .await
-            .unwrap_err();
+    // Each over rows (the guest runs beside the scan) and without (it runs on the
+    // request's own thread): the same status either way.
+    let runs = cases.into_iter().flat_map(|(name, code, says)| {
+        let over_rows = job(name, &["l_orderkey"], Some("l_orderkey < 100"), &[]);
+        let no_rows = WasmJob {
+            columns: vec![],
+            filter: None,
+            rows: false,
+            ..over_rows.clone()
+        };
+        [(name, code, says, over_rows), (name, code, says, no_rows)]
+    });
+    for (name, code, says, j) in runs {
+        let e = s.run_wasm(&j).await.unwrap_err();
         assert_eq!(code_of(&e), Some(code), "{name}: {e}");
         assert!(e.to_string().contains(says), "{name}: {e}");
         assert!(e.to_string().contains("wasm module sha256:"), "{name}: {e}");
@@ -356,6 +365,49 @@ async fn hostile_modules_get_their_status_and_the_node_goes_on() {
     let e = s.run_wasm(&huge).await.unwrap_err();
     assert_eq!(code_of(&e), Some(StatusCode::ResourceExhausted), "{e}");
     assert_eq!(pairs(&sql(&s, FILTER_MAP_SQL).await), baseline);
+}
+
+/// A guest that runs on the request's own thread (no input rows) stops once its
+/// asker goes away, long before its CPU-time limit, and the node goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_stops_when_its_asker_goes_away() {
+    let node = start(&NodeConfig {
+        wasm_cpu_ms: 60_000,
+        ..config("emulated:mem")
+    })
+    .await;
+    load_lineitem(&node.url).await;
+    let s = session(&node.url).await;
+    let spin = WasmJob {
+        columns: vec![],
+        filter: None,
+        rows: false,
+        ..job("spin", &[], None, &[])
+    };
+    let asker = tokio::spawn(async move { s.run_wasm(&spin).await.map(|_| ()) });
+    // Running: its instance holds memory.
+    let mut st = sandbox_stats(&node.url).await;
+    while st.memory_held == 0 && !asker.is_finished() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        st = sandbox_stats(&node.url).await;
+    }
+    assert!(st.memory_held > 0, "the guest never started: {st:?}");
+    asker.abort();
+    let s = session(&node.url).await;
+    let waited = std::time::Instant::now();
+    while st.memory_held > 0 && waited.elapsed() < std::time::Duration::from_secs(20) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        st = sandbox_stats(&node.url).await;
+    }
+    assert_eq!(st.memory_held, 0, "the spinning guest still runs: {st:?}");
+    assert_eq!(
+        st.deadline_exceeded, 0,
+        "stopped by its limit, not its asker: {st:?}"
+    );
+    assert!(waited.elapsed() < std::time::Duration::from_secs(20));
+    // The node still answers.
+    let want = pairs(&sql(&s, FILTER_MAP_SQL).await);
+    assert!(!want.is_empty());
 }
 
 async fn sandbox_stats(url: &str) -> csd_runtime::sandbox::SandboxStats {

@@ -66,49 +66,20 @@ pub(crate) fn run_guest(
     let on_drop = CancelOnDrop(cancel.clone());
     let handle = tokio::runtime::Handle::current();
     let task = tokio::task::spawn_blocking(move || {
-        let mut schema: Option<SchemaRef> = None;
-        let mut send = |b: RecordBatch| -> Result<bool> {
-            match &schema {
-                Some(s) if s != &b.schema() => {
-                    return Err(Error::InvalidArgument(format!(
-                        "wasm module {:?} broke the guest ABI: its outputs change schema ({} then {})",
-                        module.digest,
-                        s,
-                        b.schema()
-                    )));
-                }
-                Some(_) => {}
-                None => schema = Some(b.schema()),
-            }
-            Ok(tx.blocking_send(Ok(b)).is_ok())
+        let guest = GuestRun {
+            sandbox: &sandbox,
+            module: &module,
+            args: &args,
+            reader,
+            cancel,
+            figures: &figures,
+            drop_later: false,
         };
-        let run = || -> Result<()> {
-            let mut guest = sandbox.instantiate(&module, &args, reader, cancel)?;
-            figures.kind.store(
-                u8::from(guest.kind() == GuestKind::Aggregate),
-                Ordering::Relaxed,
-            );
-            let result = (|| {
-                while let Some(b) = handle.block_on(input.next()) {
-                    for out in guest.batch(&b?)? {
-                        if !send(out)? {
-                            return Ok(());
-                        }
-                    }
-                }
-                for out in guest.finish()? {
-                    if !send(out)? {
-                        return Ok(());
-                    }
-                }
-                Ok(())
-            })();
-            figures
-                .cpu_us
-                .store(guest.cpu_used().as_micros() as u64, Ordering::Relaxed);
-            result
-        };
-        if let Err(e) = run() {
+        let run = guest.drive(
+            || handle.block_on(input.next()),
+            |b| Ok(tx.blocking_send(Ok(b)).is_ok()),
+        );
+        if let Err(e) = run {
             let _ = tx.blocking_send(Err(e));
         }
     });
@@ -128,8 +99,121 @@ pub(crate) fn run_guest(
     out.chain(ended).boxed()
 }
 
+/// Runs `module`, which takes no input rows, to its end on this thread (taken out of
+/// the runtime's workers while it runs, so its host reads may wait on the runtime):
+/// its outputs, or its error. A guest that reads a few records answers without a
+/// hop to another thread and back; the CPU-time limit bounds it as on any thread.
+/// `None` on a runtime that cannot lend its thread (a current-thread one).
+pub(crate) fn run_guest_here(
+    sandbox: &Arc<Sandbox>,
+    module: &Arc<CompiledModule>,
+    args: &BTreeMap<String, String>,
+    reader: Option<Arc<dyn GuestReader>>,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+    figures: &Arc<GuestFigures>,
+) -> Option<Result<Vec<RecordBatch>>> {
+    let flavor = tokio::runtime::Handle::try_current().ok()?.runtime_flavor();
+    if flavor != tokio::runtime::RuntimeFlavor::MultiThread {
+        return None;
+    }
+    Some(tokio::task::block_in_place(|| {
+        let guest = GuestRun {
+            sandbox,
+            module,
+            args,
+            reader,
+            cancel,
+            figures,
+            drop_later: true,
+        };
+        let mut out = Vec::new();
+        guest.drive(
+            || None,
+            |b| {
+                out.push(b);
+                Ok(true)
+            },
+        )?;
+        Ok(out)
+    }))
+}
+
+/// One run of a guest, wherever it runs.
+struct GuestRun<'a> {
+    sandbox: &'a Arc<Sandbox>,
+    module: &'a Arc<CompiledModule>,
+    args: &'a BTreeMap<String, String>,
+    reader: Option<Arc<dyn GuestReader>>,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+    figures: &'a GuestFigures,
+    /// Whether the instance is dropped on another blocking thread once it is done,
+    /// so that the answer does not wait for its memory to be unmapped (its memory
+    /// stays counted as held until then).
+    drop_later: bool,
+}
+
+impl GuestRun<'_> {
+    /// Instantiates the guest, feeds it `input`'s batches, then finishes it; every
+    /// output goes to `send` (which answers whether more are wanted) and must have
+    /// the first one's schema.
+    fn drive(
+        self,
+        mut input: impl FnMut() -> Option<Result<RecordBatch>>,
+        mut send: impl FnMut(RecordBatch) -> Result<bool>,
+    ) -> Result<()> {
+        let module = self.module;
+        let mut schema: Option<SchemaRef> = None;
+        let mut send = |b: RecordBatch| -> Result<bool> {
+            match &schema {
+                Some(s) if s != &b.schema() => {
+                    return Err(Error::InvalidArgument(format!(
+                        "wasm module {:?} broke the guest ABI: its outputs change schema ({} then {})",
+                        module.digest,
+                        s,
+                        b.schema()
+                    )));
+                }
+                Some(_) => {}
+                None => schema = Some(b.schema()),
+            }
+            send(b)
+        };
+        let mut guest = self
+            .sandbox
+            .instantiate(module, self.args, self.reader, self.cancel)?;
+        self.figures.kind.store(
+            u8::from(guest.kind() == GuestKind::Aggregate),
+            Ordering::Relaxed,
+        );
+        let result = (|| {
+            while let Some(b) = input() {
+                for out in guest.batch(&b?)? {
+                    if !send(out)? {
+                        return Ok(());
+                    }
+                }
+            }
+            for out in guest.finish()? {
+                if !send(out)? {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })();
+        self.figures
+            .cpu_us
+            .store(guest.cpu_used().as_micros() as u64, Ordering::Relaxed);
+        if self.drop_later
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn_blocking(move || drop(guest));
+        }
+        result
+    }
+}
+
 /// Stops a guest (within an epoch tick) once its answer's stream is dropped.
-pub(crate) struct CancelOnDrop(pub(crate) Arc<std::sync::atomic::AtomicBool>);
+pub(crate) use csd_runtime::operator::CancelOnDrop;
 
 /// `stream`, which sets `cancel`'s flag when it is dropped (its Wasm SQL functions
 /// then stop within an epoch tick).
@@ -143,12 +227,6 @@ pub(crate) fn cancel_on_drop(
         b
     });
     Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, inner))
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// The first item of `stream` taken out, to learn the output schema before the

@@ -7,11 +7,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use csd_runtime::Result;
 use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
-use csd_runtime::sandbox::{GuestKind, NodeObjectReader};
+use csd_runtime::sandbox::{GuestKind, GuestReader, NodeObjectReader};
 use futures::StreamExt;
 
 use super::{SqlOperator, objects_in, objects_of};
-use crate::eval::wasm::{GuestFigures, guest_args, peek_schema, run_guest};
+use crate::eval::wasm::{GuestFigures, guest_args, peek_schema, run_guest, run_guest_here};
 use crate::wire::wasm::{OPERATOR_NAME, WasmRequest};
 
 /// The `"wasm"` operator: its input scans run by the node's `"sql"` operator.
@@ -94,8 +94,36 @@ impl Operator for WasmOperator {
                 ("csd.objects", objects.join(",")),
             ],
         );
-        let out = run_guest(sandbox, module, args, Some(reader), rows, figures.clone());
-        let (schema, batches) = peek_schema(out).await?;
+        let reader: Arc<dyn GuestReader> = reader;
+        // A guest without input rows (a traversal) runs to its end right here.
+        let here = match input.scan {
+            Some(_) => None,
+            None => run_guest_here(
+                &sandbox,
+                &module,
+                &args,
+                Some(reader.clone()),
+                ctx.cancelled.clone(),
+                &figures,
+            ),
+        };
+        let (schema, batches) = match here {
+            Some(outputs) => {
+                let outputs = outputs?;
+                let schema = outputs
+                    .first()
+                    .map(|b| b.schema())
+                    .unwrap_or_else(|| Arc::new(arrow::datatypes::Schema::empty()));
+                (
+                    schema,
+                    futures::stream::iter(outputs.into_iter().map(Ok)).boxed(),
+                )
+            }
+            None => {
+                let out = run_guest(sandbox, module, args, Some(reader), rows, figures.clone());
+                peek_schema(out).await?
+            }
+        };
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
             let kind = match figures.kind() {
