@@ -5,7 +5,7 @@
 //! One thread keeps a heap of deadlines and sleeps on a condition variable with its
 //! timer slack set to 1 ns; waiters are tokio oneshots. It measures how late its own
 //! timed waits wake (on a VM that grows with idle time, e.g. 9 µs after 100 µs and
-//! 33 µs after 2 ms here) and aims that much early.
+//! 33 µs after 2 ms here), aims that much early and spins the rest: never early.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -85,7 +85,10 @@ impl Timer {
         })
     }
 
-    /// Fires due entries, then waits until the next deadline (at most 100 ms).
+    /// Fires due entries, then waits until the next deadline (at most 100 ms): a
+    /// timed wait aimed early by the measured lateness, then a spin for the rest, so
+    /// that nothing is released before its instant (an early release would make a
+    /// 100 µs link delay no delay at all once the lateness grows past it).
     fn tick(&self) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let lead = Duration::from_nanos(st.lateness_ns as u64).min(MAX_LEAD);
@@ -93,11 +96,20 @@ impl Timer {
         while st
             .heap
             .peek()
-            .is_some_and(|e| e.0.at <= now + lead.max(TIMER_EPSILON))
+            .is_some_and(|e| e.0.at <= now + TIMER_EPSILON)
         {
             if let Some(Reverse(e)) = st.heap.pop() {
                 let _ = e.tx.send(());
             }
+        }
+        if let Some(next) = st.heap.peek().map(|e| e.0.at)
+            && next <= now + lead
+        {
+            drop(st);
+            while Instant::now() < next {
+                std::hint::spin_loop();
+            }
+            return true;
         }
         let target = st
             .heap
