@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,9 +21,11 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PhysicalExpr,
     PlanProperties, RecordBatchStream, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
+use datafusion_distributed::DistributedTaskContext;
 use futures::Stream;
-use tokio::sync::watch;
+use tokio::sync::{OnceCell, watch};
 
+use crate::compute::distributed::keys::{self, RemoteKeys};
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
 
 /// The keys of one hash join's build side, collected as its partitions run.
@@ -39,6 +41,15 @@ pub(crate) struct KeyCollector {
     state: Mutex<Collect>,
     done: watch::Sender<bool>,
     built: OnceLock<Option<Arc<Bloom>>>,
+    /// Set when the build side and a scan it filters run in different stages: the
+    /// build side's tasks publish their keys there, and scans fetch the union (see
+    /// [`crate::compute::distributed::keys`]).
+    remote: OnceLock<RemoteKeys>,
+    /// This build task's index and its stage's task count (one task outside a
+    /// distributed plan).
+    task: OnceLock<(usize, usize)>,
+    published: AtomicBool,
+    fetched: OnceCell<Option<Arc<Bloom>>>,
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +96,90 @@ impl KeyCollector {
             state: Mutex::new(Collect::default()),
             done: watch::channel(false).0,
             built: OnceLock::new(),
+            remote: OnceLock::new(),
+            task: OnceLock::new(),
+            published: AtomicBool::new(false),
+            fetched: OnceCell::new(),
         }
+    }
+
+    /// A scan's view of collector `id`, whose build side runs in another stage: it
+    /// only fetches the keys from `remote`.
+    pub(crate) fn remote_only(id: u64, remote: RemoteKeys, bits_per_key: usize) -> Self {
+        let c = Self::with_id(id, Vec::new(), 0, remote.wait(), bits_per_key);
+        c.published.store(true, Ordering::Relaxed);
+        let _ = c.remote.set(remote);
+        c
+    }
+
+    /// Its keys meet across stages at `remote` (set once, when the plan is cut into
+    /// stages).
+    pub(crate) fn set_remote(&self, remote: RemoteKeys) {
+        let _ = self.remote.set(remote);
+    }
+
+    /// Where its keys meet across stages, if they do.
+    pub(crate) fn remote(&self) -> Option<&RemoteKeys> {
+        self.remote.get()
+    }
+
+    /// Publishes this task's keys (or why it has none) to its remote set, once.
+    fn publish(&self) {
+        let Some(remote) = self.remote.get() else {
+            return;
+        };
+        if self.published.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let keys = match self.state.lock() {
+            Ok(mut s) => match &s.abandoned {
+                Some(why) => Err(why.clone()),
+                None => {
+                    let mut h = std::mem::take(&mut s.hashes);
+                    h.sort_unstable();
+                    h.dedup();
+                    s.keys = h.len();
+                    Ok(h)
+                }
+            },
+            Err(_) => Err("key collector poisoned".into()),
+        };
+        let task = self.task.get().copied().unwrap_or((0, 1));
+        let (remote, bits) = (remote.clone(), self.bits_per_key);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("join keys not published: no runtime");
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(e) = keys::publish(&remote, task, bits, keys).await {
+                tracing::warn!(
+                    "join keys not published (scans waiting on them run unfiltered): {e}"
+                );
+            }
+        });
+    }
+
+    /// The filter from the remote set: its build tasks' keys together.
+    async fn fetch(&self, remote: &RemoteKeys) -> Option<Arc<Bloom>> {
+        self.fetched
+            .get_or_init(|| async {
+                match keys::fetch(remote, self.wait).await {
+                    Ok((bloom, n)) => {
+                        if let Ok(mut s) = self.state.lock() {
+                            s.keys = n;
+                        }
+                        Some(Arc::new(bloom))
+                    }
+                    Err(why) => {
+                        if let Ok(mut s) = self.state.lock() {
+                            s.abandoned = Some(why);
+                        }
+                        None
+                    }
+                }
+            })
+            .await
+            .clone()
     }
 
     fn add(&self, batch: &RecordBatch) -> std::result::Result<(), String> {
@@ -138,6 +232,7 @@ impl KeyCollector {
         };
         if all {
             self.done.send_replace(true);
+            self.publish();
         }
     }
 
@@ -150,11 +245,15 @@ impl KeyCollector {
             s.hashes = Vec::new();
         }
         self.done.send_replace(true);
+        self.publish();
     }
 
     /// The filter, once every build partition has ended (`None`: no filter, see the
     /// module docs). Built once, shared by every endpoint of the scan.
     pub(crate) async fn wait(&self) -> Option<Arc<Bloom>> {
+        if let Some(remote) = self.remote.get() {
+            return self.fetch(remote).await;
+        }
         let mut rx = self.done.subscribe();
         if tokio::time::timeout(self.wait, rx.wait_for(|d| *d))
             .await
@@ -313,6 +412,11 @@ impl ExecutionPlan for KeyCollectExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let task = DistributedTaskContext::from_ctx(&context);
+        let _ = self
+            .collector
+            .task
+            .set((task.task_index, task.task_count.max(1)));
         let inner = self.input.execute(partition, context)?;
         Ok(Box::pin(CollectStream {
             inner,

@@ -301,6 +301,28 @@ impl Bloom {
     }
 }
 
+impl Bloom {
+    /// A filter from its blocks' wire form ([`KeyFilterMsg::blocks`]), checked.
+    pub(crate) fn from_blocks(bytes: &[u8]) -> Result<Bloom, String> {
+        let n = bytes.len();
+        if n == 0 || n > MAX_FILTER_BYTES || !n.is_multiple_of(32) {
+            return Err(format!(
+                "key filter of {n} bytes: its blocks must be whole 32-byte blocks, 1 to {} of them",
+                MAX_FILTER_BYTES / 32
+            ));
+        }
+        let blocks = bytes
+            .chunks_exact(32)
+            .map(|b| {
+                std::array::from_fn(|i| {
+                    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                })
+            })
+            .collect();
+        Ok(Bloom { blocks })
+    }
+}
+
 /// A key filter as it travels (see the module docs).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct KeyFilterMsg {
@@ -348,8 +370,7 @@ impl KeyFilter {
             }
             columns.push(c as usize);
         }
-        let n = m.blocks.len();
-        if n == 0 {
+        if m.blocks.is_empty() {
             return Err(
                 "key filter without split-block bloom blocks (field 4): a client of an \
                  earlier build sends a filter this node cannot read; use a client of the \
@@ -357,23 +378,9 @@ impl KeyFilter {
                     .into(),
             );
         }
-        if n > MAX_FILTER_BYTES || !n.is_multiple_of(32) {
-            return Err(format!(
-                "key filter of {n} bytes: its blocks must be whole 32-byte blocks, at most {MAX_FILTER_BYTES} bytes"
-            ));
-        }
-        let blocks = m
-            .blocks
-            .chunks_exact(32)
-            .map(|b| {
-                std::array::from_fn(|i| {
-                    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-                })
-            })
-            .collect();
         Ok(KeyFilter {
             columns,
-            bloom: Bloom { blocks },
+            bloom: Bloom::from_blocks(&m.blocks)?,
         })
     }
 

@@ -71,13 +71,25 @@ async fn tpch_on_two_and_three_workers() {
         let (urls, _stop) = workers(n).await;
         let session = session_on(&nodes, &urls).await;
         let mut staged = 0;
+        let mut grew = Vec::new();
         for (q, sql) in tpch::QUERIES {
             assert_same(&local, &session, sql).await;
+            let started = Instant::now();
             let run = session.run(sql).await.unwrap();
+            let took = started.elapsed();
             let plan = run.plan_with_metrics();
             // The scans' counters come back from the workers.
             assert!(run.bytes_moved > 0, "Q{q}: no bytes counted from the nodes");
             bytes_on += run.bytes_moved;
+            if run.bytes_moved as f64 > bytes_alone[&q] as f64 * 1.25 {
+                grew.push(format!(
+                    "Q{q}: {} bytes on {n} workers, {} alone",
+                    run.bytes_moved, bytes_alone[&q]
+                ));
+            }
+            // No scan sat out its key wait (30 s) for a build side that never
+            // published its keys.
+            assert!(took < Duration::from_secs(20), "Q{q} took {took:?}");
             if plan.contains("Stage") || plan.contains("Network") {
                 staged += 1;
             }
@@ -98,14 +110,16 @@ async fn tpch_on_two_and_three_workers() {
             staged >= 15,
             "only {staged} of 22 plans were distributed on {n} workers"
         );
+        // Join-key filters reach their scans whichever stage the build side runs
+        // in (a partitioned join's build side publishes its keys to a worker's key
+        // board), so no query moves much more than in one process.
+        assert!(grew.is_empty(), "{grew:#?}");
         totals.push(bytes_on);
     }
-    // Bytes from the nodes do not grow with the workers, and stay near one
-    // process's (a build side behind a shuffle sends no key filter to its scan).
     println!("bytes from the nodes: alone {alone_total}, on 2 and 3 workers {totals:?}");
     assert!(totals[1] as f64 <= totals[0] as f64 * 1.1, "{totals:?}");
     assert!(
-        totals[0] as f64 <= alone_total as f64 * 1.5,
+        totals[0] as f64 <= alone_total as f64 * 1.15,
         "{totals:?} vs {alone_total}"
     );
 }

@@ -4,8 +4,9 @@
 //! [`KeyCollectExec`] (a hash join's build side feeding a scan's join-key filter). A
 //! collector and the scans that wait on it are linked by the collector's id: they
 //! find each other again when they are decoded in the same plan (one task of one
-//! stage, decoded on one worker); a scan whose collector ran elsewhere runs without
-//! that filter.
+//! stage, decoded on one worker). When they were planned in different stages both
+//! carry where the keys meet ([`RemoteKeys`]): the collector publishes there, the
+//! scan fetches from there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 
+use super::keys::RemoteKeys;
 use super::worker::WorkerEnv;
 use crate::compute::key_collector::{KeyCollectExec, KeyCollector};
 use crate::compute::scan::CsdScanExec;
@@ -57,6 +59,9 @@ pub(crate) struct KeyCollectMsg {
     /// Filter bits per key.
     #[prost(uint32, tag = "4")]
     pub(crate) bits_per_key: u32,
+    /// Where its keys meet the scans of other stages, if any do.
+    #[prost(message, optional, tag = "5")]
+    pub(crate) remote: Option<RemoteKeys>,
 }
 
 /// What decoding one plan on a worker shares: the worker's connections and the
@@ -139,6 +144,9 @@ impl PhysicalExtensionCodec for CsdCodec {
                     Duration::from_millis(k.wait_ms),
                     k.bits_per_key as usize,
                 ));
+                if let Some(r) = k.remote {
+                    collector.set_remote(r);
+                }
                 scope.collectors().insert(k.id, collector.clone());
                 Ok(Arc::new(KeyCollectExec::new(input.clone(), collector)))
             }
@@ -170,6 +178,7 @@ impl PhysicalExtensionCodec for CsdCodec {
                         .collect::<Result<_>>()?,
                     wait_ms: c.wait_for().as_millis() as u64,
                     bits_per_key: c.bits_per_key() as u32,
+                    remote: c.remote().cloned(),
                 }),
             }
         } else {
@@ -339,7 +348,8 @@ mod tests {
     }
 
     /// A scan's join-key filter is linked again to its collector when both are in
-    /// the decoded plan, and dropped when the collector ran elsewhere.
+    /// the decoded plan, fetched from the key board when they were planned in
+    /// different stages, and dropped otherwise.
     #[tokio::test]
     async fn key_filters_find_their_collector_in_the_same_plan_only() {
         let env = WorkerEnv::new(Credentials::default(), Some(1)).unwrap();
@@ -374,7 +384,7 @@ mod tests {
         let scan: Arc<dyn ExecutionPlan> = Arc::new(scan);
 
         let ctx = task_ctx(&env);
-        let k = roundtrip(collect, &[build], &ctx);
+        let k = roundtrip(collect, std::slice::from_ref(&build), &ctx);
         let k = k.downcast_ref::<KeyCollectExec>().unwrap();
         assert_eq!(k.collector().id(), collector.id());
         assert_eq!(k.collector().wait_for(), Duration::from_millis(1500));
@@ -389,8 +399,36 @@ mod tests {
         ));
 
         // Another plan (a fresh scope) without the collector: no filter.
-        let s = roundtrip(scan, &[], &task_ctx(&env));
+        let s = roundtrip(scan.clone(), &[], &task_ctx(&env));
         assert!(!s.downcast_ref::<CsdScanExec>().unwrap().has_key_filter());
+
+        // Planned in different stages: both carry where the keys meet, and the scan
+        // decoded without its collector fetches from there.
+        let remote = RemoteKeys {
+            home: "http://10.0.0.2:7".into(),
+            key: "q/1".into(),
+            wait_ms: 1500,
+        };
+        collector.set_remote(remote.clone());
+        let ctx = task_ctx(&env);
+        let s = roundtrip(scan, &[], &ctx);
+        let s = s.downcast_ref::<CsdScanExec>().unwrap();
+        assert_eq!(s.key_filter_columns(), vec![vec![0]]);
+        let fetcher = s.key_collectors().next().unwrap();
+        assert_eq!(fetcher.id(), collector.id());
+        assert_eq!(fetcher.remote(), Some(&remote));
+        let k = roundtrip(
+            Arc::new(KeyCollectExec::new(build.clone(), collector.clone())),
+            &[build],
+            &ctx,
+        );
+        assert_eq!(
+            k.downcast_ref::<KeyCollectExec>()
+                .unwrap()
+                .collector()
+                .remote(),
+            Some(&remote)
+        );
     }
 
     /// A process that is not a worker says so instead of failing obscurely.

@@ -10,10 +10,10 @@
 //! with its pushed fragment, estimates, join-key filter links and Wasm functions
 //! ([`CsdCodec`]). On the worker the scan runs exactly as in one process: pushed to
 //! the nodes, handed back and evaluated here under the worker's own [`LocalGate`],
-//! patient requests, join-key filters from a build side in the same stage (a
-//! broadcast join's build side is collected in the join's stage, see `lift`; a
-//! build side behind a shuffle sends no filter, and the join above is exact either
-//! way).
+//! patient requests, join-key filters (a broadcast join's build side is collected
+//! in the join's stage, see `lift`; a build side in another stage, behind a
+//! shuffle, publishes its keys to a board on one worker, from which the scan's tasks
+//! fetch them: [`keys`]).
 //!
 //! Credentials never travel in a plan: a worker reaches the storage nodes with its
 //! own (`csd worker --token/--tls-*`, as every client), so it must hold a token the
@@ -22,6 +22,7 @@
 //! [`LocalGate`]: crate::compute::gate::LocalGate
 
 pub(crate) mod codec;
+pub(crate) mod keys;
 mod lift;
 pub(crate) mod placement;
 mod worker;
@@ -95,7 +96,10 @@ impl Workers {
             .with_distributed_worker_resolver(StaticWorkers(urls.clone()))
             .with_distributed_planner();
         if let Some(inner) = builder.query_planner().take() {
-            builder = builder.with_query_planner(Arc::new(lift::LiftKeyCollectors { inner }));
+            builder = builder.with_query_planner(Arc::new(lift::LiftKeyCollectors {
+                inner,
+                workers: urls.clone(),
+            }));
         }
         Ok(builder
             .with_distributed_user_codec(CsdCodec)

@@ -15,6 +15,7 @@ use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 
 use super::codec::{CsdCodec, DecodeScope};
+use super::keys::{KeyBoard, KeyBoardService};
 use crate::compute::gate::LocalGate;
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore};
 use crate::error::to_datafusion;
@@ -31,6 +32,7 @@ pub struct WorkerEnv {
     ranges: Arc<NodeRangeStore>,
     local: Arc<LocalGate>,
     runtime: Arc<RuntimeEnv>,
+    board: Arc<KeyBoard>,
 }
 
 impl std::fmt::Debug for WorkerEnv {
@@ -57,6 +59,7 @@ impl WorkerEnv {
             ranges,
             local: local_slots.map_or_else(LocalGate::per_core, LocalGate::new),
             runtime,
+            board: Arc::new(KeyBoard::default()),
         }))
     }
 
@@ -149,7 +152,8 @@ impl WorkerSessionBuilder for WorkerSessions {
     }
 }
 
-/// Serves `env`'s worker on `listener` until `shutdown` resolves.
+/// Serves `env`'s worker (and its join-key board, see [`super::keys`]) on
+/// `listener` until `shutdown` resolves.
 pub async fn serve_worker_on(
     env: Arc<WorkerEnv>,
     listener: tokio::net::TcpListener,
@@ -159,6 +163,7 @@ pub async fn serve_worker_on(
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(env.worker().into_worker_server())
+        .add_service(KeyBoardService(env.board.clone()).into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))

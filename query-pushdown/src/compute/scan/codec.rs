@@ -17,7 +17,9 @@ use datafusion_proto::protobuf;
 
 use super::CsdScanExec;
 use crate::compute::distributed::codec::DecodeScope;
+use crate::compute::distributed::keys::RemoteKeys;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
+use crate::compute::key_collector::KeyCollector;
 use crate::eval::wasm_fn::ShippedFunction;
 use crate::wire::fragment::Mode;
 
@@ -100,6 +102,9 @@ pub(crate) struct KeyFilterMsg {
     /// The scan's output columns it filters.
     #[prost(uint32, repeated, tag = "2")]
     pub(crate) columns: Vec<u32>,
+    /// Where the collector's keys meet when it runs in another stage.
+    #[prost(message, optional, tag = "3")]
+    pub(crate) remote: Option<RemoteKeys>,
 }
 
 /// A Wasm SQL function.
@@ -160,6 +165,7 @@ impl CsdScanExec {
                 .map(|(c, cols)| KeyFilterMsg {
                     collector: c.id(),
                     columns: cols.iter().map(|&c| c as u32).collect(),
+                    remote: c.remote().cloned(),
                 })
                 .collect(),
             direct: self.direct,
@@ -179,8 +185,9 @@ impl CsdScanExec {
     }
 
     /// The scan `msg` describes, connected through `cx`. A join-key filter whose
-    /// collector is not in the same decoded plan (it ran on another machine) is
-    /// dropped: the filter only ever spares rows, the join above decides.
+    /// collector is not in the same decoded plan (it runs in another stage) is
+    /// fetched from where that stage's tasks publish their keys, or, without such a
+    /// place, dropped: the filter only ever spares rows, the join above decides.
     pub(crate) fn from_msg(msg: ScanMsg, cx: &DecodeScope) -> Result<CsdScanExec> {
         let schema = |s: &Option<protobuf::Schema>, what: &str| -> Result<Arc<Schema>> {
             let s = s.as_ref().ok_or_else(|| bad(format!("no {what}")))?;
@@ -245,6 +252,9 @@ impl CsdScanExec {
             }
             if let Some(c) = cx.collector(k.collector) {
                 scan.key_filters.push((c, columns));
+            } else if let Some(remote) = k.remote {
+                let c = KeyCollector::remote_only(k.collector, remote, 1);
+                scan.key_filters.push((Arc::new(c), columns));
             }
         }
         Ok(scan)

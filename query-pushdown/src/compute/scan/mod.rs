@@ -238,7 +238,12 @@ impl CsdScanExec {
         !self.key_filters.is_empty()
     }
 
-    /// The output columns of each attached join-key filter.
+    /// The collectors of the join-key filters it waits on.
+    pub(crate) fn key_collectors(&self) -> impl Iterator<Item = &Arc<KeyCollector>> {
+        self.key_filters.iter().map(|(c, _)| c)
+    }
+
+    /// The output columns of each join-key filter it waits on.
     pub(crate) fn key_filter_columns(&self) -> Vec<Vec<usize>> {
         self.key_filters.iter().map(|(_, c)| c.clone()).collect()
     }

@@ -1,0 +1,704 @@
+//! Join-key filters across stages: a hash join's build side and the probe-side scan
+//! its keys filter can land in different stages, on different workers (a
+//! partitioned join: both sides behind shuffles). Each task of the build side's
+//! stage then *publishes* the keys it saw to a [`KeyBoard`] on one worker (the
+//! collector's home, chosen when the plan is cut into stages, see `lift`); the scan's
+//! tasks *fetch* the union from it once every build task has published, as a bloom
+//! filter built there once. The board answers a fetch when the set is complete, when
+//! a build task gave up (too many keys, an error, a stream dropped early), or when the
+//! scan's wait (`csd.key_wait_secs`) is over; the last two mean no filter, so the
+//! scan runs unfiltered and the join above stays exact.
+//!
+//! The board is an Arrow Flight service beside the worker's own on the same port
+//! (actions `csd.keys.publish` and `csd.keys.fetch`, protobuf bodies); like the
+//! worker service it trusts whoever reaches the port. It holds a bounded number of
+//! sets and of hashes, and forgets a set some time after its last use.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use prost::Message;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES};
+
+/// The action a build task publishes its keys with.
+pub(crate) const PUBLISH: &str = "csd.keys.publish";
+/// The action a scan task fetches the filter with.
+pub(crate) const FETCH: &str = "csd.keys.fetch";
+
+/// Most sets a board holds at once.
+const MAX_SETS: usize = 4096;
+/// Most hashes a board holds at once, over all its sets (8 bytes each).
+const MAX_HELD_HASHES: usize = 32 << 20;
+/// How long a set outlives its last publish or fetch beyond the waits named.
+const KEEP: Duration = Duration::from_secs(60);
+/// Largest message the board and its clients exchange: a task's distinct keys at the
+/// fewest bits per key a filter allows, with room for the envelope.
+const MAX_MESSAGE: usize = MAX_FILTER_BYTES * 8 * 8 + (1 << 20);
+/// A client's allowance beyond the wait it asks the board for.
+const CALL_SLACK: Duration = Duration::from_secs(10);
+
+/// Where one collector's keys meet: the board's worker and the set's name there.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub(crate) struct RemoteKeys {
+    /// The worker holding the board (`http://host:port`).
+    #[prost(string, tag = "1")]
+    pub(crate) home: String,
+    /// The set's name: unique per planned query and collector.
+    #[prost(string, tag = "2")]
+    pub(crate) key: String,
+    /// How long a scan waits for the set, in milliseconds.
+    #[prost(uint64, tag = "3")]
+    pub(crate) wait_ms: u64,
+}
+
+impl RemoteKeys {
+    pub(crate) fn wait(&self) -> Duration {
+        Duration::from_millis(self.wait_ms)
+    }
+}
+
+/// One build task's keys.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct PublishMsg {
+    #[prost(string, tag = "1")]
+    pub(crate) key: String,
+    /// This task's index in its stage.
+    #[prost(uint32, tag = "2")]
+    pub(crate) task: u32,
+    /// Tasks in the stage: the set is complete when each has published.
+    #[prost(uint32, tag = "3")]
+    pub(crate) tasks: u32,
+    /// Filter bits per key.
+    #[prost(uint32, tag = "4")]
+    pub(crate) bits_per_key: u32,
+    /// Row hashes, little-endian u64s.
+    #[prost(bytes = "vec", tag = "5")]
+    pub(crate) hashes: Vec<u8>,
+    /// Set instead of hashes when the task has no keys to give: why.
+    #[prost(string, optional, tag = "6")]
+    pub(crate) abandoned: Option<String>,
+    /// How long scans wait for the set, in milliseconds (how long it is kept).
+    #[prost(uint64, tag = "7")]
+    pub(crate) wait_ms: u64,
+}
+
+/// A scan task's request for the filter.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct FetchMsg {
+    #[prost(string, tag = "1")]
+    pub(crate) key: String,
+    /// How long the board may hold the request for the set to complete.
+    #[prost(uint64, tag = "2")]
+    pub(crate) wait_ms: u64,
+}
+
+/// The board's answer to a fetch: a filter, or why there is none.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct KeysMsg {
+    /// The bloom filter's blocks (as in a fragment's key filter).
+    #[prost(bytes = "vec", tag = "1")]
+    pub(crate) blocks: Vec<u8>,
+    /// Distinct keys in it.
+    #[prost(uint64, tag = "2")]
+    pub(crate) keys: u64,
+    /// Set when there is no filter: why.
+    #[prost(string, optional, tag = "3")]
+    pub(crate) none: Option<String>,
+}
+
+/// A complete set's outcome: the filter's blocks and its key count, or why not.
+type Outcome = Result<Arc<(Vec<u8>, usize)>, String>;
+
+struct Set {
+    tasks: Option<u32>,
+    seen: HashSet<u32>,
+    hashes: Vec<u64>,
+    outcome: Option<Outcome>,
+    done: watch::Sender<bool>,
+    expires: Instant,
+}
+
+impl Set {
+    fn new(now: Instant) -> Self {
+        Set {
+            tasks: None,
+            seen: HashSet::new(),
+            hashes: Vec::new(),
+            outcome: None,
+            done: watch::channel(false).0,
+            expires: now + KEEP,
+        }
+    }
+
+    fn keep_until(&mut self, t: Instant) {
+        self.expires = self.expires.max(t);
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        if self.outcome.is_none() {
+            if let Err(why) = &outcome {
+                tracing::debug!("cross-stage join-key filter abandoned: {why}");
+            }
+            self.outcome = Some(outcome);
+            self.hashes = Vec::new();
+            self.done.send_replace(true);
+        }
+    }
+}
+
+/// Keys published by build tasks, merged into filters for the scans that fetch
+/// them (see the module docs).
+#[derive(Default)]
+pub(crate) struct KeyBoard {
+    sets: Mutex<HashMap<String, Set>>,
+}
+
+impl std::fmt::Debug for KeyBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyBoard")
+            .field("sets", &self.lock().len())
+            .finish()
+    }
+}
+
+impl KeyBoard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Set>> {
+        self.sets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The set `key`, made if new (after forgetting expired sets).
+    fn set<'a>(
+        sets: &'a mut HashMap<String, Set>,
+        key: &str,
+        now: Instant,
+    ) -> Result<&'a mut Set, Status> {
+        if !sets.contains_key(key) {
+            sets.retain(|_, s| s.expires > now);
+            if sets.len() >= MAX_SETS {
+                return Err(Status::resource_exhausted(format!(
+                    "this worker holds {MAX_SETS} join-key sets already; the scans waiting \
+                     on a new one run unfiltered"
+                )));
+            }
+            sets.insert(key.to_string(), Set::new(now));
+        }
+        Ok(sets.get_mut(key).expect("inserted above"))
+    }
+
+    /// Adds one build task's keys (or its reason for having none).
+    pub(crate) fn publish(&self, m: PublishMsg) -> Result<(), Status> {
+        if m.key.is_empty() || m.tasks == 0 || m.task >= m.tasks {
+            return Err(Status::invalid_argument(format!(
+                "join keys published by task {} of {} under {:?}: a task index below a \
+                 non-zero task count and a set name are needed",
+                m.task, m.tasks, m.key
+            )));
+        }
+        if !(1..=64).contains(&m.bits_per_key) || !m.hashes.len().is_multiple_of(8) {
+            return Err(Status::invalid_argument(format!(
+                "join keys with {} bits per key and {} bytes of hashes: 1 to 64 bits and \
+                 whole 8-byte hashes are needed",
+                m.bits_per_key,
+                m.hashes.len()
+            )));
+        }
+        let now = Instant::now();
+        let mut sets = self.lock();
+        let held: usize = sets.values().map(|s| s.hashes.len()).sum();
+        let set = Self::set(&mut sets, &m.key, now)?;
+        set.keep_until(now + 2 * Duration::from_millis(m.wait_ms) + KEEP);
+        if set.outcome.is_some() {
+            return Ok(());
+        }
+        if let Some(why) = m.abandoned {
+            set.end(Err(format!("build task {} has no keys: {why}", m.task)));
+            return Ok(());
+        }
+        match set.tasks {
+            Some(t) if t != m.tasks => {
+                set.end(Err(format!(
+                    "build tasks disagree on their number ({t} and {})",
+                    m.tasks
+                )));
+                return Ok(());
+            }
+            _ => set.tasks = Some(m.tasks),
+        }
+        let n = m.hashes.len() / 8;
+        if held + n > MAX_HELD_HASHES {
+            set.end(Err(format!(
+                "the worker holds {held} join keys already, at most {MAX_HELD_HASHES}"
+            )));
+            return Ok(());
+        }
+        set.hashes.extend(
+            m.hashes
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+        );
+        let max_keys = MAX_FILTER_BYTES * 8 / m.bits_per_key as usize;
+        if set.hashes.len() > 2 * max_keys {
+            set.hashes.sort_unstable();
+            set.hashes.dedup();
+            if set.hashes.len() > max_keys {
+                set.end(Err(format!("more than {max_keys} distinct build keys")));
+                return Ok(());
+            }
+        }
+        set.seen.insert(m.task);
+        if set.seen.len() == m.tasks as usize {
+            let mut h = std::mem::take(&mut set.hashes);
+            h.sort_unstable();
+            h.dedup();
+            let outcome = Bloom::with_bits_per_key(&h, m.bits_per_key as usize)
+                .map(|b| Arc::new((b.to_msg(&[]).blocks, h.len())))
+                .ok_or_else(|| format!("{} distinct build keys do not fit a filter", h.len()));
+            set.end(outcome);
+        }
+        Ok(())
+    }
+
+    /// The filter of set `key`, once complete, or why there is none (also when it is
+    /// not complete within `wait`).
+    pub(crate) async fn fetch(&self, key: &str, wait: Duration) -> Result<KeysMsg, Status> {
+        let mut rx = {
+            let now = Instant::now();
+            let mut sets = self.lock();
+            let set = Self::set(&mut sets, key, now)?;
+            set.keep_until(now + wait + KEEP);
+            set.done.subscribe()
+        };
+        let finished = tokio::time::timeout(wait, rx.wait_for(|d| *d))
+            .await
+            .is_ok();
+        let sets = self.lock();
+        let outcome = sets.get(key).and_then(|s| s.outcome.clone());
+        Ok(match outcome {
+            Some(Ok(f)) => KeysMsg {
+                blocks: f.0.clone(),
+                keys: f.1 as u64,
+                none: None,
+            },
+            Some(Err(why)) => KeysMsg {
+                none: Some(why),
+                ..Default::default()
+            },
+            None => KeysMsg {
+                none: Some(if finished {
+                    "the set was forgotten".into()
+                } else {
+                    let have = sets.get(key).map_or(0, |s| s.seen.len());
+                    let of = sets
+                        .get(key)
+                        .and_then(|s| s.tasks)
+                        .map_or("?".to_string(), |t| t.to_string());
+                    format!("{have} of {of} build tasks had published after {wait:?}")
+                }),
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Sets held now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// The board as a Flight service (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyBoardService(pub(crate) Arc<KeyBoard>);
+
+impl KeyBoardService {
+    pub(crate) fn into_server(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+}
+
+type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
+
+fn only_actions<T>() -> Result<T, Status> {
+    Err(Status::unimplemented(format!(
+        "this is a csd worker's join-key board: it serves the actions {PUBLISH} and {FETCH} only"
+    )))
+}
+
+#[tonic::async_trait]
+impl FlightService for KeyBoardService {
+    type HandshakeStream = FlightStream<HandshakeResponse>;
+    type ListFlightsStream = FlightStream<FlightInfo>;
+    type DoGetStream = FlightStream<FlightData>;
+    type DoPutStream = FlightStream<PutResult>;
+    type DoActionStream = FlightStream<arrow_flight::Result>;
+    type ListActionsStream = FlightStream<ActionType>;
+    type DoExchangeStream = FlightStream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        only_actions()
+    }
+
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        only_actions()
+    }
+
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        only_actions()
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        only_actions()
+    }
+
+    async fn get_schema(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        only_actions()
+    }
+
+    async fn do_get(&self, _: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        only_actions()
+    }
+
+    async fn do_put(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        only_actions()
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        only_actions()
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let bad = |e: prost::DecodeError| {
+            Status::invalid_argument(format!(
+                "{} body is not a valid message: {e}",
+                action.r#type
+            ))
+        };
+        let body = match action.r#type.as_str() {
+            PUBLISH => {
+                self.0
+                    .publish(PublishMsg::decode(action.body.as_ref()).map_err(bad)?)?;
+                Vec::new()
+            }
+            FETCH => {
+                let m = FetchMsg::decode(action.body.as_ref()).map_err(bad)?;
+                self.0
+                    .fetch(&m.key, Duration::from_millis(m.wait_ms))
+                    .await?
+                    .encode_to_vec()
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action {other:?}: a csd worker's join-key board serves {PUBLISH} and {FETCH}"
+                )));
+            }
+        };
+        let one =
+            futures::stream::once(async move { Ok(arrow_flight::Result { body: body.into() }) });
+        Ok(Response::new(one.boxed()))
+    }
+
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = [
+            (PUBLISH, "a build task's join keys (csd's PublishMsg)"),
+            (
+                FETCH,
+                "the bloom filter of a complete key set (csd's FetchMsg)",
+            ),
+        ]
+        .map(|(t, d)| {
+            Ok(ActionType {
+                r#type: t.into(),
+                description: d.into(),
+            })
+        });
+        Ok(Response::new(futures::stream::iter(actions).boxed()))
+    }
+}
+
+/// A client of the board at `home` (one channel per worker, made lazily, shared).
+fn client(home: &str) -> Result<FlightServiceClient<Channel>, String> {
+    static CHANNELS: OnceLock<Mutex<HashMap<String, Channel>>> = OnceLock::new();
+    let mut channels = CHANNELS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let channel = match channels.get(home) {
+        Some(c) => c.clone(),
+        None => {
+            let c = Endpoint::from_shared(home.to_string())
+                .map_err(|e| format!("key board address {home}: {e}"))?
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(5))
+                .connect_lazy();
+            channels.insert(home.to_string(), c.clone());
+            c
+        }
+    };
+    Ok(FlightServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
+}
+
+async fn call(home: &str, kind: &str, body: Vec<u8>, wait: Duration) -> Result<Vec<u8>, String> {
+    let mut c = client(home)?;
+    let mut request = Request::new(Action {
+        r#type: kind.into(),
+        body: body.into(),
+    });
+    request.set_timeout(wait + CALL_SLACK);
+    let mut answer = c
+        .do_action(request)
+        .await
+        .map_err(|s| format!("key board at {home}: {}", s.message()))?
+        .into_inner();
+    match answer.next().await {
+        Some(Ok(r)) => Ok(r.body.to_vec()),
+        Some(Err(s)) => Err(format!("key board at {home}: {}", s.message())),
+        None => Err(format!("key board at {home}: no answer")),
+    }
+}
+
+/// Publishes one build task's keys (`Ok`: row hashes, `Err`: why it has none).
+pub(crate) async fn publish(
+    remote: &RemoteKeys,
+    (task, tasks): (usize, usize),
+    bits_per_key: usize,
+    keys: Result<Vec<u64>, String>,
+) -> Result<(), String> {
+    let (hashes, abandoned) = match keys {
+        Ok(h) => (h.iter().flat_map(|h| h.to_le_bytes()).collect(), None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
+    let m = PublishMsg {
+        key: remote.key.clone(),
+        task: task as u32,
+        tasks: tasks as u32,
+        bits_per_key: bits_per_key as u32,
+        hashes,
+        abandoned,
+        wait_ms: remote.wait_ms,
+    };
+    call(&remote.home, PUBLISH, m.encode_to_vec(), remote.wait()).await?;
+    Ok(())
+}
+
+/// The set's filter and its key count, or why there is none.
+pub(crate) async fn fetch(remote: &RemoteKeys, wait: Duration) -> Result<(Bloom, usize), String> {
+    let m = FetchMsg {
+        key: remote.key.clone(),
+        wait_ms: wait.as_millis() as u64,
+    };
+    let body = call(&remote.home, FETCH, m.encode_to_vec(), wait).await?;
+    let k = KeysMsg::decode(body.as_slice())
+        .map_err(|e| format!("key board at {}: a bad answer: {e}", remote.home))?;
+    if let Some(why) = k.none {
+        return Err(why);
+    }
+    Ok((Bloom::from_blocks(&k.blocks)?, k.keys as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn msg(key: &str, task: u32, tasks: u32, hashes: &[u64]) -> PublishMsg {
+        PublishMsg {
+            key: key.into(),
+            task,
+            tasks,
+            bits_per_key: 12,
+            hashes: hashes.iter().flat_map(|h| h.to_le_bytes()).collect(),
+            abandoned: None,
+            wait_ms: 1000,
+        }
+    }
+
+    fn hashes(range: std::ops::Range<u64>) -> Vec<u64> {
+        range
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_fetch_waits_for_every_task_and_gets_all_their_keys() {
+        let board = Arc::new(KeyBoard::default());
+        let b = board.clone();
+        let waiting =
+            tokio::spawn(async move { b.fetch("q/1", Duration::from_secs(10)).await.unwrap() });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        board.publish(msg("q/1", 0, 3, &hashes(0..100))).unwrap();
+        board.publish(msg("q/1", 2, 3, &hashes(50..300))).unwrap();
+        assert!(!waiting.is_finished(), "answered before task 1 published");
+        // A task publishing twice (a retry) still counts once.
+        board.publish(msg("q/1", 2, 3, &hashes(50..300))).unwrap();
+        board
+            .publish(msg("q/1", 1, 3, &hashes(1000..1010)))
+            .unwrap();
+        let k = waiting.await.unwrap();
+        assert_eq!(k.none, None);
+        assert_eq!(k.keys, 310);
+        let bloom = Bloom::from_blocks(&k.blocks).unwrap();
+        for h in hashes(0..300).into_iter().chain(hashes(1000..1010)) {
+            assert!(bloom.contains(h));
+        }
+        let misses = hashes(5000..15000)
+            .into_iter()
+            .filter(|&h| bloom.contains(h))
+            .count();
+        assert!(misses < 500, "{misses} of 10000 absent keys pass");
+        // A later fetch gets the same filter at once.
+        let again = board.fetch("q/1", Duration::ZERO).await.unwrap();
+        assert_eq!(again, k);
+    }
+
+    #[tokio::test]
+    async fn no_filter_when_a_task_gives_up_disagrees_or_is_late() {
+        let board = KeyBoard::default();
+        board.publish(msg("a", 0, 2, &hashes(0..10))).unwrap();
+        let mut gave_up = msg("a", 1, 2, &[]);
+        gave_up.abandoned = Some("build side failed: boom".into());
+        board.publish(gave_up).unwrap();
+        let k = board.fetch("a", Duration::from_secs(1)).await.unwrap();
+        assert!(k.none.unwrap().contains("boom"));
+
+        board.publish(msg("b", 0, 2, &hashes(0..10))).unwrap();
+        board.publish(msg("b", 1, 3, &hashes(0..10))).unwrap();
+        let k = board.fetch("b", Duration::from_secs(1)).await.unwrap();
+        assert!(k.none.unwrap().contains("disagree"));
+
+        board.publish(msg("c", 0, 2, &hashes(0..10))).unwrap();
+        let started = Instant::now();
+        let k = board.fetch("c", Duration::from_millis(50)).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(k.none.unwrap().contains("1 of 2 build tasks"), "late");
+
+        // Too many distinct keys for a filter.
+        let max = MAX_FILTER_BYTES * 8 / 12;
+        board
+            .publish(msg("d", 0, 2, &hashes(0..max as u64)))
+            .unwrap();
+        board
+            .publish(msg("d", 1, 2, &hashes(max as u64..2 * max as u64 + 2)))
+            .unwrap();
+        let k = board.fetch("d", Duration::from_secs(1)).await.unwrap();
+        assert!(k.none.unwrap().contains("distinct build keys"));
+        assert_eq!(board.len(), 4);
+    }
+
+    #[test]
+    fn bad_publishes_are_refused_with_a_reason() {
+        let board = KeyBoard::default();
+        let e = board.publish(msg("x", 2, 2, &[1])).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("task index"), "{e}");
+        let mut m = msg("x", 0, 1, &[1]);
+        m.hashes.pop();
+        let e = board.publish(m).unwrap_err();
+        assert!(e.message().contains("8-byte"), "{e}");
+        let mut m = msg("x", 0, 1, &[1]);
+        m.bits_per_key = 0;
+        assert!(board.publish(m).is_err());
+    }
+
+    /// Over gRPC: a board served on a port, published to and fetched from by the
+    /// clients the collectors use; other calls are refused with a reason.
+    #[tokio::test]
+    async fn publish_and_fetch_over_grpc() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let home = format!("http://{}", listener.local_addr().unwrap());
+        let board = Arc::new(KeyBoard::default());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(KeyBoardService(board).into_server())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let remote = RemoteKeys {
+            home: home.clone(),
+            key: "q/7".into(),
+            wait_ms: 5000,
+        };
+        let many = hashes(0..200_000);
+        publish(&remote, (0, 2), 12, Ok(many.clone()))
+            .await
+            .unwrap();
+        publish(&remote, (1, 2), 12, Ok(vec![7])).await.unwrap();
+        let (bloom, keys) = fetch(&remote, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(keys, 200_001);
+        assert!(many.iter().all(|&h| bloom.contains(h)) && bloom.contains(7));
+
+        let gone = RemoteKeys {
+            key: "q/8".into(),
+            ..remote.clone()
+        };
+        publish(
+            &gone,
+            (0, 1),
+            12,
+            Err("build side stopped before its end".into()),
+        )
+        .await
+        .unwrap();
+        let e = fetch(&gone, Duration::from_secs(5)).await.unwrap_err();
+        assert!(e.contains("stopped before its end"), "{e}");
+
+        let mut c = client(&home).unwrap();
+        let e = c.do_get(Ticket::new("x")).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented);
+        assert!(e.message().contains("join-key board"), "{e}");
+        let nowhere = RemoteKeys {
+            home: "http://127.0.0.1:1".into(),
+            ..remote
+        };
+        let e = fetch(&nowhere, Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(e.contains("127.0.0.1:1"), "{e}");
+    }
+}
