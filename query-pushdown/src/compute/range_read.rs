@@ -152,8 +152,20 @@ impl NodeRangeStore {
             })?;
         self.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let _ = READ_FOR.try_with(|c| c.fetch_add(b.len() as u64, Ordering::Relaxed));
         Ok(b)
     }
+}
+
+tokio::task_local! {
+    /// Where the reads made while it is set are also counted (a scan's own bytes).
+    static READ_FOR: Arc<AtomicU64>;
+}
+
+/// Runs `f` counting the bytes the range stores read meanwhile (on this task) into
+/// `counter`: a scan's own byte-range reads, wherever its process is.
+pub(crate) fn counting_reads<R>(counter: &Arc<AtomicU64>, f: impl FnOnce() -> R) -> R {
+    READ_FOR.sync_scope(counter.clone(), f)
 }
 
 /// The lock's value; a panic elsewhere while it was held left it consistent (every

@@ -347,19 +347,22 @@ impl CsdSession {
         let node_runs = scans_of(&plan);
         let (plan, from_scans) = if plan.is::<datafusion_distributed::DistributedExec>() {
             // Scans ran on workers (and any in this process's stage too): every
-            // scan's counters come back with the workers' metrics.
+            // scan's counters come back with the workers' metrics, its answers from
+            // the nodes and what it read by byte range.
             let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
                 plan,
                 datafusion_distributed::DistributedMetricsFormat::Aggregated,
             )
             .await?;
-            let bytes = metric_sum(&plan, "bytes_received");
+            let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
             (plan, bytes)
         } else {
-            let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>();
+            let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>()
+                + self.ranges.bytes_read()
+                - before;
             (plan, bytes)
         };
-        let bytes_moved = self.ranges.bytes_read() - before + from_scans;
+        let bytes_moved = from_scans;
         Ok(QueryRun {
             batches,
             schema,

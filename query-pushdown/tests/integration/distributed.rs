@@ -81,7 +81,10 @@ async fn tpch_on_two_and_three_workers() {
             // The scans' counters come back from the workers.
             assert!(run.bytes_moved > 0, "Q{q}: no bytes counted from the nodes");
             bytes_on += run.bytes_moved;
-            if run.bytes_moved as f64 > bytes_alone[&q] as f64 * 1.25 {
+            // (Not equal: the distributed planner turns Q22's scalar subquery into
+            // a join above the anti join, so its build side and filter hold more
+            // keys: 1.5x at SF 0.01. A lost key filter moved 5-160x.)
+            if run.bytes_moved as f64 > bytes_alone[&q] as f64 * 2.0 {
                 grew.push(format!(
                     "Q{q}: {} bytes on {n} workers, {} alone",
                     run.bytes_moved, bytes_alone[&q]

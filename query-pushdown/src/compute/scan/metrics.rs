@@ -10,6 +10,9 @@ pub(crate) struct ScanMetrics {
     pub(crate) output_rows: Count,
     /// Bytes received from the node (Arrow IPC after compression).
     pub bytes_received: Count,
+    /// Bytes read here from the nodes by byte range (direct scans, fragments handed
+    /// back).
+    pub(crate) range_bytes: Count,
     /// Bytes the node read from its device.
     pub(crate) node_bytes_read: Count,
     /// Rows the node's Parquet scans decoded.
@@ -25,6 +28,7 @@ impl ScanMetrics {
         ScanMetrics {
             output_rows: b().output_rows(partition),
             bytes_received: b().counter("bytes_received", partition),
+            range_bytes: b().counter("range_bytes", partition),
             node_bytes_read: b().counter("node_bytes_read", partition),
             node_rows_scanned: b().counter("node_rows_scanned", partition),
             pushed_back: b().counter("pushed_back", partition),

@@ -4,7 +4,7 @@
 //! what the endpoint did.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
@@ -21,6 +21,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use super::EndpointRun;
 use super::metrics::ScanMetrics;
 use super::opener::{EndpointOpener, Opened};
+use crate::compute::range_read::counting_reads;
 use crate::error::to_datafusion;
 
 /// Where a partition leaves its [`EndpointRun`] for `EXPLAIN ANALYZE` and `csd sql`.
@@ -48,6 +49,8 @@ pub(crate) struct EndpointStream {
     run: RunSlot,
     endpoint: String,
     direct: bool,
+    /// Bytes read by byte range while this stream is polled (see `poll_next`).
+    ranges: Arc<AtomicU64>,
 }
 
 impl EndpointStream {
@@ -74,6 +77,7 @@ impl EndpointStream {
             run,
             endpoint,
             direct,
+            ranges: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -109,7 +113,24 @@ impl EndpointStream {
 impl Stream for EndpointStream {
     type Item = Result<RecordBatch>;
 
+    /// Polls with the process's byte-range reads counted for this scan: on a
+    /// worker they are the only record of what a direct or handed-back scan read.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let ranges = self.ranges.clone();
+        let polled = counting_reads(&ranges, || self.as_mut().poll_inner(cx));
+        let read = ranges.swap(0, Ordering::Relaxed);
+        if read > 0 {
+            self.metrics.range_bytes.add(read as usize);
+        }
+        polled
+    }
+}
+
+impl EndpointStream {
+    fn poll_inner(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<RecordBatch>>> {
         loop {
             let this = &mut *self;
             match &mut this.state {
