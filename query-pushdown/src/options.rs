@@ -31,6 +31,10 @@ datafusion::common::extensions_options! {
         /// Scans that reduce nothing (no filter, no limit) read the Parquet objects by
         /// byte range instead of asking the nodes, unless a join-key filter applies.
         pub direct_unfiltered: bool, default = true
+        /// The session's Wasm SQL functions, as `NAME=DIGEST:EXPORT` entries joined
+        /// by `;` (set by `register_wasm_udf` on a session with workers: how a
+        /// worker's task session finds them; the modules were sent to the workers).
+        pub(crate) wasm_functions: String, default = String::new()
     }
 }
 

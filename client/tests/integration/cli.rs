@@ -524,8 +524,14 @@ async fn sql_keep_prints_references_that_get_resolves_and_release_frees() {
 /// `csd ARGS…` as its own process, and the first `grpc://` URL its first line
 /// prints (a server saying where it listens).
 fn spawn_listening(args: &[&str]) -> (std::process::Child, String) {
+    spawn_listening_with(args, &[])
+}
+
+/// [`spawn_listening`] with environment variables set.
+fn spawn_listening_with(args: &[&str], env: &[(&str, &str)]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_csd"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -724,14 +730,19 @@ async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
     assert!(text(&gone).1.contains("not held here"), "{:?}", text(&gone));
 }
 
-/// `csd worker` as its own process, and the URL it prints.
+/// `csd worker` as its own process, and the URL it prints. It keeps compiled Wasm
+/// modules in memory only, so it has none it was not sent.
 fn spawn_worker() -> (std::process::Child, String) {
-    spawn_listening(&["worker", "--listen", "127.0.0.1:0"])
+    spawn_listening_with(
+        &["worker", "--listen", "127.0.0.1:0"],
+        &[("CSD_WASM_CACHE", "")],
+    )
 }
 
 /// `csd sql --workers` with two `csd worker` processes: the same CSV as one
-/// process, for aggregates, joins and top-k; with a worker killed (-9), the query
-/// fails in bounded time with a message that names the workers.
+/// process, for aggregates, joins and top-k, and with a Wasm SQL function the
+/// workers call above a join; with a worker killed (-9), the query fails in bounded
+/// time with a message that names the workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_named() {
     struct Kill(std::process::Child);
@@ -771,6 +782,9 @@ async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_nam
          where x.city = 'oslo' and y.amount > 50 group by x.name order by x.name",
         "select name, amount from t where city <> 'lima' order by amount desc, name limit 7",
     ];
+    let module = dir.path().join("functions.wasm");
+    std::fs::write(&module, crate::wasm::guest("functions")).unwrap();
+    let wasm_fn = format!("wc={}:word_count", module.display());
     let run = |q: &str, workers: Option<&str>| {
         let mut v = vec![
             "sql".to_string(),
@@ -781,12 +795,23 @@ async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_nam
             "--node".into(),
             b.url.clone(),
         ];
+        if q.contains("wc(") {
+            v.extend(["--wasm-fn".into(), wasm_fn.clone()]);
+        }
         if let Some(w) = workers {
             v.extend(["--workers".into(), w.to_string()]);
         }
         v.push(q.to_string());
         csd(v)
     };
+    let queries = [
+        queries[0],
+        queries[1],
+        queries[2],
+        "select x.city, wc(x.name || ' ' || repeat('a ', CAST(y.amount % 5 AS INT))) w, \
+         count(*) c from t x join t y on x.name = y.name where x.amount > 80 \
+         group by 1, 2 order by 1, 2",
+    ];
     for q in queries {
         let here = run(q, None).await;
         let there = run(q, Some(&workers)).await;

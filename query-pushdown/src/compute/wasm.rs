@@ -33,6 +33,7 @@ use crate::compute::session::CsdSession;
 use crate::error::{to_datafusion, to_runtime};
 use crate::eval::wasm::{GuestFigures, guest_args, run_guest};
 use crate::eval::wasm_fn::{ShippedFunction, WasmScalarUdf};
+use crate::options::CsdOptions;
 use crate::wire::wasm::{MAX_INLINE_MODULE, OPERATOR_NAME, WasmFunctionMsg, WasmRequest};
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
@@ -234,6 +235,7 @@ impl CsdSession {
             ..shipped.to_msg()
         };
         crate::wire::wasm::check_functions(std::slice::from_ref(&check)).map_err(external)?;
+        let digest = compiled.digest;
         let udf = WasmScalarUdf::load(
             sandbox,
             compiled,
@@ -241,6 +243,38 @@ impl CsdSession {
             Arc::new(std::sync::atomic::AtomicBool::new(false)),
         )
         .map_err(external)?;
+        if !self.workers().is_empty() {
+            // The workers run the function wherever the plan calls it above the
+            // scans: each gets the module now, and each task's session the function.
+            for w in self.workers() {
+                let home = crate::compute::distributed::worker_url(w)?;
+                crate::compute::distributed::service::put_module(
+                    home.as_str().trim_end_matches('/'),
+                    module,
+                )
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "wasm function {name}: the module could not be sent to the worker {w} \
+                         (is it up? run the query again once it is): {e}"
+                    ))
+                })?;
+            }
+            let state = self.ctx.state_ref();
+            let mut state = state.write();
+            let options = state
+                .config_mut()
+                .options_mut()
+                .extensions
+                .get_mut::<CsdOptions>()
+                .ok_or_else(|| DataFusionError::Internal("a session without csd options".into()))?;
+            let entry = format!("{name}={}:{export}", digest.hex());
+            options.wasm_functions = if options.wasm_functions.is_empty() {
+                entry
+            } else {
+                format!("{};{entry}", options.wasm_functions)
+            };
+        }
         self.ctx.register_udf(ScalarUDF::new_from_impl(udf));
         Ok(())
     }

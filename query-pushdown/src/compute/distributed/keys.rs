@@ -9,28 +9,20 @@
 //! scan's wait (`csd.key_wait_secs`) is over; the last two mean no filter, so the
 //! scan runs unfiltered and the join above stays exact.
 //!
-//! The board is an Arrow Flight service beside the worker's own on the same port
-//! (actions `csd.keys.publish` and `csd.keys.fetch`, protobuf bodies); like the
-//! worker service it trusts whoever reaches the port. It holds a bounded number of
-//! sets and of hashes, and forgets a set some time after its last use.
+//! The board is reached through the worker's own Flight service (actions
+//! `csd.keys.publish` and `csd.keys.fetch`, see [`super::service`]). It holds a
+//! bounded number of sets and of hashes, and forgets a set some time after its last
+//! use.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
-use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
-};
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use prost::Message;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
+use super::service::call;
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES};
 
 /// The action a build task publishes its keys with.
@@ -46,9 +38,7 @@ const MAX_HELD_HASHES: usize = 32 << 20;
 const KEEP: Duration = Duration::from_secs(60);
 /// Largest message the board and its clients exchange: a task's distinct keys at the
 /// fewest bits per key a filter allows, with room for the envelope.
-const MAX_MESSAGE: usize = MAX_FILTER_BYTES * 8 * 8 + (1 << 20);
-/// A client's allowance beyond the wait it asks the board for.
-const CALL_SLACK: Duration = Duration::from_secs(10);
+pub(crate) const MAX_MESSAGE: usize = MAX_FILTER_BYTES * 8 * 8 + (1 << 20);
 
 /// Where one collector's keys meet: the board's worker and the set's name there.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
@@ -321,188 +311,6 @@ impl KeyBoard {
     }
 }
 
-/// The board as a Flight service (see the module docs).
-#[derive(Debug, Clone)]
-pub(crate) struct KeyBoardService(pub(crate) Arc<KeyBoard>);
-
-impl KeyBoardService {
-    pub(crate) fn into_server(self) -> FlightServiceServer<Self> {
-        FlightServiceServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE)
-    }
-}
-
-type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
-
-fn only_actions<T>() -> Result<T, Status> {
-    Err(Status::unimplemented(format!(
-        "this is a csd worker's join-key board: it serves the actions {PUBLISH} and {FETCH} only"
-    )))
-}
-
-#[tonic::async_trait]
-impl FlightService for KeyBoardService {
-    type HandshakeStream = FlightStream<HandshakeResponse>;
-    type ListFlightsStream = FlightStream<FlightInfo>;
-    type DoGetStream = FlightStream<FlightData>;
-    type DoPutStream = FlightStream<PutResult>;
-    type DoActionStream = FlightStream<arrow_flight::Result>;
-    type ListActionsStream = FlightStream<ActionType>;
-    type DoExchangeStream = FlightStream<FlightData>;
-
-    async fn handshake(
-        &self,
-        _: Request<Streaming<HandshakeRequest>>,
-    ) -> Result<Response<Self::HandshakeStream>, Status> {
-        only_actions()
-    }
-
-    async fn list_flights(
-        &self,
-        _: Request<Criteria>,
-    ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        only_actions()
-    }
-
-    async fn get_flight_info(
-        &self,
-        _: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        only_actions()
-    }
-
-    async fn poll_flight_info(
-        &self,
-        _: Request<FlightDescriptor>,
-    ) -> Result<Response<PollInfo>, Status> {
-        only_actions()
-    }
-
-    async fn get_schema(
-        &self,
-        _: Request<FlightDescriptor>,
-    ) -> Result<Response<SchemaResult>, Status> {
-        only_actions()
-    }
-
-    async fn do_get(&self, _: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        only_actions()
-    }
-
-    async fn do_put(
-        &self,
-        _: Request<Streaming<FlightData>>,
-    ) -> Result<Response<Self::DoPutStream>, Status> {
-        only_actions()
-    }
-
-    async fn do_exchange(
-        &self,
-        _: Request<Streaming<FlightData>>,
-    ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        only_actions()
-    }
-
-    async fn do_action(
-        &self,
-        request: Request<Action>,
-    ) -> Result<Response<Self::DoActionStream>, Status> {
-        let action = request.into_inner();
-        let bad = |e: prost::DecodeError| {
-            Status::invalid_argument(format!(
-                "{} body is not a valid message: {e}",
-                action.r#type
-            ))
-        };
-        let body = match action.r#type.as_str() {
-            PUBLISH => {
-                self.0
-                    .publish(PublishMsg::decode(action.body.as_ref()).map_err(bad)?)?;
-                Vec::new()
-            }
-            FETCH => {
-                let m = FetchMsg::decode(action.body.as_ref()).map_err(bad)?;
-                self.0
-                    .fetch(&m.key, Duration::from_millis(m.wait_ms))
-                    .await?
-                    .encode_to_vec()
-            }
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "unknown action {other:?}: a csd worker's join-key board serves {PUBLISH} and {FETCH}"
-                )));
-            }
-        };
-        let one =
-            futures::stream::once(async move { Ok(arrow_flight::Result { body: body.into() }) });
-        Ok(Response::new(one.boxed()))
-    }
-
-    async fn list_actions(
-        &self,
-        _: Request<Empty>,
-    ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let actions = [
-            (PUBLISH, "a build task's join keys (csd's PublishMsg)"),
-            (
-                FETCH,
-                "the bloom filter of a complete key set (csd's FetchMsg)",
-            ),
-        ]
-        .map(|(t, d)| {
-            Ok(ActionType {
-                r#type: t.into(),
-                description: d.into(),
-            })
-        });
-        Ok(Response::new(futures::stream::iter(actions).boxed()))
-    }
-}
-
-/// A client of the board at `home` (one channel per worker, made lazily, shared).
-fn client(home: &str) -> Result<FlightServiceClient<Channel>, String> {
-    static CHANNELS: OnceLock<Mutex<HashMap<String, Channel>>> = OnceLock::new();
-    let mut channels = CHANNELS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let channel = match channels.get(home) {
-        Some(c) => c.clone(),
-        None => {
-            let c = Endpoint::from_shared(home.to_string())
-                .map_err(|e| format!("key board address {home}: {e}"))?
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(5))
-                .connect_lazy();
-            channels.insert(home.to_string(), c.clone());
-            c
-        }
-    };
-    Ok(FlightServiceClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
-}
-
-async fn call(home: &str, kind: &str, body: Vec<u8>, wait: Duration) -> Result<Vec<u8>, String> {
-    let mut c = client(home)?;
-    let mut request = Request::new(Action {
-        r#type: kind.into(),
-        body: body.into(),
-    });
-    request.set_timeout(wait + CALL_SLACK);
-    let mut answer = c
-        .do_action(request)
-        .await
-        .map_err(|s| format!("key board at {home}: {}", s.message()))?
-        .into_inner();
-    match answer.next().await {
-        Some(Ok(r)) => Ok(r.body.to_vec()),
-        Some(Err(s)) => Err(format!("key board at {home}: {}", s.message())),
-        None => Err(format!("key board at {home}: no answer")),
-    }
-}
-
 /// Publishes one build task's keys (`Ok`: row hashes, `Err`: why it has none).
 pub(crate) async fn publish(
     remote: &RemoteKeys,
@@ -535,7 +343,7 @@ pub(crate) async fn fetch(remote: &RemoteKeys, wait: Duration) -> Result<(Bloom,
     };
     let body = call(&remote.home, FETCH, m.encode_to_vec(), wait).await?;
     let k = KeysMsg::decode(body.as_slice())
-        .map_err(|e| format!("key board at {}: a bad answer: {e}", remote.home))?;
+        .map_err(|e| format!("worker {}: a bad answer to {FETCH}: {e}", remote.home))?;
     if let Some(why) = k.none {
         return Err(why);
     }
@@ -656,7 +464,7 @@ mod tests {
         let board = Arc::new(KeyBoard::default());
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(KeyBoardService(board).into_server())
+                .add_service(super::super::service::WorkerActions(board).into_server())
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         let remote = RemoteKeys {
@@ -688,10 +496,14 @@ mod tests {
         let e = fetch(&gone, Duration::from_secs(5)).await.unwrap_err();
         assert!(e.contains("stopped before its end"), "{e}");
 
-        let mut c = client(&home).unwrap();
-        let e = c.do_get(Ticket::new("x")).await.map(|_| ()).unwrap_err();
+        let mut c = super::super::service::client(&home).unwrap();
+        let e = c
+            .do_get(arrow_flight::Ticket::new("x"))
+            .await
+            .map(|_| ())
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unimplemented);
-        assert!(e.message().contains("join-key board"), "{e}");
+        assert!(e.message().contains("worker's own service"), "{e}");
         let nowhere = RemoteKeys {
             home: "http://127.0.0.1:1".into(),
             ..remote

@@ -25,6 +25,7 @@ pub(crate) mod codec;
 pub(crate) mod keys;
 mod lift;
 pub(crate) mod placement;
+pub(crate) mod service;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -111,7 +112,7 @@ impl Workers {
 }
 
 /// `http://host:port` for `grpc://host:port`, `http://host:port` or `host:port`.
-fn worker_url(u: &str) -> Result<Url> {
+pub(crate) fn worker_url(u: &str) -> Result<Url> {
     let s = match u.split_once("://") {
         Some(("grpc" | "http", rest)) => format!("http://{rest}"),
         Some((scheme, _)) => {

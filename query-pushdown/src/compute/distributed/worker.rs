@@ -4,22 +4,29 @@
 //! ([`worker_sessions`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use csd_runtime::node_client::{Credentials, NodeClient};
+use csd_runtime::sandbox::ModuleDigest;
 use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::logical_expr::ScalarUDF;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 
 use super::codec::{CsdCodec, DecodeScope};
-use super::keys::{KeyBoard, KeyBoardService};
+use super::keys::KeyBoard;
+use super::service::WorkerActions;
 use crate::compute::gate::LocalGate;
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore};
+use crate::compute::wasm::local_sandbox;
 use crate::error::to_datafusion;
 use crate::eval::scan;
+use crate::eval::wasm_fn::{ShippedFunction, WasmScalarUdf};
 use crate::options::CsdOptions;
 
 /// What a worker process keeps across the queries it runs: one connection per
@@ -145,15 +152,54 @@ impl WorkerSessionBuilder for WorkerSessions {
             .with_distributed_user_codec(CsdCodec)
             .with_distributed_option_extension_from_headers::<CsdOptions>(&ctx.headers)?;
         let config = b.config().take().unwrap_or_default();
+        let functions = config
+            .options()
+            .extensions
+            .get::<CsdOptions>()
+            .map(|o| o.wasm_functions.clone())
+            .unwrap_or_default();
         let config =
             scan::configure(config).with_extension(Arc::new(DecodeScope::new(self.env.clone())));
         *b.config() = Some(config);
-        Ok(b.build())
+        let mut state = b.build();
+        for f in functions.split(';').filter(|f| !f.is_empty()) {
+            state.register_udf(Arc::new(wasm_function(f).await?))?;
+        }
+        Ok(state)
     }
 }
 
-/// Serves `env`'s worker (and its join-key board, see [`super::keys`]) on
-/// `listener` until `shutdown` resolves.
+/// The session's Wasm function `entry` (`NAME=DIGEST:EXPORT`, see
+/// [`CsdOptions`]), from the module the coordinator sent this worker.
+async fn wasm_function(entry: &str) -> Result<ScalarUDF> {
+    let bad = || {
+        DataFusionError::Plan(format!(
+            "csd.wasm_functions entry {entry:?}: write NAME=DIGEST:EXPORT"
+        ))
+    };
+    let (name, rest) = entry.split_once('=').ok_or_else(bad)?;
+    let (digest, export) = rest.split_once(':').ok_or_else(bad)?;
+    let digest = ModuleDigest::parse(digest.as_bytes()).map_err(|_| bad())?;
+    let sandbox = local_sandbox()?;
+    let module = sandbox.module(&digest, None).await.map_err(|e| {
+        DataFusionError::Plan(format!(
+            "wasm function {name}: this worker does not have module {digest} ({e}); \
+             register the function on the session again to send it"
+        ))
+    })?;
+    let shipped = ShippedFunction {
+        name: name.to_string(),
+        export: export.to_string(),
+        digest,
+        bytes: None,
+    };
+    let udf = WasmScalarUdf::load(sandbox, module, shipped, Arc::new(AtomicBool::new(false)))
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    Ok(ScalarUDF::new_from_impl(udf))
+}
+
+/// Serves `env`'s worker (and its own service beside it, see [`super::service`])
+/// on `listener` until `shutdown` resolves.
 pub async fn serve_worker_on(
     env: Arc<WorkerEnv>,
     listener: tokio::net::TcpListener,
@@ -163,7 +209,7 @@ pub async fn serve_worker_on(
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(env.worker().into_worker_server())
-        .add_service(KeyBoardService(env.board.clone()).into_server())
+        .add_service(WorkerActions(env.board.clone()).into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))
