@@ -835,3 +835,86 @@ async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_nam
     println!("{err}");
     assert!(err.contains(&u1) && err.contains("worker"), "{err}");
 }
+
+/// Every row of `batches` as text, sorted; doubles to 9 significant digits (the
+/// order of a sum's terms differs between plans).
+fn sorted_rows(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{DataType, Float64Type};
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| match c.data_type() {
+                    DataType::Float64 if c.is_valid(i) => {
+                        format!("{:.8e}", c.as_primitive::<Float64Type>().value(i))
+                    }
+                    _ => arrow::util::display::array_value_to_string(c, i).unwrap(),
+                })
+                .collect();
+            out.push(cells.join("|"));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// All 22 TPC-H queries (SF 0.01, two nodes) with their stages on two `csd worker`
+/// processes: the same rows as the same queries without pushdown in one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_on_worker_processes_equals_no_pushdown() {
+    use csd_query_pushdown::{Cluster, SessionOptions, Workers};
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let (a, b) = (sql_node().await, sql_node().await);
+    let urls = vec![a.url.clone(), b.url.clone()];
+    let mut clients = Vec::new();
+    for u in &urls {
+        clients.push(
+            csd_runtime::node_client::NodeClient::connect(u)
+                .await
+                .unwrap(),
+        );
+    }
+    csd_testbed::tpch::load(&clients, 0.01, 1, |_, _| {})
+        .await
+        .unwrap();
+    let (w1, u1) = spawn_worker();
+    let (w2, u2) = spawn_worker();
+    let _workers = (Kill(w1), Kill(w2));
+    let cluster = Cluster::connect(&urls).await.unwrap();
+    let plain = cluster
+        .session(SessionOptions {
+            pushdown: false,
+            ..SessionOptions::default()
+        })
+        .await
+        .unwrap();
+    let staged = cluster
+        .distributed_session(SessionOptions::default(), &Workers::new([u1, u2]))
+        .await
+        .unwrap();
+    let mut distributed = 0;
+    for (q, sql) in csd_testbed::tpch::QUERIES {
+        let want = sorted_rows(&plain.run(sql).await.unwrap().batches);
+        let run = staged
+            .run(sql)
+            .await
+            .unwrap_or_else(|e| panic!("Q{q} on workers: {e}"));
+        assert_eq!(sorted_rows(&run.batches), want, "Q{q}");
+        if run.plan_with_metrics().contains("Network") {
+            distributed += 1;
+        }
+    }
+    assert!(
+        distributed >= 15,
+        "only {distributed} of 22 plans had stages"
+    );
+}
