@@ -181,13 +181,6 @@ async fn a_secure_node_from_the_command_line() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let url = {
         use std::io::BufRead;
         let mut line = String::new();
@@ -587,13 +580,6 @@ async fn references_outlive_a_kill_9_and_expired_ones_are_gone_after_it() {
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
 
     let (second, url2) = spawn_serve(&device);
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _second = Kill(second);
     let moved = |o: &Output| text(o).0.replace(&url, &url2);
     let (long_refs, short_refs) = (dir.path().join("long"), dir.path().join("short"));
@@ -730,6 +716,16 @@ async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
     assert!(text(&gone).1.contains("not held here"), "{:?}", text(&gone));
 }
 
+/// A child process killed (and reaped) when dropped.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `csd worker` as its own process, and the URL it prints. It keeps compiled Wasm
 /// modules in memory only, so it has none it was not sent.
 fn spawn_worker() -> (std::process::Child, String) {
@@ -745,13 +741,6 @@ fn spawn_worker() -> (std::process::Child, String) {
 /// time with a message that names the workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_named() {
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let (a, b) = (sql_node().await, sql_node().await);
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
@@ -836,43 +825,11 @@ async fn sql_on_worker_processes_answers_as_one_process_and_a_dead_worker_is_nam
     assert!(err.contains(&u1) && err.contains("worker"), "{err}");
 }
 
-/// Every row of `batches` as text, sorted; doubles to 9 significant digits (the
-/// order of a sum's terms differs between plans).
-fn sorted_rows(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::{DataType, Float64Type};
-    let mut out = Vec::new();
-    for b in batches {
-        for i in 0..b.num_rows() {
-            let cells: Vec<String> = b
-                .columns()
-                .iter()
-                .map(|c| match c.data_type() {
-                    DataType::Float64 if c.is_valid(i) => {
-                        format!("{:.8e}", c.as_primitive::<Float64Type>().value(i))
-                    }
-                    _ => arrow::util::display::array_value_to_string(c, i).unwrap(),
-                })
-                .collect();
-            out.push(cells.join("|"));
-        }
-    }
-    out.sort();
-    out
-}
-
 /// All 22 TPC-H queries (SF 0.01, two nodes) with their stages on two `csd worker`
 /// processes: the same rows as the same queries without pushdown in one process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_on_worker_processes_equals_no_pushdown() {
     use csd_query_pushdown::{Cluster, SessionOptions, Workers};
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let (a, b) = (sql_node().await, sql_node().await);
     let urls = vec![a.url.clone(), b.url.clone()];
     let mut clients = Vec::new();
@@ -903,12 +860,12 @@ async fn tpch_on_worker_processes_equals_no_pushdown() {
         .unwrap();
     let mut distributed = 0;
     for (q, sql) in csd_testbed::tpch::QUERIES {
-        let want = sorted_rows(&plain.run(sql).await.unwrap().batches);
+        let want = crate::wasm::rows_text(&plain.run(sql).await.unwrap().batches);
         let run = staged
             .run(sql)
             .await
             .unwrap_or_else(|e| panic!("Q{q} on workers: {e}"));
-        assert_eq!(sorted_rows(&run.batches), want, "Q{q}");
+        assert_eq!(crate::wasm::rows_text(&run.batches), want, "Q{q}");
         if run.plan_with_metrics().contains("Network") {
             distributed += 1;
         }

@@ -536,7 +536,7 @@ async fn session_with_functions(url: &str, pushdown: bool) -> CsdSession {
 
 /// Rows as text, doubles rounded to 1e-6 relative (the order of a sum's terms
 /// differs between plans).
-fn rows_text(batches: &[RecordBatch]) -> Vec<String> {
+pub(crate) fn rows_text(batches: &[RecordBatch]) -> Vec<String> {
     let mut out = Vec::new();
     for b in batches {
         for i in 0..b.num_rows() {

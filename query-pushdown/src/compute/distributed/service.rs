@@ -131,8 +131,13 @@ impl FlightService for WorkerActions {
         };
         let body = match action.r#type.as_str() {
             PUBLISH => {
-                self.0
-                    .publish(PublishMsg::decode(action.body.as_ref()).map_err(bad)?)?;
+                // Merging a task's hashes (and building the filter once the set is
+                // complete) is CPU work: off the RPC threads.
+                let m = PublishMsg::decode(action.body.as_ref()).map_err(bad)?;
+                let board = self.0.clone();
+                tokio::task::spawn_blocking(move || board.publish(m))
+                    .await
+                    .map_err(|e| Status::internal(format!("publishing join keys: {e}")))??;
                 Vec::new()
             }
             FETCH => {
