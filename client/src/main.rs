@@ -907,7 +907,15 @@ async fn run_sql(
         r.elapsed.as_secs_f64() * 1e3,
         r.bytes_moved,
         if !session.workers().is_empty() {
-            format!(" (pushdown, stages on {} workers)", session.workers().len())
+            format!(
+                " (pushdown, stages on {} workers{})",
+                session.workers().len(),
+                if r.metrics_complete {
+                    ""
+                } else {
+                    "; at least: some planned tasks never ran, so the workers sent no counts"
+                }
+            )
         } else if session.pushdown() {
             format!(
                 " (pushdown: nodes read {scanned} bytes from their devices; {} fragments, {node_ms:.1} ms run at the nodes in all, {handed_back} handed back{})",

@@ -278,6 +278,10 @@ pub struct QueryRun {
     /// Bytes that crossed the network from the nodes (pushed-down answers plus
     /// Parquet byte ranges; when several queries run at once, theirs are mixed in).
     pub bytes_moved: u64,
+    /// Whether `bytes_moved` and the plan's metrics cover every task. `false` only
+    /// on workers, when a planned task never ran and so sent no metrics: then
+    /// `bytes_moved` counts this process's scans only (a lower bound).
+    pub metrics_complete: bool,
     /// Per endpoint, what the nodes did (pushdown only).
     pub node_runs: Vec<EndpointRun>,
     /// The physical plan that ran, with metrics.
@@ -345,17 +349,37 @@ impl CsdSession {
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
-        let (plan, from_scans) = if plan.is::<datafusion_distributed::DistributedExec>() {
+        let mut metrics_complete = true;
+        let (plan, from_scans) = if let Some(d) =
+            plan.downcast_ref::<datafusion_distributed::DistributedExec>()
+        {
             // Scans ran on workers (and any in this process's stage too): every
             // scan's counters come back with the workers' metrics, its answers from
-            // the nodes and what it read by byte range.
-            let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
-                plan,
-                datafusion_distributed::DistributedMetricsFormat::Aggregated,
-            )
-            .await?;
-            let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
-            (plan, bytes)
+            // the nodes and what it read by byte range. Every task that ran has
+            // reported by the time the answer is complete; a planned task that never
+            // ran (its consumer stopped early: an empty build side, a limit) never
+            // reports, and the engine would wait for it forever
+            // (datafusion-distributed#739), so the wait is bounded and the workers'
+            // counters are then left out.
+            if tokio::time::timeout(WORKER_METRICS_WAIT, d.wait_for_metrics())
+                .await
+                .is_ok()
+            {
+                let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
+                    plan,
+                    datafusion_distributed::DistributedMetricsFormat::Aggregated,
+                )
+                .await?;
+                let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
+                (plan, bytes)
+            } else {
+                tracing::debug!(
+                    "some planned worker tasks never ran: the query's worker metrics are left out"
+                );
+                metrics_complete = false;
+                let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
+                (plan, bytes)
+            }
         } else {
             let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>()
                 + self.ranges.bytes_read()
@@ -368,11 +392,16 @@ impl CsdSession {
             schema,
             elapsed,
             bytes_moved,
+            metrics_complete,
             node_runs,
             plan,
         })
     }
 }
+
+/// How long a distributed query's answer waits for its workers' metrics once it is
+/// complete (they are in this process by then, unless a task never ran).
+const WORKER_METRICS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The sum of the counter `name` over the scans of `plan`.
 fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> u64 {
