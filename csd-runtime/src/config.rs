@@ -112,6 +112,10 @@ pub struct NodeConfig {
     /// Memory budget for operator work.
     #[arg(long, env = "CSD_MEMORY", default_value = "2GiB")]
     pub memory: ByteSize,
+    /// Recently read object bytes kept in memory, outside `--memory` (0: none): a
+    /// column chunk read again is served without a device read.
+    #[arg(long, env = "CSD_READ_CACHE", default_value = "512MiB")]
+    pub read_cache: ByteSize,
     /// Erase and format the device at start.
     #[arg(long, env = "CSD_FORMAT")]
     pub format: bool,

@@ -110,6 +110,16 @@ pub(crate) fn render(state: &NodeState) -> String {
     for (name, kind, help, v) in single {
         metric(name, kind, help, &[(String::new(), v)]);
     }
+    let rc = state.node.tables.object_store().read_cache_stats();
+    let cache: [(&str, &str, &str, f64); 4] = [
+        ("csd_read_cache_capacity_bytes", G, "Bytes the read cache may hold (--read-cache).", rc.capacity as f64),
+        ("csd_read_cache_bytes", G, "Verified object bytes the read cache holds.", rc.bytes as f64),
+        ("csd_read_cache_hits_total", C, "Object reads answered from the read cache.", rc.hits as f64),
+        ("csd_read_cache_misses_total", C, "Object reads that went to the device.", rc.misses as f64),
+    ];
+    for (name, kind, help, v) in cache {
+        metric(name, kind, help, &[(String::new(), v)]);
+    }
     let per_op = |f: &dyn Fn(&crate::admission::CostModel) -> f64| -> Vec<(String, f64)> {
         a.costs
             .iter()

@@ -21,7 +21,7 @@ pub mod alloc;
 mod format;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::{Bytes, BytesMut};
@@ -115,6 +115,34 @@ pub struct StoreStats {
     pub catalog_bytes: usize,
     /// Slot capacity in bytes.
     pub catalog_capacity: usize,
+    /// The read cache (`--read-cache`): its capacity, the verified bytes it holds,
+    /// and reads it answered and missed.
+    #[serde(default)]
+    pub read_cache: ReadCacheStats,
+}
+
+/// Figures of the read cache (see [`ObjectStore::set_read_cache`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReadCacheStats {
+    /// Bytes it may hold (0: off).
+    pub capacity: u64,
+    /// Bytes it holds.
+    pub bytes: u64,
+    /// Reads answered from it.
+    pub hits: u64,
+    /// Reads that went to the device.
+    pub misses: u64,
+}
+
+/// Verified bytes of recent reads, by object id and exact range: a column chunk a
+/// query reads again (the next query on the same columns, a fragment's other
+/// streams) is served from memory, without a device read or a checksum pass. An
+/// object replaced gets a new id, so a cached range never outlives its bytes.
+struct ReadCache {
+    ranges: moka::sync::Cache<(u64, u64, u64), Bytes>,
+    capacity: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 /// Objects are staged in memory and written in units of this many bytes.
@@ -146,6 +174,7 @@ struct Inner {
     /// Set when a catalog write failed: the on-disk state is then uncertain until
     /// reopened, so the store refuses further changes.
     failed: AtomicBool,
+    read_cache: std::sync::OnceLock<ReadCache>,
 }
 
 /// The object store. Cheap to clone.
@@ -267,6 +296,7 @@ impl ObjectStore {
                 }),
                 next_id: Mutex::new(catalog.next_id.max(1)),
                 failed: AtomicBool::new(false),
+                read_cache: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -472,7 +502,44 @@ impl ObjectStore {
             catalog_generation: c.generation,
             catalog_bytes: c.catalog_bytes,
             catalog_capacity: sb.slot_bytes() - SLOT_HEADER,
+            read_cache: self.read_cache_stats(),
         }
+    }
+
+    /// The read cache's figures (all zero when it is off).
+    pub fn read_cache_stats(&self) -> ReadCacheStats {
+        self.inner
+            .read_cache
+            .get()
+            .map(|c| ReadCacheStats {
+                capacity: c.capacity,
+                bytes: {
+                    c.ranges.run_pending_tasks();
+                    c.ranges.weighted_size()
+                },
+                hits: c.hits.load(Ordering::Relaxed),
+                misses: c.misses.load(Ordering::Relaxed),
+            })
+            .unwrap_or_default()
+    }
+
+    /// Keeps up to `bytes` of recently read, verified object bytes in memory (see
+    /// [`ReadCache`]); 0 keeps none. Set once, before serving; later calls are
+    /// ignored.
+    pub fn set_read_cache(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let ranges = moka::sync::Cache::builder()
+            .max_capacity(bytes)
+            .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
+            .build();
+        let _ = self.inner.read_cache.set(ReadCache {
+            ranges,
+            capacity: bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        });
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -549,6 +616,15 @@ impl ObjectStore {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        let cache = self.inner.read_cache.get();
+        let key = (info.id, offset, len);
+        if let Some(c) = cache {
+            if let Some(b) = c.ranges.get(&key) {
+                c.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(b);
+            }
+            c.misses.fetch_add(1, Ordering::Relaxed);
+        }
         let table = self.crc_table(info).await?;
         let chunk = self.inner.sb.chunk_size as u64;
         let first = offset / chunk;
@@ -569,7 +645,14 @@ impl ObjectStore {
                 )));
             }
         }
-        Ok(bytes.slice((offset - span_start) as usize..(end - span_start) as usize))
+        let out = bytes.slice((offset - span_start) as usize..(end - span_start) as usize);
+        // A range larger than a sixteenth of the cache would push out too much.
+        if let Some(c) = cache
+            && len <= c.capacity / 16
+        {
+            c.ranges.insert(key, out.clone());
+        }
+        Ok(out)
     }
 
     /// Reads logical bytes `[start, end)` (block-aligned start) of an object, unverified.
