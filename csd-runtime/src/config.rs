@@ -113,9 +113,10 @@ pub struct NodeConfig {
     #[arg(long, env = "CSD_MEMORY", default_value = "2GiB")]
     pub memory: ByteSize,
     /// Recently read object bytes kept in memory, outside `--memory` (0: none): a
-    /// column chunk read again is served without a device read.
-    #[arg(long, env = "CSD_READ_CACHE", default_value = "512MiB")]
-    pub read_cache: ByteSize,
+    /// column chunk read again is served without a device read. Default: a quarter
+    /// of `--memory`, at most 512MiB.
+    #[arg(long, env = "CSD_READ_CACHE")]
+    pub read_cache: Option<ByteSize>,
     /// Erase and format the device at start.
     #[arg(long, env = "CSD_FORMAT")]
     pub format: bool,
@@ -231,6 +232,14 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
+    /// Bytes of the read cache: `--read-cache`, else a quarter of `--memory` up to
+    /// 512 MiB.
+    pub fn read_cache_bytes(&self) -> u64 {
+        self.read_cache
+            .map(|b| b.bytes())
+            .unwrap_or_else(|| (self.memory.bytes() / 4).min(512 << 20))
+    }
+
     /// Reads a TOML file over the defaults; unknown keys and bad values are errors
     /// naming the key.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
@@ -425,6 +434,18 @@ mod tests {
             (d.cpus, d.memory, d.capacity),
             (2, ByteSize(2 << 30), ByteSize(4 << 30))
         );
+        // The read cache follows --memory unless set.
+        assert_eq!(d.read_cache_bytes(), 512 << 20);
+        let small = NodeConfig {
+            memory: ByteSize(256 << 20),
+            ..NodeConfig::default()
+        };
+        assert_eq!(small.read_cache_bytes(), 64 << 20);
+        let off = NodeConfig {
+            read_cache: Some(ByteSize(0)),
+            ..NodeConfig::default()
+        };
+        assert_eq!(off.read_cache_bytes(), 0);
     }
 
     #[test]

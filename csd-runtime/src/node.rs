@@ -185,7 +185,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         ..Default::default()
     };
     let store = ObjectStore::open(dev, opts).await?;
-    store.set_read_cache(config.read_cache.bytes());
+    store.set_read_cache(config.read_cache_bytes());
     let tls = tls_config(config)?;
     let auth = Arc::new(match &config.auth {
         Some(path) => Auth::from_file(path)?,
