@@ -140,9 +140,14 @@ pub struct ReadCacheStats {
 /// object replaced gets a new id, so a cached range never outlives its bytes.
 struct ReadCache {
     ranges: moka::sync::Cache<(u64, u64, u64), Bytes>,
-    capacity: u64,
     hits: AtomicU64,
     misses: AtomicU64,
+}
+
+impl ReadCache {
+    fn capacity(&self) -> u64 {
+        self.ranges.policy().max_capacity().unwrap_or(0)
+    }
 }
 
 /// Objects are staged in memory and written in units of this many bytes.
@@ -512,7 +517,7 @@ impl ObjectStore {
             .read_cache
             .get()
             .map(|c| ReadCacheStats {
-                capacity: c.capacity,
+                capacity: c.capacity(),
                 bytes: {
                     c.ranges.run_pending_tasks();
                     c.ranges.weighted_size()
@@ -536,7 +541,6 @@ impl ObjectStore {
             .build();
         let _ = self.inner.read_cache.set(ReadCache {
             ranges,
-            capacity: bytes,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         });
@@ -648,7 +652,7 @@ impl ObjectStore {
         let out = bytes.slice((offset - span_start) as usize..(end - span_start) as usize);
         // A range larger than a sixteenth of the cache would push out too much.
         if let Some(c) = cache
-            && len <= c.capacity / 16
+            && len <= c.capacity() / 16
         {
             c.ranges.insert(key, out.clone());
         }

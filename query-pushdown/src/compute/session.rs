@@ -349,8 +349,7 @@ impl CsdSession {
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
-        let mut metrics_complete = true;
-        let (plan, from_scans) = if let Some(d) =
+        let (plan, bytes_moved, metrics_complete) = if let Some(d) =
             plan.downcast_ref::<datafusion_distributed::DistributedExec>()
         {
             // Scans ran on workers (and any in this process's stage too): every
@@ -361,32 +360,29 @@ impl CsdSession {
             // reports, and the engine would wait for it forever
             // (datafusion-distributed#739), so the wait is bounded and the workers'
             // counters are then left out.
-            if tokio::time::timeout(WORKER_METRICS_WAIT, d.wait_for_metrics())
+            let complete = tokio::time::timeout(WORKER_METRICS_WAIT, d.wait_for_metrics())
                 .await
-                .is_ok()
-            {
-                let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
+                .is_ok();
+            let plan = if complete {
+                datafusion_distributed::rewrite_distributed_plan_with_metrics(
                     plan,
                     datafusion_distributed::DistributedMetricsFormat::Aggregated,
                 )
-                .await?;
-                let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
-                (plan, bytes)
+                .await?
             } else {
                 tracing::debug!(
                     "some planned worker tasks never ran: the query's worker metrics are left out"
                 );
-                metrics_complete = false;
-                let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
-                (plan, bytes)
-            }
+                plan
+            };
+            let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
+            (plan, bytes, complete)
         } else {
             let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>()
                 + self.ranges.bytes_read()
                 - before;
-            (plan, bytes)
+            (plan, bytes, true)
         };
-        let bytes_moved = from_scans;
         Ok(QueryRun {
             batches,
             schema,
