@@ -659,24 +659,36 @@ async fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> Result<()> {
     let operators = csd_query_pushdown::registry_with(&config)?
         .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
     let node = node::start_with(&config, operators).await?;
-    println!(
+    announce(format_args!(
         "csd storage node listening on {} (device {})",
         node.url, config.device
-    );
+    ));
     if let Some(m) = node.metrics_addr {
-        println!("metrics at http://{m}/metrics");
+        announce(format_args!("metrics at http://{m}/metrics"));
     }
     let mut node = node;
     tokio::select! {
         r = tokio::signal::ctrl_c() => {
             r.map_err(|e| Error::io("waiting for Ctrl-C", e))?;
-            println!("shutting down");
+            announce(format_args!("shutting down"));
             node.shutdown().await?;
         }
         // The server ending on its own is an error worth reporting, not a hang.
         r = node.wait() => r?,
     }
     Ok(())
+}
+
+/// A server's status line on stdout. A launcher that read the address and closed
+/// the pipe must not stop the server, so a write that fails is let go (`println!`
+/// would panic on the broken pipe).
+fn announce(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
 }
 
 async fn worker(args: WorkerArgs) -> Result<()> {
@@ -688,7 +700,7 @@ async fn worker(args: WorkerArgs) -> Result<()> {
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("the worker's address", e))?;
-    println!("csd worker listening on grpc://{addr}");
+    announce(format_args!("csd worker listening on grpc://{addr}"));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::io("waiting for SIGTERM", e))?;
     let stop = async move {

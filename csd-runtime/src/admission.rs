@@ -6,14 +6,23 @@
 //! operator's estimate after pruning) and the memory it needs. Its cost is
 //! `overhead + bytes × ns_per_byte`, where `ns_per_byte` is learned online per
 //! operator from the requests this node has finished (an exponentially weighted
-//! mean; no pre-profiling, no per-query table). The controller then predicts the
-//! queueing delay the request would see:
+//! mean; no pre-profiling, no per-query table). Within an operator, requests of a
+//! repeated shape (the operator's [`cost_shape`](crate::operator::Operator::cost_shape):
+//! the same plan over another partition, or again) learn their own per-byte cost,
+//! which replaces the operator's once one has finished: one SQL fragment may cost
+//! ten times another per byte, and a mean over both mispredicts each. The shapes
+//! kept are bounded (the least recently seen are forgotten). The controller then
+//! predicts the queueing delay the request would see:
 //!
 //! ```text
 //! delay = (residual work of running requests
 //!          + min(all queued work, this tenant's queued work / its share)) / slots
 //! ```
 //!
+//! scaled by how far such predictions have been off lately (the 90th percentile of
+//! actual over predicted queueing of the last 256 queued requests, between 0.5 and
+//! 4: estimates err, running requests overrun theirs, raw reads share the cores;
+//! the node measures the sum rather than model each),
 //! and decides: **run** if a slot and the memory are free for its tenant and nothing
 //! of that tenant waits; **queue** if the predicted delay is within the target (or
 //! within the request's own estimated run time, if that is longer: waiting one run
@@ -33,9 +42,17 @@
 //!
 //! ```text
 //! here  = delay + estimate
-//! there = bytes / link + bytes × ns_per_byte / (1 − asker load)
+//! there = (backlog + bytes) / link + bytes × ns_per_byte × (1 + asker load)
 //! ```
 //!
+//! `backlog` is what this node handed back to the same peer that its link has not
+//! carried yet at its throughput: with several clients behind one link, work handed
+//! back to each queues on that link.
+//!
+//! The asker evaluates handed-back fragments one per core, oldest first, each at
+//! full speed once it starts; its load counts the busy and waiting fragments per
+//! core (at most 1: a busier asker sends its requests patient), so a fragment handed
+//! back waits about one fragment's time per unit of load, then runs.
 //! (`ns_per_byte` is the asker's own figure if it sent one, else this node's learned
 //! cost: the same engine.) The answer's own bytes cross the link either way, less
 //! of them from here, so they are left out, which only favours handing back. On a
@@ -208,6 +225,9 @@ pub struct Ask {
     pub patient: bool,
     /// What handing it back would cost the asker.
     pub asker: Asker,
+    /// The request's shape within its operator, if the operator names one (see the
+    /// module docs): its per-byte cost is learned apart.
+    pub shape: Option<u64>,
 }
 
 /// The asker's side of the decision to hand work back (see "Pricing the link").
@@ -221,6 +241,9 @@ pub struct Asker {
     pub ns_per_byte: Option<f64>,
     /// Fraction of the asker's cores busy, 0 to 1.
     pub load: f64,
+    /// Bytes of work this node handed back to the asker's link moments ago that the
+    /// link has not carried yet: a fragment handed back now crosses it after them.
+    pub backlog_bytes: u64,
 }
 
 /// Why a request was pushed back, sent to the client.
@@ -232,6 +255,9 @@ pub struct PushBack {
     pub predicted_delay_ms: f64,
     /// Estimated run time at the node, in milliseconds.
     pub estimate_ms: f64,
+    /// Bytes the request would have read at the node (the work handed back).
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 /// The node cannot even serve raw reads now: retry after the hint.
@@ -267,10 +293,22 @@ pub struct CostModel {
     pub mean_abs_error: f64,
 }
 
+/// A repeated request shape's learned cost.
+#[derive(Debug)]
+struct ShapeCost {
+    ns_per_byte: f64,
+    /// When it was last estimated or learned (the controller's tick).
+    used: u64,
+}
+
+/// Request shapes whose costs are kept at most.
+const MAX_SHAPES: usize = 1024;
+
 #[derive(Debug)]
 struct Running {
     tenant: String,
     operator: String,
+    shape: Option<u64>,
     bytes: u64,
     memory: u64,
     estimate: Duration,
@@ -283,7 +321,14 @@ struct Waiting {
     ask: Ask,
     estimate: Duration,
     since: Duration,
+    /// The queueing the model predicted for it, unscaled.
+    predicted: Duration,
 }
+
+/// Queued requests whose prediction error the delay scale is learned from.
+const PREDICTION_SAMPLES: usize = 256;
+/// Predictions shorter than this are left out of it (wake-up jitter, not the model).
+const MIN_PREDICTION: Duration = Duration::from_millis(2);
 
 #[derive(Debug, Default)]
 struct TenantState {
@@ -292,6 +337,10 @@ struct TenantState {
     queue: VecDeque<Waiting>,
     admitted: u64,
     pushed_back: u64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// Running totals (all requests since start).
@@ -354,8 +403,15 @@ pub struct AdmissionStats {
     pub queue_delay_p50_ms: f64,
     /// See `queue_delay_p50_ms`.
     pub queue_delay_p99_ms: f64,
+    /// What the node multiplies its queueing predictions by: the 90th percentile of
+    /// actual over predicted queueing lately (1 until learned).
+    #[serde(default = "one")]
+    pub queue_prediction_scale: f64,
     /// Learned costs per operator.
     pub costs: BTreeMap<String, CostModel>,
+    /// Request shapes with a cost of their own (see the module docs).
+    #[serde(default)]
+    pub cost_shapes: usize,
     /// Per tenant: admitted, pushed back, running, waiting.
     pub tenants: BTreeMap<String, TenantStats>,
 }
@@ -381,10 +437,22 @@ pub(crate) struct Controller {
     running: HashMap<u64, Running>,
     tenants: BTreeMap<String, TenantState>,
     costs: BTreeMap<String, CostModel>,
+    /// Per (operator, shape): its own learned cost.
+    shapes: HashMap<(String, u64), ShapeCost>,
+    /// Counts estimates and lessons, to find the least recently used shape.
+    tick: u64,
     vclock: f64,
     memory_reserved: u64,
     counters: Counters,
     recent_delays: VecDeque<u32>,
+    /// Actual over predicted queueing of recent queued requests.
+    prediction_ratios: VecDeque<f32>,
+    /// Samples of `prediction_ratios` since start.
+    prediction_samples: u64,
+    /// What predictions are multiplied by (see the module docs).
+    delay_scale: f64,
+    /// The last offer's queueing prediction: unscaled, and as decided on.
+    last_prediction: (Duration, Duration),
     io_in_flight: usize,
     io_waiting: usize,
     io_service: Duration,
@@ -405,10 +473,16 @@ impl Controller {
             running: HashMap::new(),
             tenants: BTreeMap::new(),
             costs: BTreeMap::new(),
+            shapes: HashMap::new(),
+            tick: 0,
             vclock: 0.0,
             memory_reserved: 0,
             counters: Counters::default(),
             recent_delays: VecDeque::new(),
+            prediction_ratios: VecDeque::new(),
+            prediction_samples: 0,
+            delay_scale: 1.0,
+            last_prediction: (Duration::ZERO, Duration::ZERO),
             io_in_flight: 0,
             io_waiting: 0,
             io_service: Duration::from_millis(2),
@@ -504,9 +578,18 @@ impl Controller {
             .unwrap_or(self.cfg.prior_ns_per_byte)
     }
 
+    /// The learned cost per byte of `ask`: its shape's if one was learned, else its
+    /// operator's.
+    fn ns_per_byte_of(&self, ask: &Ask) -> f64 {
+        ask.shape
+            .and_then(|s| self.shapes.get(&(ask.operator.clone(), s)))
+            .map(|c| c.ns_per_byte)
+            .unwrap_or_else(|| self.ns_per_byte(&ask.operator))
+    }
+
     /// The estimated run time of `ask` from the learned cost.
     pub(crate) fn estimate(&self, ask: &Ask) -> Duration {
-        let per_byte = self.ns_per_byte(&ask.operator);
+        let per_byte = self.ns_per_byte_of(ask);
         self.cfg.overhead + Duration::from_nanos((ask.bytes as f64 * per_byte).min(1e15) as u64)
     }
 
@@ -521,10 +604,15 @@ impl Controller {
             .asker
             .ns_per_byte
             .filter(|n| n.is_finite() && *n >= 0.0)
-            .unwrap_or_else(|| self.ns_per_byte(&ask.operator));
-        let free = 1.0 - ask.asker.load.clamp(0.0, 0.9);
+            .unwrap_or_else(|| self.ns_per_byte_of(ask));
+        let busy = if ask.asker.load.is_finite() {
+            ask.asker.load.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let bytes = ask.bytes as f64;
-        Some(bytes / link + bytes * per_byte * 1e-9 / free)
+        let backlog = ask.asker.backlog_bytes as f64;
+        Some((backlog + bytes) / link + bytes * per_byte * 1e-9 * (1.0 + busy))
     }
 
     /// Slots `tenant` may take now: free slots minus the unmet reserves of others.
@@ -586,6 +674,13 @@ impl Controller {
     /// Decides what happens to `ask` at `now`.
     pub(crate) fn offer(&mut self, ask: Ask, now: Duration) -> Offer {
         let estimate = self.estimate(&ask);
+        self.tick += 1;
+        if let Some(c) = ask
+            .shape
+            .and_then(|s| self.shapes.get_mut(&(ask.operator.clone(), s)))
+        {
+            c.used = self.tick;
+        }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let push_back = |this: &mut Self, reason: String, delay: Duration| {
             if let Some(reject) = this.io_saturated() {
@@ -601,6 +696,7 @@ impl Controller {
                 reason,
                 predicted_delay_ms: ms(delay),
                 estimate_ms: ms(estimate),
+                bytes: ask.bytes,
             })
         };
         if self.cfg.policy == Policy::Never {
@@ -630,7 +726,9 @@ impl Controller {
             self.start(id, ask, estimate, now, Duration::ZERO);
             return Offer::Run(id);
         }
-        let delay = self.predicted_delay(&ask.tenant, now);
+        let raw = self.predicted_delay(&ask.tenant, now);
+        let delay = raw.mul_f64(self.delay_scale);
+        self.last_prediction = (raw, delay);
         let waiting: usize = self.tenants.values().map(|t| t.queue.len()).sum();
         if waiting >= self.cfg.max_queued {
             return push_back(
@@ -678,6 +776,7 @@ impl Controller {
             ask,
             estimate,
             since: now,
+            predicted: raw,
         });
         Offer::Queued(id)
     }
@@ -718,6 +817,7 @@ impl Controller {
             Running {
                 tenant: ask.tenant,
                 operator: ask.operator,
+                shape: ask.shape,
                 bytes: ask.bytes,
                 memory: ask.memory,
                 estimate,
@@ -752,6 +852,7 @@ impl Controller {
                 break;
             };
             let waited = now.saturating_sub(w.since);
+            self.learn_delay(w.predicted, waited);
             self.start(w.id, w.ask, w.estimate, now, waited);
             started.push((w.id, waited));
         }
@@ -776,6 +877,7 @@ impl Controller {
             self.counters.busy_us += busy.as_micros() as u64;
             if learn {
                 self.learn(&r.operator, r.bytes, r.estimate, busy);
+                self.learn_shape(&r.operator, r.shape, r.bytes, busy);
             }
         }
         self.dispatch(now)
@@ -825,6 +927,61 @@ impl Controller {
             };
         }
         m.samples += 1;
+    }
+
+    /// A queued request predicted to wait `predicted` (unscaled) waited `waited`.
+    fn learn_delay(&mut self, predicted: Duration, waited: Duration) {
+        if predicted < MIN_PREDICTION {
+            return;
+        }
+        let ratio = (waited.as_secs_f64() / predicted.as_secs_f64()).clamp(0.1, 10.0);
+        if self.prediction_ratios.len() == PREDICTION_SAMPLES {
+            self.prediction_ratios.pop_front();
+        }
+        self.prediction_ratios.push_back(ratio as f32);
+        self.prediction_samples += 1;
+        let n = self.prediction_ratios.len();
+        // Learned once there is enough to learn from; recomputed every 16 samples.
+        if n >= 32 && self.prediction_samples % 16 == 0 {
+            let mut r: Vec<f32> = self.prediction_ratios.iter().copied().collect();
+            r.sort_unstable_by(f32::total_cmp);
+            let p90 = r[(n - 1) * 9 / 10] as f64;
+            self.delay_scale = p90.clamp(0.5, 4.0);
+        }
+    }
+
+    /// Teaches a request shape its own cost (any size: a shape repeats with about
+    /// the same bytes, so its fixed cost folds into its per-byte figure).
+    fn learn_shape(&mut self, operator: &str, shape: Option<u64>, bytes: u64, actual: Duration) {
+        let Some(shape) = shape.filter(|_| bytes > 0) else {
+            return;
+        };
+        let sample = actual.saturating_sub(self.cfg.overhead).as_nanos() as f64 / bytes as f64;
+        self.tick += 1;
+        let key = (operator.to_string(), shape);
+        if let Some(c) = self.shapes.get_mut(&key) {
+            let a = self.cfg.learning_rate;
+            c.ns_per_byte = (1.0 - a) * c.ns_per_byte + a * sample;
+            c.used = self.tick;
+            return;
+        }
+        if self.shapes.len() >= MAX_SHAPES {
+            let oldest = self
+                .shapes
+                .iter()
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.shapes.remove(&k);
+            }
+        }
+        self.shapes.insert(
+            key,
+            ShapeCost {
+                ns_per_byte: sample,
+                used: self.tick,
+            },
+        );
     }
 
     fn io_saturated(&self) -> Option<Reject> {
@@ -903,7 +1060,9 @@ impl Controller {
             counters: self.counters.clone(),
             queue_delay_p50_ms: pct(0.5),
             queue_delay_p99_ms: pct(0.99),
+            queue_prediction_scale: self.delay_scale,
             costs: self.costs.clone(),
+            cost_shapes: self.shapes.len(),
             tenants: self
                 .tenants
                 .iter()
@@ -1055,10 +1214,13 @@ impl Admission {
 
     /// Waits for a slot (if queued) and returns the permit, or the refusal.
     pub async fn admit(self: &Arc<Self>, ask: Ask) -> Result<Permit, Refusal> {
-        let (estimate, offer, rx) = {
+        let (estimate, offer, rx, (kept, predicted)) = {
             let mut ctl = self.ctl();
             let estimate = ctl.estimate(&ask);
+            let kept_before = ctl.counters.kept_for_link;
             let offer = ctl.offer(ask, self.now());
+            let kept = ctl.counters.kept_for_link > kept_before;
+            let predicted = ctl.last_prediction.1;
             let rx = match offer {
                 Offer::Queued(id) => {
                     let (tx, rx) = oneshot::channel();
@@ -1070,10 +1232,10 @@ impl Admission {
                 }
                 _ => None,
             };
-            (estimate, offer, rx)
+            (estimate, offer, rx, (kept, predicted))
         };
         match offer {
-            Offer::Run(id) => Ok(self.permit(id, estimate, Duration::ZERO)),
+            Offer::Run(id) => Ok(self.permit(id, estimate, Duration::ZERO, Duration::ZERO, false)),
             Offer::Queued(id) => {
                 let mut guard = QueueGuard {
                     adm: self.clone(),
@@ -1085,20 +1247,29 @@ impl Admission {
                     None => Duration::ZERO,
                 };
                 guard.armed = false;
-                Ok(self.permit(id, estimate, waited))
+                Ok(self.permit(id, estimate, predicted, waited, kept))
             }
             Offer::PushBack(p) => Err(Refusal::PushBack(p)),
             Offer::Reject(r) => Err(Refusal::Reject(r)),
         }
     }
 
-    fn permit(self: &Arc<Self>, id: u64, estimate: Duration, waited: Duration) -> Permit {
+    fn permit(
+        self: &Arc<Self>,
+        id: u64,
+        estimate: Duration,
+        predicted: Duration,
+        waited: Duration,
+        kept_for_link: bool,
+    ) -> Permit {
         Permit {
             adm: self.clone(),
             id,
             started: Instant::now(),
             estimate,
+            predicted,
             waited,
+            kept_for_link,
             completed: false,
         }
     }
@@ -1110,6 +1281,7 @@ impl Admission {
         waited: Duration,
         estimate: Duration,
         patient: bool,
+        kept_for_link: bool,
     ) -> Option<String> {
         if waited.is_zero() {
             return None;
@@ -1124,6 +1296,9 @@ impl Admission {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         Some(if patient {
             "the compute tier was saturated and asked the node to queue it rather than hand it back"
+                .into()
+        } else if kept_for_link {
+            "predicted queueing exceeded the bound, but finishing it at the compute tier (the raw bytes over its link, its busy cores) was priced slower"
                 .into()
         } else if policy == Policy::Always {
             "policy always: the node queues every request rather than hand it back".into()
@@ -1215,8 +1390,13 @@ pub struct Permit {
     started: Instant,
     /// The estimated run time.
     pub estimate: Duration,
+    /// The queueing predicted when it was queued (scaled; zero if it ran at once).
+    pub predicted: Duration,
     /// How long it waited in the queue.
     pub waited: Duration,
+    /// It queued past the delay bound because handing it back was priced slower
+    /// for its asker (see "Pricing the link").
+    pub kept_for_link: bool,
     completed: bool,
 }
 
@@ -1263,6 +1443,7 @@ mod tests {
             memory: 1 << 20,
             patient: false,
             asker: Asker::default(),
+            shape: None,
         }
     }
 
@@ -1293,25 +1474,48 @@ mod tests {
                 link_bytes_per_s: Some(link_mbit * 1e6 / 8.0),
                 ns_per_byte: None,
                 load,
+                backlog_bytes: 0,
             },
             ..ask("x", 20_000_000)
         };
-        // Here: 60 ms queued + 20 ms run. There, over 100 Mbit/s: 1.6 s of link.
-        assert!(matches!(c.offer(with(100.0, 0.0), t), Offer::Queued(_)));
-        assert_eq!(c.stats().counters.kept_for_link, 1);
-        // Here now 80 + 20. There, over 100 Gbit/s with idle cores: 1.6 + 20 ms.
-        match c.offer(with(100_000.0, 0.0), t) {
+        // Here: 60 ms queued + 20 ms run. There, over 3.2 Gbit/s with idle cores:
+        // 50 ms of link + 20 ms of decoding.
+        match c.offer(with(3_200.0, 0.0), t) {
             Offer::PushBack(p) => assert!(p.reason.contains("sooner"), "{}", p.reason),
             o => panic!("expected push back, got {o:?}"),
         }
-        // The same link, but the asker's cores are 90% busy: 1.6 + 200 ms there.
-        assert!(matches!(c.offer(with(100_000.0, 0.9), t), Offer::Queued(_)));
+        // The same link, but each of the asker's cores has a fragment to finish
+        // first: 50 + 20 + 20 ms there.
+        assert!(matches!(c.offer(with(3_200.0, 1.0), t), Offer::Queued(_)));
+        assert_eq!(c.stats().counters.kept_for_link, 1);
+        // A load past 1 (or nonsense) counts as 1 or 0.
+        match c.offer(with(3_200.0, f64::NAN), t) {
+            Offer::PushBack(_) => {}
+            o => panic!("expected push back, got {o:?}"),
+        }
+        // Here now 80 + 20. There, over 100 Mbit/s: 1.6 s of link.
+        assert!(matches!(c.offer(with(100.0, 0.0), t), Offer::Queued(_)));
         // An unknown link is not priced: the plain rule pushes it back.
         assert!(matches!(
             c.offer(ask("x", 20_000_000), t),
             Offer::PushBack(_)
         ));
         assert_eq!(c.stats().counters.kept_for_link, 2);
+        // Here 100 + 20 ms. There, over 3.2 Gbit/s behind 40 MB handed back to the
+        // same link before: 150 ms of link + 20 of decoding. Without them, 70 ms.
+        match c.offer(with(3_200.0, 0.0), t) {
+            Offer::PushBack(p) => assert_eq!(p.bytes, 20_000_000),
+            o => panic!("expected push back, got {o:?}"),
+        }
+        let behind = Ask {
+            asker: Asker {
+                backlog_bytes: 40_000_000,
+                ..with(3_200.0, 0.0).asker
+            },
+            ..ask("x", 20_000_000)
+        };
+        assert!(matches!(c.offer(behind, t), Offer::Queued(_)));
+        assert_eq!(c.stats().counters.kept_for_link, 3);
     }
 
     #[test]
@@ -1375,6 +1579,93 @@ mod tests {
             false,
         );
         assert!((c.stats().costs["sql"].ns_per_byte - 5.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn repeated_shapes_learn_their_own_cost_and_are_bounded() {
+        let mut c = Controller::new(cfg(1));
+        let shaped = |shape: u64| Ask {
+            shape: Some(shape),
+            ..ask("x", 10_000_000)
+        };
+        // Two shapes of one operator, alternating: 1 and 9 ns/byte.
+        for i in 0..40u64 {
+            let now = Duration::from_millis(i * 200);
+            let (shape, took) = if i % 2 == 0 {
+                (1, 10 * MS)
+            } else {
+                (2, 90 * MS)
+            };
+            let o = c.offer(shaped(shape), now);
+            c.finish(id(&o), now + took, took, true);
+        }
+        let near = |d: Duration, ms: f64| (d.as_secs_f64() * 1e3 - ms).abs() < 0.01;
+        // Each shape is estimated from its own runs, not the operator's mean.
+        assert!(
+            near(c.estimate(&shaped(1)), 10.0),
+            "{:?}",
+            c.estimate(&shaped(1))
+        );
+        assert!(
+            near(c.estimate(&shaped(2)), 90.0),
+            "{:?}",
+            c.estimate(&shaped(2))
+        );
+        // An unseen shape, or none, falls back to the operator's mean (between).
+        let mean = c.estimate(&shaped(3));
+        assert!(mean > 20 * MS && mean < 80 * MS, "{mean:?}");
+        assert_eq!(c.estimate(&ask("x", 10_000_000)), mean);
+        assert_eq!(c.stats().cost_shapes, 2);
+        // At most MAX_SHAPES are kept; the least recently used goes first.
+        for s in 0..MAX_SHAPES as u64 {
+            let now = Duration::from_secs(100) + Duration::from_millis(s);
+            if s == 10 {
+                // Shape 2 is asked for again, so shape 1 is now the oldest.
+                let o = c.offer(shaped(2), now);
+                c.finish(id(&o), now, Duration::ZERO, false);
+            }
+            let o = c.offer(shaped(1000 + s), now);
+            c.finish(id(&o), now, MS, true);
+        }
+        assert_eq!(c.stats().cost_shapes, MAX_SHAPES);
+        assert!(near(c.estimate(&shaped(2)), 90.0), "recently used: kept");
+        assert_eq!(
+            c.estimate(&shaped(1)),
+            c.estimate(&ask("x", 10_000_000)),
+            "least recently used: forgotten"
+        );
+    }
+
+    #[test]
+    fn queueing_predictions_are_scaled_by_their_recent_error() {
+        let mut c = Controller::new(cfg(1));
+        // 10 MB requests are estimated at 10 ms but hold the slot 30 ms (finished
+        // without teaching the cost model: only the queueing prediction can learn).
+        let mut now = Duration::ZERO;
+        let mut running = id(&c.offer(ask("x", 10_000_000), now));
+        for i in 0..40 {
+            let next = c.offer(ask("x", 10_000_000), now);
+            assert!(matches!(next, Offer::Queued(_)), "{next:?}");
+            if i < 31 {
+                assert_eq!(c.stats().queue_prediction_scale, 1.0, "not learned yet");
+            }
+            now += 30 * MS;
+            let started = c.finish(running, now, 30 * MS, false);
+            assert_eq!(started, vec![(id(&next), 30 * MS)]);
+            running = id(&next);
+        }
+        // Predicted 10 ms, waited 30: the scale is 3.
+        assert!((c.stats().queue_prediction_scale - 3.0).abs() < 1e-6);
+        // One running (10 ms residual): queued, predicted 30 ms.
+        assert!(matches!(
+            c.offer(ask("x", 10_000_000), now),
+            Offer::Queued(_)
+        ));
+        // 20 ms ahead unscaled (within the 50 ms target), 60 ms scaled: pushed back.
+        match c.offer(ask("x", 10_000_000), now) {
+            Offer::PushBack(p) => assert!((p.predicted_delay_ms - 60.0).abs() < 0.01, "{p:?}"),
+            o => panic!("expected push back, got {o:?}"),
+        }
     }
 
     #[test]
@@ -1560,16 +1851,22 @@ mod tests {
         let mut cf = AdmissionConfig::new(1, 1 << 30);
         cf.queue_target = ms(50);
         let adaptive = Admission::new(cf.clone());
-        assert_eq!(adaptive.why_waited(ms(40), ms(10), false), None);
-        let own = adaptive.why_waited(ms(300), ms(200), false).unwrap();
+        assert_eq!(adaptive.why_waited(ms(40), ms(10), false, false), None);
+        let own = adaptive.why_waited(ms(300), ms(200), false, false).unwrap();
         assert!(own.contains("own run time (200.0 ms)"), "{own}");
-        let wrong = adaptive.why_waited(ms(2000), ms(100), false).unwrap();
+        let wrong = adaptive
+            .why_waited(ms(2000), ms(100), false, false)
+            .unwrap();
         assert!(wrong.contains("prediction was wrong"), "{wrong}");
-        let patient = adaptive.why_waited(ms(10_800), ms(100), true).unwrap();
+        let patient = adaptive
+            .why_waited(ms(10_800), ms(100), true, false)
+            .unwrap();
         assert!(patient.contains("compute tier was saturated"), "{patient}");
+        let link = adaptive.why_waited(ms(400), ms(100), false, true).unwrap();
+        assert!(link.contains("priced slower"), "{link}");
         cf.policy = Policy::Always;
         let always = Admission::new(cf)
-            .why_waited(ms(2000), ms(100), false)
+            .why_waited(ms(2000), ms(100), false, false)
             .unwrap();
         assert!(always.contains("policy always"), "{always}");
     }

@@ -30,6 +30,21 @@ struct State {
     bytes: u64,
     estimate: Option<f64>,
     samples: u64,
+    /// Bytes of work handed back to this peer that its link has not carried yet (as
+    /// of `backlog_at`, draining at the link's throughput).
+    backlog: f64,
+    backlog_at: Option<Instant>,
+}
+
+impl State {
+    fn drain(&mut self, link: f64) {
+        let now = Instant::now();
+        if let Some(at) = self.backlog_at {
+            let carried = link * now.duration_since(at).as_secs_f64();
+            self.backlog = (self.backlog - carried).max(0.0);
+        }
+        self.backlog_at = Some(now);
+    }
 }
 
 /// Throughput of one link, learned from its busy periods.
@@ -61,6 +76,25 @@ impl LinkMeter {
     /// Learned bytes per second, once a busy period was large enough.
     pub fn bytes_per_sec(&self) -> Option<f64> {
         self.state.lock().ok().and_then(|s| s.estimate)
+    }
+
+    /// Bytes handed back to this peer that a link of `link` bytes/s has not carried
+    /// yet: a fragment handed back now would queue behind them on the link.
+    pub fn backlog(&self, link: f64) -> u64 {
+        let Ok(mut s) = self.state.lock() else {
+            return 0;
+        };
+        s.drain(link);
+        s.backlog as u64
+    }
+
+    /// `bytes` of work were handed back to this peer, to cross a link of `link`
+    /// bytes/s.
+    pub fn handed_back(&self, bytes: u64, link: f64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.drain(link);
+            s.backlog += bytes as f64;
+        }
     }
 
     /// Samples learned from.
@@ -165,6 +199,19 @@ mod tests {
         assert!(bps <= (4 << 20) as f64 / 0.040, "{bps}");
         assert!(bps > (4 << 20) as f64 / 0.5, "{bps}");
         assert_eq!(m.samples(), 1);
+    }
+
+    #[test]
+    fn work_handed_back_drains_at_the_links_throughput() {
+        let m = LinkMeter::new();
+        assert_eq!(m.backlog(1e6), 0);
+        m.handed_back(100_000, 1e6);
+        m.handed_back(100_000, 1e6);
+        let now = m.backlog(1e6);
+        assert!(now > 150_000 && now <= 200_000, "{now}");
+        // 1 MB/s carries 200 kB in 200 ms.
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(m.backlog(1e6), 0);
     }
 
     #[test]

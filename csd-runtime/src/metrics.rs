@@ -82,7 +82,7 @@ pub(crate) fn render(state: &NodeState) -> String {
     };
     const C: &str = "counter";
     const G: &str = "gauge";
-    let single: [(&str, &str, &str, f64); 23] = [
+    let single: [(&str, &str, &str, f64); 24] = [
         ("csd_admitted_total", C, "Operator requests run at the node.", c.admitted as f64),
         ("csd_queued_total", C, "Admitted requests that waited in the queue first.", c.queued as f64),
         ("csd_pushed_back_total", C, "Operator requests pushed back to the compute tier.", c.pushed_back as f64),
@@ -96,6 +96,7 @@ pub(crate) fn render(state: &NodeState) -> String {
         ("csd_queue_delay_seconds_sum", C, "Total queueing delay of admitted requests.", c.queue_delay_us_sum as f64 / 1e6),
         ("csd_queue_delay_seconds_count", C, "Admitted requests (queueing delay samples).", c.admitted as f64),
         ("csd_queue_delay_p99_seconds", G, "p99 queueing delay of the last 1024 admitted requests.", a.queue_delay_p99_ms / 1e3),
+        ("csd_queue_prediction_scale", G, "What queueing predictions are multiplied by: the p90 of actual over predicted queueing lately.", a.queue_prediction_scale),
         ("csd_running", G, "Operator requests running now.", a.running as f64),
         ("csd_waiting", G, "Operator requests waiting now.", a.waiting as f64),
         ("csd_cpu_slots", G, "CPU workers for operator work (--cpus).", a.slots as f64),

@@ -130,6 +130,13 @@ pub trait Operator: Send + Sync + 'static {
         None
     }
 
+    /// The request's shape under its cost key: requests of one shape cost about the
+    /// same per byte (the same plan over another partition), so admission learns
+    /// their cost apart once one has run. `None` (the default): the key's cost only.
+    fn cost_shape(&self, _args: &Bytes) -> Option<u64> {
+        None
+    }
+
     /// Whether this request runs code the tenant sent (WebAssembly): the node then
     /// checks the tenant's `code` permission too.
     fn ships_code(&self, _args: &Bytes) -> bool {

@@ -433,6 +433,8 @@ impl FlightNode {
             }
             None => None,
         };
+        let mut kept_for_link = false;
+        let mut predicted = std::time::Duration::ZERO;
         let (mut permit, waited, estimated, queue_reason) = match leased {
             Some(run) => {
                 let waited = run.waited;
@@ -447,6 +449,7 @@ impl FlightNode {
                     memory: estimate.memory,
                     patient,
                     asker,
+                    shape: op.cost_shape(&args),
                 };
                 let permit = self.state.admission.admit(ask).await.map_err(|r| match r {
                     Refusal::PushBack(p) => Error::PushedBack(p),
@@ -456,7 +459,12 @@ impl FlightNode {
                     },
                 })?;
                 let (waited, estimated) = (permit.waited, permit.estimate);
-                let why = self.state.admission.why_waited(waited, estimated, patient);
+                predicted = permit.predicted;
+                kept_for_link = permit.kept_for_link;
+                let why =
+                    self.state
+                        .admission
+                        .why_waited(waited, estimated, patient, kept_for_link);
                 let slot = Slot::Admitted {
                     permit,
                     _request: request,
@@ -484,9 +492,11 @@ impl FlightNode {
             details.extend(
                 [
                     ("queue_ms", waited.as_secs_f64() * 1e3),
+                    ("predicted_queue_ms", predicted.as_secs_f64() * 1e3),
                     ("estimate_ms", estimated.as_secs_f64() * 1e3),
                     ("estimate_bytes", estimate.bytes as f64),
                     ("patient", f64::from(u8::from(patient))),
+                    ("kept_for_link", f64::from(u8::from(kept_for_link))),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), format!("{v:.3}"))),
@@ -639,24 +649,33 @@ impl FlightNode {
         }
         // The asker's own figures first; else what this node learned of its link.
         let known = |v: f64| (v > 0.0).then_some(v);
+        let link = asker
+            .and_then(|a| known(a.link_bytes_per_s))
+            .or_else(|| peer.and_then(|p| self.state.links.bytes_per_sec(p)));
+        // What this node handed back to that link lately and it has not carried yet.
+        let meter = peer.zip(link).map(|(p, l)| (self.state.links.of(p), l));
         let asker = Asker {
-            link_bytes_per_s: asker
-                .and_then(|a| known(a.link_bytes_per_s))
-                .or_else(|| peer.and_then(|p| self.state.links.bytes_per_sec(p))),
+            link_bytes_per_s: link,
             ns_per_byte: asker.and_then(|a| known(a.ns_per_byte)),
             load: asker.map(|a| a.load).unwrap_or(0.0),
+            backlog_bytes: meter.as_ref().map_or(0, |(m, l)| m.backlog(*l)),
         };
-        self.operator(
-            &name,
-            args.into(),
-            compression,
-            who.clone(),
-            tenant,
-            patient,
-            asker,
-            lease,
-        )
-        .await
+        let answer = self
+            .operator(
+                &name,
+                args.into(),
+                compression,
+                who.clone(),
+                tenant,
+                patient,
+                asker,
+                lease,
+            )
+            .await;
+        if let (Err(Error::PushedBack(p)), Some((m, l))) = (&answer, &meter) {
+            m.handed_back(p.bytes, *l);
+        }
+        answer
     }
 
     /// Whose references `who` may use: its own when the node has tenants (all, for

@@ -52,6 +52,10 @@ struct Args {
     /// `taskset` on other cores. Default: nodes in this process.
     #[arg(long)]
     node_cores: Option<String>,
+    /// Also write one CSV row per fragment the node ran (policy, load, query,
+    /// patient, queueing, estimate, node time): where admitted requests' time went.
+    #[arg(long)]
+    fragments: Option<PathBuf>,
 }
 
 /// A node: in this process, or a pinned `csd serve` child.
@@ -149,6 +153,7 @@ struct Report {
 
 /// One finished query.
 struct Done {
+    sql: &'static str,
     started: Duration,
     latency: Duration,
     ok: bool,
@@ -160,6 +165,9 @@ struct Done {
     /// Per admitted fragment: the node's latency for it (ms), and whether it was
     /// patient.
     node_ms: Vec<(f64, bool)>,
+    /// Per admitted fragment: (patient, kept for the link, predicted queueing ms,
+    /// queue ms, estimate ms, node ms).
+    frags: Vec<(bool, bool, f64, f64, f64, f64)>,
 }
 
 async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
@@ -200,7 +208,30 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .filter(|r| r.pushed_back.is_none())
                 .map(|r| (r.report.elapsed_us as f64 / 1e3, patient(&r)))
                 .collect();
+            let detail = |r: &csd_query_pushdown::EndpointRun, k: &str| {
+                r.report
+                    .details
+                    .get(k)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN)
+            };
+            let frags = run
+                .node_runs
+                .iter()
+                .filter(|r| r.pushed_back.is_none())
+                .map(|r| {
+                    (
+                        patient(&r),
+                        detail(r, "kept_for_link") > 0.0,
+                        detail(r, "predicted_queue_ms"),
+                        detail(r, "queue_ms"),
+                        detail(r, "estimate_ms"),
+                        r.report.elapsed_us as f64 / 1e3,
+                    )
+                })
+                .collect();
             Done {
+                sql,
                 started,
                 latency,
                 ok: true,
@@ -208,11 +239,13 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 pushed_back: pushed,
                 queue_ms,
                 node_ms,
+                frags,
             }
         }
         Err(e) => {
             eprintln!("query failed: {e}");
             Done {
+                sql,
                 started,
                 latency,
                 ok: false,
@@ -220,6 +253,7 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 pushed_back: 0,
                 queue_ms: vec![],
                 node_ms: vec![],
+                frags: vec![],
             }
         }
     }
@@ -324,11 +358,33 @@ async fn main() {
     }
     let mut lat = Vec::new();
     let mut node_lat = Vec::new();
+    let mut csv = String::from(
+        "policy,load,query,patient,kept_for_link,predicted_ms,queue_ms,estimate_ms,node_ms\n",
+    );
+    let query_of = |sql: &str| {
+        mix.iter()
+            .position(|m| *m == sql)
+            .map(|i| args.queries[i])
+            .unwrap_or(0)
+    };
+    let rows = |csv: &mut String, policy: &str, load: f64, done: &[Done]| {
+        for d in done {
+            for (patient, kept, p, q, e, n) in &d.frags {
+                csv.push_str(&format!(
+                    "{policy},{load},{},{},{},{p:.3},{q:.3},{e:.3},{n:.3}\n",
+                    query_of(d.sql),
+                    u8::from(*patient),
+                    u8::from(*kept)
+                ));
+            }
+        }
+    };
     for _ in 0..4 {
         for q in &mix {
             let d = run_one(s.clone(), q, t0).await;
             lat.push(d.latency.as_secs_f64());
             node_lat.extend(d.node_ms.iter().map(|x| x.0));
+            rows(&mut csv, "unloaded", 0.0, std::slice::from_ref(&d));
         }
     }
     let mean = lat.iter().sum::<f64>() / lat.len() as f64;
@@ -368,6 +424,7 @@ async fn main() {
         for (i, &load) in args.loads.iter().enumerate() {
             let rate = load * capacity;
             let done = offer(&s, &mix, rate, args.secs, 42 + i as u64, t0).await;
+            rows(&mut csv, name(policy), load, &done);
             let window_end = done.iter().map(|d| d.started).min().unwrap_or_default()
                 + Duration::from_secs_f64(args.secs);
             let completed = done
@@ -448,6 +505,16 @@ async fn main() {
             .filter(|x| x.0 >= step_at)
             .collect();
         late.sort_by_key(|x| x.0);
+        if args.fragments.is_some() {
+            // The step's fragments by arrival: "step-POLICY,ms after the step,,,,,queue".
+            for (at, q) in &late {
+                csv.push_str(&format!(
+                    "step-{},{:.1},0,0,0,0,{q:.3},0,0\n",
+                    name(policy),
+                    (*at - step_at).as_secs_f64() * 1e3
+                ));
+            }
+        }
         let max_after = late.iter().map(|x| x.1).fold(0.0, f64::max);
         // Steady state: the p95 queueing delay of fragments arriving in the second
         // half after the step. Settled: after the last run of five consecutive
@@ -540,6 +607,10 @@ async fn main() {
         steps,
     };
     write_json(&json, &report).expect("json");
+    if let Some(path) = &args.fragments {
+        std::fs::write(path, &csv).expect("fragments csv");
+        println!("wrote {}", path.display());
+    }
     let svg = json.with_extension("svg");
     plot(&svg, &levels).expect("svg");
     println!("wrote {} and {}", json.display(), svg.display());

@@ -555,6 +555,38 @@ fn spawn_serve(device: &str) -> (std::process::Child, String) {
     ])
 }
 
+/// A launcher that reads the node's address and closes the pipe (as
+/// `spawn_listening` does) must not stop it: its later status lines go nowhere, it
+/// serves on, and Ctrl-C still shuts it down cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_stdout_was_closed_serves_on_and_stops_cleanly() {
+    let (mut node, url) = spawn_listening(&[
+        "serve",
+        "--device",
+        "emulated:mem",
+        "--capacity",
+        "256MiB",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv);
+    let put = csd(args(&["put", csv.to_str().unwrap(), "--table", "t"], &url)).await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let q = csd(args(&["sql", "select count(*) from t"], &url)).await;
+    assert!(q.status.success(), "{:?}", text(&q));
+    assert!(node.try_wait().unwrap().is_none(), "the node stopped");
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(node.id() as i32, libc::SIGINT) }, 0);
+    let status = tokio::task::spawn_blocking(move || node.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "the node ended with {status:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn references_outlive_a_kill_9_and_expired_ones_are_gone_after_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -209,6 +209,22 @@ impl Operator for SqlOperator {
         Some(format!("sql+wasm:{}", first.short()))
     }
 
+    /// The plan and what is asked of it, not which partition nor which join keys:
+    /// the same query's fragment over each partition, and run again, is one shape.
+    fn cost_shape(&self, args: &Bytes) -> Option<u64> {
+        use prost::Message;
+        use std::hash::{Hash, Hasher};
+        // Checked already by `estimate`: the plan inside need not be decoded again.
+        let frag = SqlFragment::decode(&args[..]).ok()?;
+        let mut h = std::hash::DefaultHasher::new();
+        frag.table.hash(&mut h);
+        frag.plan.hash(&mut h);
+        frag.mode.hash(&mut h);
+        frag.key_filters.is_empty().hash(&mut h);
+        frag.direct_above.map(f32::to_bits).hash(&mut h);
+        Some(h.finish())
+    }
+
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
     /// every row group (pruning is left to the learned per-byte cost, which absorbs
     /// its average effect). Memory: four times the largest row group's share (the
@@ -333,6 +349,7 @@ async fn judged(
             ),
             predicted_delay_ms: 0.0,
             estimate_ms: 0.0,
+            bytes: 0,
         }));
     }
     let all = RecordBatchStreamAdapter::new(schema, futures::stream::iter(head).chain(stream));
