@@ -942,7 +942,7 @@ impl Controller {
         self.prediction_samples += 1;
         let n = self.prediction_ratios.len();
         // Learned once there is enough to learn from; recomputed every 16 samples.
-        if n >= 32 && self.prediction_samples % 16 == 0 {
+        if n >= 32 && self.prediction_samples.is_multiple_of(16) {
             let mut r: Vec<f32> = self.prediction_ratios.iter().copied().collect();
             r.sort_unstable_by(f32::total_cmp);
             let p90 = r[(n - 1) * 9 / 10] as f64;
