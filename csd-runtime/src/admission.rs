@@ -7,7 +7,7 @@
 //! `overhead + bytes × ns_per_byte`, where `ns_per_byte` is learned online per
 //! operator from the requests this node has finished (an exponentially weighted
 //! mean; no pre-profiling, no per-query table). Within an operator, requests of a
-//! repeated shape (the operator's [`cost_shape`](crate::operator::Operator::cost_shape):
+//! repeated shape (the [`shape`](crate::operator::Estimate::shape) its operator estimates:
 //! the same plan over another partition, or again) learn their own per-byte cost,
 //! which replaces the operator's once one has finished: one SQL fragment may cost
 //! ten times another per byte, and a mean over both mispredicts each. The shapes
@@ -304,10 +304,31 @@ struct ShapeCost {
 /// Request shapes whose costs are kept at most.
 const MAX_SHAPES: usize = 1024;
 
+/// The key a shape's cost is kept under: its operator's cost key and the shape.
+fn shape_key(operator: &str, shape: Option<u64>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let shape = shape?;
+    let mut h = std::hash::DefaultHasher::new();
+    operator.hash(&mut h);
+    shape.hash(&mut h);
+    Some(h.finish())
+}
+
+/// What the last [`Controller::offer`] decided beyond its [`Offer`].
+#[derive(Debug, Clone, Copy, Default)]
+struct LastOffer {
+    estimate: Duration,
+    /// The queueing it predicted, scaled (zero if the request ran at once).
+    predicted: Duration,
+    /// Queued past the bound because handing it back was priced slower.
+    kept_for_link: bool,
+}
+
 #[derive(Debug)]
 struct Running {
     tenant: String,
     operator: String,
+    /// Its shape's [`shape_key`], if its operator named a shape.
     shape: Option<u64>,
     bytes: u64,
     memory: u64,
@@ -437,8 +458,8 @@ pub(crate) struct Controller {
     running: HashMap<u64, Running>,
     tenants: BTreeMap<String, TenantState>,
     costs: BTreeMap<String, CostModel>,
-    /// Per (operator, shape): its own learned cost.
-    shapes: HashMap<(String, u64), ShapeCost>,
+    /// Per [`shape_key`]: its own learned cost.
+    shapes: HashMap<u64, ShapeCost>,
     /// Counts estimates and lessons, to find the least recently used shape.
     tick: u64,
     vclock: f64,
@@ -451,8 +472,8 @@ pub(crate) struct Controller {
     prediction_samples: u64,
     /// What predictions are multiplied by (see the module docs).
     delay_scale: f64,
-    /// The last offer's queueing prediction: unscaled, and as decided on.
-    last_prediction: (Duration, Duration),
+    /// What the last offer decided, for [`Admission::admit`]'s permit.
+    last_offer: LastOffer,
     io_in_flight: usize,
     io_waiting: usize,
     io_service: Duration,
@@ -482,7 +503,7 @@ impl Controller {
             prediction_ratios: VecDeque::new(),
             prediction_samples: 0,
             delay_scale: 1.0,
-            last_prediction: (Duration::ZERO, Duration::ZERO),
+            last_offer: LastOffer::default(),
             io_in_flight: 0,
             io_waiting: 0,
             io_service: Duration::from_millis(2),
@@ -581,8 +602,8 @@ impl Controller {
     /// The learned cost per byte of `ask`: its shape's if one was learned, else its
     /// operator's.
     fn ns_per_byte_of(&self, ask: &Ask) -> f64 {
-        ask.shape
-            .and_then(|s| self.shapes.get(&(ask.operator.clone(), s)))
+        shape_key(&ask.operator, ask.shape)
+            .and_then(|k| self.shapes.get(&k))
             .map(|c| c.ns_per_byte)
             .unwrap_or_else(|| self.ns_per_byte(&ask.operator))
     }
@@ -674,11 +695,12 @@ impl Controller {
     /// Decides what happens to `ask` at `now`.
     pub(crate) fn offer(&mut self, ask: Ask, now: Duration) -> Offer {
         let estimate = self.estimate(&ask);
+        self.last_offer = LastOffer {
+            estimate,
+            ..LastOffer::default()
+        };
         self.tick += 1;
-        if let Some(c) = ask
-            .shape
-            .and_then(|s| self.shapes.get_mut(&(ask.operator.clone(), s)))
-        {
+        if let Some(c) = shape_key(&ask.operator, ask.shape).and_then(|k| self.shapes.get_mut(&k)) {
             c.used = self.tick;
         }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -728,7 +750,7 @@ impl Controller {
         }
         let raw = self.predicted_delay(&ask.tenant, now);
         let delay = raw.mul_f64(self.delay_scale);
-        self.last_prediction = (raw, delay);
+        self.last_offer.predicted = delay;
         let waiting: usize = self.tenants.values().map(|t| t.queue.len()).sum();
         if waiting >= self.cfg.max_queued {
             return push_back(
@@ -751,6 +773,7 @@ impl Controller {
             self.counters.patient += 1;
         } else if over && there.is_some_and(|t| (delay + estimate).as_secs_f64() <= t) {
             self.counters.kept_for_link += 1;
+            self.last_offer.kept_for_link = true;
         } else if over {
             return push_back(
                 self,
@@ -816,8 +839,8 @@ impl Controller {
             id,
             Running {
                 tenant: ask.tenant,
+                shape: shape_key(&ask.operator, ask.shape),
                 operator: ask.operator,
-                shape: ask.shape,
                 bytes: ask.bytes,
                 memory: ask.memory,
                 estimate,
@@ -877,7 +900,7 @@ impl Controller {
             self.counters.busy_us += busy.as_micros() as u64;
             if learn {
                 self.learn(&r.operator, r.bytes, r.estimate, busy);
-                self.learn_shape(&r.operator, r.shape, r.bytes, busy);
+                self.learn_shape(r.shape, r.bytes, busy);
             }
         }
         self.dispatch(now)
@@ -952,13 +975,12 @@ impl Controller {
 
     /// Teaches a request shape its own cost (any size: a shape repeats with about
     /// the same bytes, so its fixed cost folds into its per-byte figure).
-    fn learn_shape(&mut self, operator: &str, shape: Option<u64>, bytes: u64, actual: Duration) {
-        let Some(shape) = shape.filter(|_| bytes > 0) else {
+    fn learn_shape(&mut self, key: Option<u64>, bytes: u64, actual: Duration) {
+        let Some(key) = key.filter(|_| bytes > 0) else {
             return;
         };
         let sample = actual.saturating_sub(self.cfg.overhead).as_nanos() as f64 / bytes as f64;
         self.tick += 1;
-        let key = (operator.to_string(), shape);
         if let Some(c) = self.shapes.get_mut(&key) {
             let a = self.cfg.learning_rate;
             c.ns_per_byte = (1.0 - a) * c.ns_per_byte + a * sample;
@@ -970,7 +992,7 @@ impl Controller {
                 .shapes
                 .iter()
                 .min_by_key(|(_, c)| c.used)
-                .map(|(k, _)| k.clone());
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 self.shapes.remove(&k);
             }
@@ -1214,13 +1236,10 @@ impl Admission {
 
     /// Waits for a slot (if queued) and returns the permit, or the refusal.
     pub async fn admit(self: &Arc<Self>, ask: Ask) -> Result<Permit, Refusal> {
-        let (estimate, offer, rx, (kept, predicted)) = {
+        let (offer, rx, last) = {
             let mut ctl = self.ctl();
-            let estimate = ctl.estimate(&ask);
-            let kept_before = ctl.counters.kept_for_link;
             let offer = ctl.offer(ask, self.now());
-            let kept = ctl.counters.kept_for_link > kept_before;
-            let predicted = ctl.last_prediction.1;
+            let last = ctl.last_offer;
             let rx = match offer {
                 Offer::Queued(id) => {
                     let (tx, rx) = oneshot::channel();
@@ -1232,10 +1251,10 @@ impl Admission {
                 }
                 _ => None,
             };
-            (estimate, offer, rx, (kept, predicted))
+            (offer, rx, last)
         };
         match offer {
-            Offer::Run(id) => Ok(self.permit(id, estimate, Duration::ZERO, Duration::ZERO, false)),
+            Offer::Run(id) => Ok(self.permit(id, last, Duration::ZERO)),
             Offer::Queued(id) => {
                 let mut guard = QueueGuard {
                     adm: self.clone(),
@@ -1247,29 +1266,22 @@ impl Admission {
                     None => Duration::ZERO,
                 };
                 guard.armed = false;
-                Ok(self.permit(id, estimate, predicted, waited, kept))
+                Ok(self.permit(id, last, waited))
             }
             Offer::PushBack(p) => Err(Refusal::PushBack(p)),
             Offer::Reject(r) => Err(Refusal::Reject(r)),
         }
     }
 
-    fn permit(
-        self: &Arc<Self>,
-        id: u64,
-        estimate: Duration,
-        predicted: Duration,
-        waited: Duration,
-        kept_for_link: bool,
-    ) -> Permit {
+    fn permit(self: &Arc<Self>, id: u64, offer: LastOffer, waited: Duration) -> Permit {
         Permit {
             adm: self.clone(),
             id,
             started: Instant::now(),
-            estimate,
-            predicted,
+            estimate: offer.estimate,
+            predicted: offer.predicted,
             waited,
-            kept_for_link,
+            kept_for_link: offer.kept_for_link,
             completed: false,
         }
     }

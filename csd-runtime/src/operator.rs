@@ -130,13 +130,6 @@ pub trait Operator: Send + Sync + 'static {
         None
     }
 
-    /// The request's shape under its cost key: requests of one shape cost about the
-    /// same per byte (the same plan over another partition), so admission learns
-    /// their cost apart once one has run. `None` (the default): the key's cost only.
-    fn cost_shape(&self, _args: &Bytes) -> Option<u64> {
-        None
-    }
-
     /// Whether this request runs code the tenant sent (WebAssembly): the node then
     /// checks the tenant's `code` permission too.
     fn ships_code(&self, _args: &Bytes) -> bool {
@@ -159,6 +152,11 @@ pub struct Estimate {
     pub bytes: u64,
     /// Memory it needs while running.
     pub memory: u64,
+    /// The request's shape under its cost key, if the operator can tell: requests
+    /// of one shape cost about the same per byte (the same plan over another
+    /// partition), so admission learns their cost apart once one has run. `None`:
+    /// the key's cost only.
+    pub shape: Option<u64>,
 }
 
 impl Default for Estimate {
@@ -166,6 +164,7 @@ impl Default for Estimate {
         Estimate {
             bytes: 0,
             memory: DEFAULT_MEMORY,
+            shape: None,
         }
     }
 }

@@ -449,7 +449,7 @@ impl FlightNode {
                     memory: estimate.memory,
                     patient,
                     asker,
-                    shape: op.cost_shape(&args),
+                    shape: estimate.shape,
                 };
                 let permit = self.state.admission.admit(ask).await.map_err(|r| match r {
                     Refusal::PushBack(p) => Error::PushedBack(p),

@@ -397,6 +397,7 @@ impl Operator for MlOperator {
         Ok(Estimate {
             bytes,
             memory: plan.memory,
+            shape: None,
         })
     }
 

@@ -159,15 +159,24 @@ struct Done {
     ok: bool,
     fragments: u64,
     pushed_back: u64,
-    /// Per fragment admitted on the node's own judgement (not patient): its node
-    /// queueing delay (ms) and how long before the query finished it reached the node.
-    queue_ms: Vec<(f64, Duration)>,
-    /// Per admitted fragment: the node's latency for it (ms), and whether it was
-    /// patient.
-    node_ms: Vec<(f64, bool)>,
-    /// Per admitted fragment: (patient, kept for the link, predicted queueing ms,
-    /// queue ms, estimate ms, node ms).
-    frags: Vec<(bool, bool, f64, f64, f64, f64)>,
+    /// Per fragment the node ran, from its report.
+    frags: Vec<Frag>,
+}
+
+/// A fragment the node ran (not pushed back), as its report tells.
+struct Frag {
+    /// The compute tier asked the node to queue it (that tier was saturated).
+    patient: bool,
+    /// The node queued it past its bound: handing it back was priced slower.
+    kept_for_link: bool,
+    /// Queueing the node predicted, ms (NaN: not reported).
+    predicted_ms: f64,
+    /// Queueing it saw, ms (NaN: not reported).
+    queue_ms: f64,
+    /// Run time the node estimated, ms.
+    estimate_ms: f64,
+    /// The node's latency for it, arrival to last byte, ms.
+    node_ms: f64,
 }
 
 async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
@@ -181,33 +190,6 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .iter()
                 .filter(|r| r.work_pushed_back())
                 .count() as u64;
-            // Whether the compute tier asked the node to queue a fragment (patient:
-            // that tier was saturated itself).
-            let patient = |r: &&csd_query_pushdown::EndpointRun| {
-                r.report
-                    .details
-                    .get("patient")
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .is_some_and(|v| v > 0.0)
-            };
-            // Queueing of the fragments the node admitted on its own judgement.
-            let queue_ms = run
-                .node_runs
-                .iter()
-                .filter(|r| r.pushed_back.is_none())
-                .filter(|r| !patient(r))
-                .filter_map(|r| {
-                    let q: f64 = r.report.details.get("queue_ms")?.parse().ok()?;
-                    Some((q, Duration::from_micros(r.report.elapsed_us)))
-                })
-                .collect();
-            // The node's latency per admitted fragment.
-            let node_ms = run
-                .node_runs
-                .iter()
-                .filter(|r| r.pushed_back.is_none())
-                .map(|r| (r.report.elapsed_us as f64 / 1e3, patient(&r)))
-                .collect();
             let detail = |r: &csd_query_pushdown::EndpointRun, k: &str| {
                 r.report
                     .details
@@ -219,15 +201,13 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .node_runs
                 .iter()
                 .filter(|r| r.pushed_back.is_none())
-                .map(|r| {
-                    (
-                        patient(&r),
-                        detail(r, "kept_for_link") > 0.0,
-                        detail(r, "predicted_queue_ms"),
-                        detail(r, "queue_ms"),
-                        detail(r, "estimate_ms"),
-                        r.report.elapsed_us as f64 / 1e3,
-                    )
+                .map(|r| Frag {
+                    patient: detail(r, "patient") > 0.0,
+                    kept_for_link: detail(r, "kept_for_link") > 0.0,
+                    predicted_ms: detail(r, "predicted_queue_ms"),
+                    queue_ms: detail(r, "queue_ms"),
+                    estimate_ms: detail(r, "estimate_ms"),
+                    node_ms: r.report.elapsed_us as f64 / 1e3,
                 })
                 .collect();
             Done {
@@ -237,8 +217,6 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 ok: true,
                 fragments: run.node_runs.len() as u64,
                 pushed_back: pushed,
-                queue_ms,
-                node_ms,
                 frags,
             }
         }
@@ -251,8 +229,6 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 ok: false,
                 fragments: 0,
                 pushed_back: 0,
-                queue_ms: vec![],
-                node_ms: vec![],
                 frags: vec![],
             }
         }
@@ -369,12 +345,16 @@ async fn main() {
     };
     let rows = |csv: &mut String, policy: &str, load: f64, done: &[Done]| {
         for d in done {
-            for (patient, kept, p, q, e, n) in &d.frags {
+            for f in &d.frags {
                 csv.push_str(&format!(
-                    "{policy},{load},{},{},{},{p:.3},{q:.3},{e:.3},{n:.3}\n",
+                    "{policy},{load},{},{},{},{:.3},{:.3},{:.3},{:.3}\n",
                     query_of(d.sql),
-                    u8::from(*patient),
-                    u8::from(*kept)
+                    u8::from(f.patient),
+                    u8::from(f.kept_for_link),
+                    f.predicted_ms,
+                    f.queue_ms,
+                    f.estimate_ms,
+                    f.node_ms
                 ));
             }
         }
@@ -383,7 +363,7 @@ async fn main() {
         for q in &mix {
             let d = run_one(s.clone(), q, t0).await;
             lat.push(d.latency.as_secs_f64());
-            node_lat.extend(d.node_ms.iter().map(|x| x.0));
+            node_lat.extend(d.frags.iter().map(|f| f.node_ms));
             rows(&mut csv, "unloaded", 0.0, std::slice::from_ref(&d));
         }
     }
@@ -443,11 +423,11 @@ async fn main() {
                 .collect();
             let node: Vec<f64> = done
                 .iter()
-                .flat_map(|d| d.node_ms.iter().filter(|x| !x.1).map(|x| x.0))
+                .flat_map(|d| d.frags.iter().filter(|f| !f.patient).map(|f| f.node_ms))
                 .collect();
             let patient: Vec<f64> = done
                 .iter()
-                .flat_map(|d| d.node_ms.iter().filter(|x| x.1).map(|x| x.0))
+                .flat_map(|d| d.frags.iter().filter(|f| f.patient).map(|f| f.node_ms))
                 .collect();
             let l = Level {
                 policy: name(policy).into(),
@@ -498,9 +478,14 @@ async fn main() {
         let mut late: Vec<(Duration, f64)> = after
             .iter()
             .flat_map(|d| {
-                d.queue_ms
+                // Those the node admitted on its own judgement (patient ones aside).
+                d.frags
                     .iter()
-                    .map(move |(q, at_node)| ((d.started + d.latency).saturating_sub(*at_node), *q))
+                    .filter(|f| !f.patient && !f.queue_ms.is_nan())
+                    .map(move |f| {
+                        let at_node = Duration::from_secs_f64(f.node_ms / 1e3);
+                        ((d.started + d.latency).saturating_sub(at_node), f.queue_ms)
+                    })
             })
             .filter(|x| x.0 >= step_at)
             .collect();

@@ -185,6 +185,18 @@ fn objects_of(
     Ok((schema, objects))
 }
 
+/// A fragment's cost shape (see [`Operator::estimate`] for `SqlOperator`).
+fn shape_of(frag: &SqlFragment) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    frag.table.hash(&mut h);
+    frag.plan.hash(&mut h);
+    frag.mode.hash(&mut h);
+    frag.key_filters.is_empty().hash(&mut h);
+    frag.direct_above.map(f32::to_bits).hash(&mut h);
+    h.finish()
+}
+
 #[async_trait]
 impl Operator for SqlOperator {
     fn name(&self) -> &'static str {
@@ -209,27 +221,13 @@ impl Operator for SqlOperator {
         Some(format!("sql+wasm:{}", first.short()))
     }
 
-    /// The plan and what is asked of it, not which partition nor which join keys:
-    /// the same query's fragment over each partition, and run again, is one shape.
-    fn cost_shape(&self, args: &Bytes) -> Option<u64> {
-        use prost::Message;
-        use std::hash::{Hash, Hasher};
-        // Checked already by `estimate`: the plan inside need not be decoded again.
-        let frag = SqlFragment::decode(&args[..]).ok()?;
-        let mut h = std::hash::DefaultHasher::new();
-        frag.table.hash(&mut h);
-        frag.plan.hash(&mut h);
-        frag.mode.hash(&mut h);
-        frag.key_filters.is_empty().hash(&mut h);
-        frag.direct_above.map(f32::to_bits).hash(&mut h);
-        Some(h.finish())
-    }
-
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
     /// every row group (pruning is left to the learned per-byte cost, which absorbs
     /// its average effect). Memory: four times the largest row group's share (the
     /// chunks, decompressed pages, decoded batches) for each stream, plus 16 MiB for
-    /// batches and aggregation state.
+    /// batches and aggregation state. Shape: the plan and what is asked of it, not
+    /// which partition nor which join keys (the same query's fragment over each
+    /// partition, and run again, is one shape).
     async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> Result<Estimate> {
         let (frag, _mode, plan) = SqlFragment::decode_checked(args)?;
         let (_, objects) = objects_of(ctx, &frag)?;
@@ -259,6 +257,7 @@ impl Operator for SqlOperator {
         Ok(Estimate {
             bytes,
             memory: 4 * largest * self.parallel().streams as u64 + (16 << 20),
+            shape: Some(shape_of(&frag)),
         })
     }
 

@@ -54,11 +54,13 @@ impl Operator for WasmOperator {
             None => Estimate {
                 bytes: 0,
                 memory: 0,
+                shape: None,
             },
         };
         Ok(Estimate {
             bytes: scan.bytes,
             memory: scan.memory + ctx.node.sandbox.limits().memory,
+            shape: None,
         })
     }
 
