@@ -39,11 +39,12 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::admission::TenantShare;
-use crate::config::ByteSize;
+use csd_protocol::ByteSize;
 use crate::error::{Error, Result, truncated};
+use csd_protocol::digest::{hex, unhex32};
 
 /// The metadata key of a request's credentials.
-pub const AUTHORIZATION: &str = "authorization";
+pub use csd_protocol::AUTHORIZATION;
 /// Longest token accepted.
 const MAX_TOKEN_BYTES: usize = 4096;
 
@@ -161,21 +162,6 @@ pub fn token_digest(token: &str) -> String {
     hex(&Sha256::digest(token.as_bytes()))
 }
 
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub(crate) fn unhex32(s: &str) -> Option<[u8; 32]> {
-    let s = s.trim();
-    if s.len() != 64 || !s.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
 
 /// A new random token (32 bytes, hex).
 pub fn new_token() -> String {

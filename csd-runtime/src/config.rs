@@ -8,9 +8,7 @@
 //! reads its table with its own types, so a misspelt key is an error naming it.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches};
@@ -18,72 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionConfig, Policy, parse_tenant};
 use crate::error::{Error, Result};
+pub use csd_protocol::size::ByteSize;
 use crate::table::ParquetOptions;
 
-/// A size in bytes, written `4GiB`, `512MiB`, `64KiB` or a plain number of bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ByteSize(pub u64);
-
-impl ByteSize {
-    /// `n` KiB.
-    pub const fn kib(n: u64) -> Self {
-        ByteSize(n << 10)
-    }
-
-    /// `n` MiB.
-    pub const fn mib(n: u64) -> Self {
-        ByteSize(n << 20)
-    }
-
-    /// `n` GiB.
-    pub const fn gib(n: u64) -> Self {
-        ByteSize(n << 30)
-    }
-
-    /// The size in bytes.
-    pub fn bytes(self) -> u64 {
-        self.0
-    }
-}
-
-impl FromStr for ByteSize {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        crate::device::parse_size(s).map(ByteSize)
-    }
-}
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-            if self.0 >= 1 << shift && self.0.is_multiple_of(1 << shift) {
-                return write!(f, "{}{unit}", self.0 >> shift);
-            }
-        }
-        write!(f, "{}", self.0)
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bytes(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Bytes(n) => Ok(ByteSize(n)),
-            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// A node's settings (see the module docs). Every field is a `csd serve` flag, a
 /// `CSD_*` variable and a TOML key of the same name.
@@ -215,19 +150,11 @@ pub struct NodeConfig {
     pub operators: BTreeMap<String, toml::Table>,
 }
 
-/// The defaults of `T`'s flags, as clap parses an empty command line without reading
-/// the environment: the one place a setting's default is written is its flag.
-pub(crate) fn clap_defaults<T: Args + FromArgMatches>() -> T {
-    let cmd = T::augment_args(clap::Command::new("defaults")).mut_args(|a| a.env(None::<&str>));
-    cmd.try_get_matches_from(["defaults"])
-        .and_then(|m| T::from_arg_matches(&m))
-        .unwrap_or_else(|e| unreachable!("settings' own defaults do not parse: {e}"))
-}
 
 impl Default for NodeConfig {
     /// The flags' defaults (environment variables are not read).
     fn default() -> Self {
-        clap_defaults()
+        crate::flags::clap_defaults()
     }
 }
 

@@ -31,46 +31,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 
 use crate::admission::Admission;
 use crate::error::{Error, Result, truncated};
-use crate::refs::now_unix_ms;
+pub use csd_protocol::actions::{LeaseInfo, Start};
+pub use csd_protocol::stats::LeaseStats;
+use csd_protocol::refs::now_unix_ms;
 use crate::sandbox::{GuestInstance, ModuleDigest, Sandbox};
 
-/// A granted lease, as the node answers and lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct LeaseInfo {
-    /// 32 hex digits: the lease's name in invocations.
-    pub id: String,
-    /// The tenant holding it.
-    pub tenant: String,
-    /// CPU slots reserved for it.
-    pub slots: usize,
-    /// When it ends, milliseconds since the Unix epoch.
-    pub expires_unix_ms: u64,
-    /// It ends earlier when its holder is silent this long (ms); `None`: never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_ms: Option<u64>,
-    /// Memory held for the requests run on it, bytes (0: none of its own; they draw
-    /// on the node's free memory).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub memory: u64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-/// How an invocation started.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Start {
-    /// On an instance the lease kept.
-    Hot,
-    /// On a new instance of a compiled module.
-    Warm,
-}
 
 struct Lease {
     info: LeaseInfo,
@@ -164,23 +132,6 @@ pub struct Leases {
     runs: AtomicU64,
 }
 
-/// Leases in `stats`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct LeaseStats {
-    /// Leases held now.
-    pub live: u64,
-    /// Slots they hold.
-    pub slots: u64,
-    /// Granted since start.
-    pub granted: u64,
-    /// Refused since start (the node could not spare the slots).
-    pub refused: u64,
-    /// Ended by expiry since start.
-    pub expired: u64,
-    /// Operator requests run on leases since start.
-    #[serde(default)]
-    pub runs: u64,
-}
 
 impl Leases {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
@@ -222,7 +173,7 @@ impl Leases {
             });
         }
         let info = LeaseInfo {
-            id: crate::refs::new_group(),
+            id: csd_protocol::refs::new_group(),
             tenant,
             slots,
             expires_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),

@@ -259,7 +259,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
         ),
     );
-    let sweep_task = tokio::spawn(crate::refs::sweep_every(
+    let sweep_task = tokio::spawn(crate::state::sweep_every(
         Arc::downgrade(&state),
         std::time::Duration::from_secs(1),
     ));

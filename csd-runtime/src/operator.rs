@@ -2,19 +2,24 @@
 //!
 //! A `DoGet` whose ticket is [`Ticket::Operator`](crate::protocol::Ticket::Operator)
 //! names an operator (`"sql"`, `"ml"`, …) and carries its arguments as opaque bytes.
-//! The node looks the operator up, calls [`Operator::open`] on the CPU pool (so
-//! validation and planning never run on the RPC threads), then drives the returned
-//! batch stream on the same pool and sends it as Arrow IPC (optionally LZ4/ZSTD
-//! compressed). After the last batch the node sends one more `FlightData` whose
-//! `app_metadata` is the JSON [`OperatorReport`](crate::protocol::OperatorReport) of the request: bytes read from the
-//! device, bytes sent, rows scanned and returned, time at the node.
+//! The node looks the operator up and has it parse the bytes once
+//! ([`Operator::parse`]) into an [`OperatorRequest`]; from then on it asks that value:
+//! the tables it reads and whether it runs shipped code (for the tenant's
+//! permissions), its cost key and estimate (for admission), and finally
+//! [`OperatorRequest::open`], on the CPU pool (so planning never runs on the RPC
+//! threads). The node drives the returned batch stream on the same pool and sends it
+//! as Arrow IPC (optionally LZ4/ZSTD compressed). After the last batch the node sends
+//! one more `FlightData` whose `app_metadata` is the JSON
+//! [`OperatorReport`](crate::protocol::OperatorReport) of the request: bytes read
+//! from the device, bytes sent, rows scanned and returned, time at the node, how it
+//! was admitted, and the operator's own typed details ([`RequestMetrics::set_details`]).
 //!
 //! Operators never see gRPC: they return [`Error`](crate::Error)s, which the service maps to
 //! statuses (bad arguments must be [`Error::InvalidArgument`](crate::Error::InvalidArgument) with a message a person
 //! understands).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arrow::datatypes::SchemaRef;
@@ -23,6 +28,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::error::Result;
 use crate::pool::CpuPool;
@@ -44,15 +50,29 @@ pub struct RequestMetrics {
     pub bytes_read: Arc<AtomicU64>,
     /// Rows the operator examined after pruning.
     pub rows_scanned: AtomicU64,
-    /// Operator-specific details for the report (e.g. the batch size it chose).
-    pub details: std::sync::Mutex<BTreeMap<String, String>>,
+    /// The operator's own figures for the report: the fields of its typed details.
+    details: Mutex<Map<String, Value>>,
 }
 
 impl RequestMetrics {
-    /// Sets a detail of the report.
-    pub fn set_detail(&self, key: &str, value: impl ToString) {
+    /// Adds the fields of `details` (the operator's typed message, serialized as a
+    /// JSON object; fields it leaves out stay as set before) to the report. A
+    /// client reads them back with
+    /// [`OperatorReport::details`](crate::protocol::OperatorReport::details).
+    pub fn set_details<T: Serialize>(&self, details: &T) {
+        let Ok(Value::Object(fields)) = serde_json::to_value(details) else {
+            return;
+        };
         if let Ok(mut d) = self.details.lock() {
-            d.insert(key.to_string(), value.to_string());
+            d.extend(fields);
+        }
+    }
+
+    /// The details set so far (`null` if none), for the report.
+    pub(crate) fn details(&self) -> Value {
+        match self.details.lock() {
+            Ok(d) if !d.is_empty() => Value::Object(d.clone()),
+            _ => Value::Null,
         }
     }
 }
@@ -97,44 +117,16 @@ impl Drop for CancelOnDrop {
 }
 
 /// A kind of pushed-down work.
-#[async_trait]
 pub trait Operator: Send + Sync + 'static {
     /// The name tickets use.
     fn name(&self) -> &'static str;
 
-    /// The tables a request with `args` reads: the node checks the tenant may read
-    /// each before anything else happens. Must be cheap and must refuse malformed
-    /// `args` with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
-    fn tables(&self, args: &Bytes) -> Result<Vec<String>>;
-
-    /// What a request will cost, before admission decides on it: the bytes it will
-    /// read and the memory it needs. Must be cheap (decode the arguments, look at the
-    /// catalog; never read data) and must refuse malformed `args` with
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), so bad requests
-    /// are refused before they queue. The default knows nothing: 0 bytes and
-    /// [`DEFAULT_MEMORY`].
-    async fn estimate(&self, _ctx: &OperatorContext, _args: &Bytes) -> Result<Estimate> {
-        Ok(Estimate::default())
-    }
-
-    /// Validates `args`, plans, and returns the output stream. Runs on the CPU pool,
-    /// after admission, which counts the request as one slot. The stream may run a
-    /// few tasks of its own on the pool (the SQL operator splits a scan in two, so
-    /// one part decodes while the other waits for the device); the pool's fixed
-    /// worker count still bounds the node's CPU.
-    async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream>;
-
-    /// The key admission learns a request's per-byte cost under (default: the
-    /// operator's name; the `wasm` operator keys by module).
-    fn cost_key(&self, _args: &Bytes) -> Option<String> {
-        None
-    }
-
-    /// Whether this request runs code the tenant sent (WebAssembly): the node then
-    /// checks the tenant's `code` permission too.
-    fn ships_code(&self, _args: &Bytes) -> bool {
-        false
-    }
+    /// Decodes and checks a request's arguments, once: everything the node asks of
+    /// the request afterwards it asks the returned value. Must be cheap (no data
+    /// read) and must refuse malformed `args` with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), so bad requests are
+    /// refused before they queue.
+    fn parse(self: Arc<Self>, args: Bytes) -> Result<Box<dyn OperatorRequest>>;
 
     /// Memory the operator's requests hold now, in bytes (for the node's figures).
     fn memory_used(&self) -> u64 {
@@ -142,10 +134,45 @@ pub trait Operator: Send + Sync + 'static {
     }
 }
 
+/// One request of an [`Operator`], parsed.
+#[async_trait]
+pub trait OperatorRequest: Send + Sync + 'static {
+    /// The tables it reads: the node checks the tenant may read each before
+    /// anything else happens.
+    fn tables(&self) -> Vec<String>;
+
+    /// Whether it runs code the tenant sent (WebAssembly): the node then checks the
+    /// tenant's `code` permission too.
+    fn ships_code(&self) -> bool {
+        false
+    }
+
+    /// The key admission learns its per-byte cost under (default: the operator's
+    /// name; the `wasm` operator keys by module).
+    fn cost_key(&self) -> Option<String> {
+        None
+    }
+
+    /// What it will cost, before admission decides on it: the bytes it will read
+    /// and the memory it needs. Must be cheap (look at the catalog; never read
+    /// data); may refuse a request the node cannot serve (a table it does not
+    /// hold). The default knows nothing: 0 bytes and [`DEFAULT_MEMORY`].
+    async fn estimate(&self, _ctx: &OperatorContext) -> Result<Estimate> {
+        Ok(Estimate::default())
+    }
+
+    /// Plans and returns the output stream. Runs on the CPU pool, after admission,
+    /// which counts the request as one slot. The stream may run a few tasks of its
+    /// own on the pool (the SQL operator splits a scan in two, so one part decodes
+    /// while the other waits for the device); the pool's fixed worker count still
+    /// bounds the node's CPU.
+    async fn open(self: Box<Self>, ctx: OperatorContext) -> Result<OperatorStream>;
+}
+
 /// Memory assumed for a request whose operator does not say.
 pub const DEFAULT_MEMORY: u64 = 32 << 20;
 
-/// An operator's estimate of a request (see [`Operator::estimate`]).
+/// An operator's estimate of a request (see [`OperatorRequest::estimate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Estimate {
     /// Bytes it will read from the device (after the pruning it can foresee).

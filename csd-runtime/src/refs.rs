@@ -25,14 +25,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
-use serde::{Deserialize, Serialize};
-use tonic::Status;
 
 use crate::error::{Error, Result, truncated};
+pub use csd_protocol::refs::{
+    Reference, RefInfo, check_group, decode_ticket, new_group, now_unix_ms, rfc3339, timestamp,
+};
+pub use csd_protocol::stats::RefStats;
 use crate::store::ObjectStore;
 use crate::table::TableStore;
 
@@ -41,97 +43,12 @@ pub const REF_PREFIX: &str = ".csd/refs/";
 /// The tables kept results are partitions of: `csd_ref_GROUP`.
 pub const REF_TABLE_PREFIX: &str = "csd_ref_";
 
-/// A new group (or id): 32 random hex digits.
-pub fn new_group() -> String {
-    crate::auth::hex(&rand::random::<[u8; 16]>())
-}
-
-/// `Ok` if `g` is a group or id as [`new_group`] makes them.
-pub fn check_group(g: &str) -> Result<()> {
-    if g.len() == 32
-        && g.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "a kept result's group must be 32 lowercase hex digits, not {:?}",
-            truncated(g)
-        )))
-    }
-}
 
 /// Whether `table` is a kept results' table.
 pub fn is_ref_table(table: &str) -> bool {
     table.starts_with(REF_TABLE_PREFIX)
 }
 
-/// A kept result: what the node records of it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RefInfo {
-    /// 32 hex digits, random: unguessable.
-    pub id: String,
-    /// The tenant that kept it (empty on a node without tenants).
-    pub tenant: String,
-    /// The operator that made it (`sql`, `wasm`, …).
-    pub operator: String,
-    /// The table it is a partition of (`csd_ref_GROUP`; the partition is `id`).
-    pub table: String,
-    /// Milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// When the node frees it, milliseconds since the Unix epoch.
-    pub expires_unix_ms: u64,
-    /// Rows in it.
-    pub rows: u64,
-    /// Bytes it takes on the device.
-    pub bytes: u64,
-    /// Other tenants it was granted to: they may read it, not renew or free it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub readers: Vec<String>,
-}
-
-impl RefInfo {
-    /// Whether it has expired at `now_ms`.
-    pub fn expired_at(&self, now_ms: u64) -> bool {
-        now_ms >= self.expires_unix_ms
-    }
-
-    /// Whether `tenant` may read it: its owner or a grantee.
-    pub fn readable_by(&self, tenant: &str) -> bool {
-        self.tenant == tenant || self.readers.iter().any(|r| r == tenant)
-    }
-}
-
-/// `unix_ms` (milliseconds since the Unix epoch) as a protobuf timestamp.
-pub fn timestamp(unix_ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: (unix_ms / 1000) as i64,
-        nanos: ((unix_ms % 1000) * 1_000_000) as i32,
-    }
-}
-
-/// A ticket as references and actions carry it: base64 (standard alphabet).
-pub fn decode_ticket(base64_ticket: &str) -> Result<Vec<u8>> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(base64_ticket.trim())
-        .map_err(|e| Error::InvalidArgument(format!("the reference's ticket is not base64: {e}")))
-}
-
-/// `unix_ms` as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339(unix_ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(unix_ms.min(i64::MAX as u64) as i64)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 fn record_name(id: &str) -> String {
     format!("{REF_PREFIX}{id}.json")
@@ -551,134 +468,5 @@ impl RefStore {
     }
 }
 
-/// Kept results, in `stats`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct RefStats {
-    /// References kept now.
-    pub live: u64,
-    /// Bytes they take.
-    pub bytes: u64,
-    /// References freed because they expired, since start.
-    pub freed_expired: u64,
-}
 
-/// An error the operator's stream carried, back as the node's error.
-pub(crate) fn status_error(s: Status) -> Error {
-    use tonic::Code;
-    let m = s.message().to_string();
-    match s.code() {
-        Code::InvalidArgument => Error::InvalidArgument(m),
-        Code::NotFound => Error::NotFound(m),
-        Code::PermissionDenied => Error::PermissionDenied(m),
-        Code::ResourceExhausted => Error::ResourcesExhausted(m),
-        Code::DeadlineExceeded => Error::DeadlineExceeded(m),
-        Code::Cancelled => Error::Cancelled(m),
-        Code::DataLoss => Error::Corrupt(m),
-        Code::Unavailable => Error::Unavailable(m),
-        _ => Error::Internal(m),
-    }
-}
 
-/// Frees expired references every `period` while the node lives.
-pub(crate) async fn sweep_every(state: std::sync::Weak<crate::state::NodeState>, period: Duration) {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else { return };
-        let ended = state.leases.sweep(&state.admission);
-        if ended > 0 {
-            tracing::info!(ended, "expired leases ended");
-        }
-        let n = state.refs.sweep(&state.node.tables).await;
-        if n > 0 {
-            tracing::info!(freed = n, "expired references freed");
-        }
-    }
-}
-
-/// A kept result as a client holds it and prints it (one JSON object per endpoint):
-/// `{"location": "grpc://host:port", "ticket": "<base64>", "expires": "<RFC 3339>"}`.
-/// Any Flight client resolves it with a plain `DoGet` of the ticket at the location.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Reference {
-    /// The node holding it.
-    pub location: String,
-    /// Its Flight ticket, base64 (standard alphabet, padded).
-    pub ticket: String,
-    /// When the node frees it (RFC 3339, UTC).
-    pub expires: String,
-    /// The table it is a partition of (`csd_ref_GROUP`): the next query's input.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub table: String,
-}
-
-impl Reference {
-    /// From a kept result's endpoint; `default_location` when it names none.
-    pub fn of_endpoint(e: &arrow_flight::FlightEndpoint, default_location: &str) -> Result<Self> {
-        use base64::Engine as _;
-        let ticket = e
-            .ticket
-            .as_ref()
-            .ok_or_else(|| Error::Internal("a kept result's endpoint has no ticket".into()))?;
-        let expires = e
-            .expiration_time
-            .as_ref()
-            .map(|t| rfc3339(t.seconds.max(0) as u64 * 1000 + t.nanos.max(0) as u64 / 1_000_000))
-            .unwrap_or_default();
-        Ok(Reference {
-            location: e
-                .location
-                .first()
-                .map(|l| l.uri.clone())
-                .unwrap_or_else(|| default_location.to_string()),
-            ticket: base64::engine::general_purpose::STANDARD.encode(&ticket.ticket),
-            expires,
-            table: String::from_utf8(e.app_metadata.to_vec()).unwrap_or_default(),
-        })
-    }
-
-    /// The reference `refs` or `grant` describes.
-    pub fn of_description(d: &crate::protocol::RefDescription) -> Self {
-        Reference {
-            location: d.location.clone(),
-            ticket: d.ticket.clone(),
-            expires: rfc3339(d.info.expires_unix_ms),
-            table: d.info.table.clone(),
-        }
-    }
-
-    /// Parses one reference as printed (JSON); a bad one is `INVALID_ARGUMENT` saying
-    /// what a reference looks like.
-    pub fn parse(text: &str) -> Result<Self> {
-        serde_json::from_str(text.trim()).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "not a reference ({e}): expected {{\"location\": \"grpc://host:port\", \"ticket\": \"<base64>\", \"expires\": \"<RFC 3339>\"}}"
-            ))
-        })
-    }
-
-    /// The ticket's bytes.
-    pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
-        decode_ticket(&self.ticket)
-    }
-
-    /// When it expires, milliseconds since the Unix epoch (0 when not given).
-    pub fn expires_unix_ms(&self) -> u64 {
-        chrono::DateTime::parse_from_rfc3339(&self.expires)
-            .map(|t| t.timestamp_millis().max(0) as u64)
-            .unwrap_or(0)
-    }
-
-    /// As a Flight endpoint (to renew or cancel it with any Flight client).
-    pub fn endpoint(&self) -> Result<arrow_flight::FlightEndpoint> {
-        let ms = self.expires_unix_ms();
-        let mut e = arrow_flight::FlightEndpoint::new()
-            .with_ticket(arrow_flight::Ticket::new(self.ticket_bytes()?))
-            .with_location(self.location.clone());
-        if ms > 0 {
-            e = e.with_expiration_time(timestamp(ms));
-        }
-        Ok(e)
-    }
-}

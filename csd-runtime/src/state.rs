@@ -10,7 +10,7 @@ use crate::admission::{Admission, AdmissionConfig};
 use crate::memory::{MemoryLedger, peak_resident_bytes, resident_bytes};
 use crate::operator::{NodeResources, OperatorRegistry};
 use crate::pool::CpuPool;
-use crate::protocol::messages::{DeviceReport, NodeStats, RequestReport};
+use crate::protocol::stats::{DeviceReport, NodeStats, RequestReport};
 use crate::store::ObjectStore;
 use crate::table::TableStore;
 
@@ -175,6 +175,25 @@ impl NodeState {
             sandbox: self.node.sandbox.stats(),
             refs: self.refs.stats(),
             leases: self.leases.stats(),
+        }
+    }
+}
+
+/// Ends expired leases and frees expired references every `period` while the
+/// node lives.
+pub(crate) async fn sweep_every(state: std::sync::Weak<NodeState>, period: std::time::Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(state) = state.upgrade() else { return };
+        let ended = state.leases.sweep(&state.admission);
+        if ended > 0 {
+            tracing::info!(ended, "expired leases ended");
+        }
+        let n = state.refs.sweep(&state.node.tables).await;
+        if n > 0 {
+            tracing::info!(freed = n, "expired references freed");
         }
     }
 }

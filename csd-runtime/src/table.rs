@@ -52,7 +52,7 @@ pub struct ParquetOptions {
 impl Default for ParquetOptions {
     /// The flags' defaults.
     fn default() -> Self {
-        crate::config::clap_defaults()
+        crate::flags::clap_defaults()
     }
 }
 

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
+
+pub use csd_protocol::size::parse_size;
+pub use csd_protocol::stats::{DeviceStats, Geometry};
 
 use crate::error::{Error, Result};
 
@@ -168,25 +170,6 @@ impl fmt::Debug for DmaBuf {
     }
 }
 
-/// Shape of a device: what an NVMe namespace's identify data would tell.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Geometry {
-    /// Backend and target, for humans (e.g. `io_uring:/data/csd.img`).
-    pub name: String,
-    /// Logical block size in bytes.
-    pub block_size: usize,
-    /// Number of logical blocks.
-    pub num_blocks: u64,
-    /// Most commands in flight at once.
-    pub queue_depth: usize,
-}
-
-impl Geometry {
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.num_blocks * self.block_size as u64
-    }
-}
 
 /// Counters every backend keeps.
 #[derive(Debug, Default)]
@@ -198,20 +181,6 @@ pub(crate) struct DeviceCounters {
     bytes_written: AtomicU64,
 }
 
-/// A snapshot of `DeviceCounters`.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DeviceStats {
-    /// Read commands completed.
-    pub reads: u64,
-    /// Write commands completed.
-    pub writes: u64,
-    /// Flush commands completed.
-    pub flushes: u64,
-    /// Bytes read.
-    pub bytes_read: u64,
-    /// Bytes written.
-    pub bytes_written: u64,
-}
 
 impl DeviceCounters {
     pub(crate) fn record_read(&self, bytes: usize) {
@@ -407,32 +376,6 @@ impl DeviceSpec {
     }
 }
 
-/// Parses sizes like `512MiB`, `4GiB`, `100m`, `1g`, `4096` into bytes.
-pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| {
-        Error::InvalidArgument(format!(
-            "size {s:?}: expected a number with an optional unit such as 512MiB or 4GiB"
-        ))
-    })?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB)"
-            )));
-        }
-    };
-    Ok((n * mult as f64) as u64)
-}
 
 #[cfg(test)]
 mod tests {

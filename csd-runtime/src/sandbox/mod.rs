@@ -6,8 +6,8 @@
 //! and the engine's configuration, and — at a node — the device, where compiled
 //! modules are kept (`.csd/wasm/…`) so that a restart does not compile again.
 //! Nothing is deployed ahead: a request names its module by digest, and a node that
-//! lacks it says so ([`Error::NotFound`] naming the digest, see
-//! [`missing_module`]); the client then sends the bytes once.
+//! lacks it says so ([`Error::ModuleMissing`]: `NOT_FOUND` with the digest in the
+//! status's metadata); the client then sends the bytes once.
 //!
 //! Every instance runs under [`SandboxLimits`]: CPU time (epoch deadlines, checked
 //! every [`EPOCH_TICK`]; past it the call ends with `DEADLINE_EXCEEDED`), memory (a
@@ -70,12 +70,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, Linker, OptLevel, PoolingAllocationConfig,
 };
 
 use crate::error::{Error, Result};
+pub use csd_protocol::digest::ModuleDigest;
+pub use csd_protocol::stats::SandboxStats;
 use crate::memory::MemoryLedger;
 use crate::store::ObjectStore;
 
@@ -121,72 +122,6 @@ impl Default for SandboxLimits {
     }
 }
 
-/// A module's name: the SHA-256 of its bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModuleDigest(pub [u8; 32]);
-
-impl ModuleDigest {
-    /// The digest of `bytes`.
-    pub fn of(bytes: &[u8]) -> Self {
-        ModuleDigest(Sha256::digest(bytes).into())
-    }
-
-    /// Parses 64 hex digits (optionally prefixed `sha256:`), or 32 raw bytes.
-    pub fn parse(s: &[u8]) -> Result<Self> {
-        if let Ok(raw) = <[u8; 32]>::try_from(s) {
-            return Ok(ModuleDigest(raw));
-        }
-        let s = std::str::from_utf8(s).unwrap_or("");
-        crate::auth::unhex32(s.strip_prefix("sha256:").unwrap_or(s))
-            .map(ModuleDigest)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "a module digest is 32 bytes or 64 hex digits, not {:?}",
-                    crate::error::truncated(s)
-                ))
-            })
-    }
-
-    /// The 64 hex digits.
-    pub fn hex(&self) -> String {
-        crate::auth::hex(&self.0)
-    }
-
-    /// The first 12 hex digits, for messages.
-    pub fn short(&self) -> String {
-        self.hex()[..12].to_string()
-    }
-}
-
-impl fmt::Display for ModuleDigest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.hex())
-    }
-}
-
-impl fmt::Debug for ModuleDigest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.short())
-    }
-}
-
-/// The start of the message of the `NOT_FOUND` a node answers for a module it does
-/// not have; [`missing_module`] reads the digest back out of a status message.
-pub const MISSING_MODULE: &str = "wasm module not at this node: ";
-
-/// The error for a module this node does not have.
-pub fn module_not_here(digest: &ModuleDigest) -> Error {
-    Error::NotFound(format!(
-        "{MISSING_MODULE}{digest} (send its bytes: the put_module action, or in the request)"
-    ))
-}
-
-/// The digest a `NOT_FOUND` status message says is missing, if it says so.
-pub fn missing_module(message: &str) -> Option<ModuleDigest> {
-    let at = message.find(MISSING_MODULE)? + MISSING_MODULE.len();
-    let rest = message.get(at..)?.strip_prefix("sha256:")?;
-    ModuleDigest::parse(rest.get(..64)?.as_bytes()).ok()
-}
 
 /// The sandbox's counters.
 #[derive(Debug, Default)]
@@ -201,30 +136,6 @@ struct Counters {
     traps: AtomicU64,
 }
 
-/// The sandbox's figures (in a node's `stats`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SandboxStats {
-    /// Modules compiled from their bytes.
-    pub compiled: u64,
-    /// Time spent compiling, in all (ms).
-    pub compile_ms: f64,
-    /// Compiled modules read back from the device (after a restart or eviction).
-    pub loaded_from_device: u64,
-    /// Requests whose module was already compiled in memory.
-    pub cache_hits: u64,
-    /// Modules in the in-memory cache now.
-    pub cached: usize,
-    /// Instances created.
-    pub instances: u64,
-    /// Calls ended by the CPU-time limit.
-    pub deadline_exceeded: u64,
-    /// Instances refused memory.
-    pub memory_refused: u64,
-    /// Calls ended by a trap or an ABI violation.
-    pub traps: u64,
-    /// Linear memory live instances hold now (taken from the node's budget).
-    pub memory_held: u64,
-}
 
 /// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
 struct EpochTicker {
@@ -352,7 +263,7 @@ impl Sandbox {
     }
 
     /// The compiled module `digest`: from memory, else from the device, else
-    /// compiled from `bytes` (which must hash to `digest`); [`module_not_here`]
+    /// compiled from `bytes` (which must hash to `digest`); [`Error::ModuleMissing`]
     /// when none of these has it.
     pub async fn module(
         &self,
@@ -392,7 +303,7 @@ impl Sandbox {
         }
         match bytes {
             Some(b) => self.compile_locked(b, *digest).await,
-            None => Err(module_not_here(digest)),
+            None => Err(Error::ModuleMissing(*digest)),
         }
     }
 
@@ -507,15 +418,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn digests_parse_back() {
+    fn a_missing_module_is_named_in_its_status() {
         let d = ModuleDigest::of(b"module");
-        assert_eq!(ModuleDigest::parse(d.hex().as_bytes()).unwrap(), d);
-        assert_eq!(ModuleDigest::parse(d.to_string().as_bytes()).unwrap(), d);
-        assert_eq!(ModuleDigest::parse(&d.0).unwrap(), d);
-        assert!(ModuleDigest::parse(b"sha256:xyz").is_err());
-        let msg = module_not_here(&d).to_status().message().to_string();
-        assert_eq!(missing_module(&msg), Some(d));
-        assert_eq!(missing_module("not found: table x"), None);
+        let status = Error::ModuleMissing(d).to_status();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        let back = Error::from_status("asking", status);
+        assert!(matches!(back, Error::ModuleMissing(x) if x == d), "{back:?}");
+        let other = Error::from_status("asking", Error::NotFound("table x".into()).to_status());
+        assert!(!matches!(other, Error::ModuleMissing(_)), "{other:?}");
     }
 
     /// The smallest valid module: `(module)`.
@@ -570,6 +480,6 @@ mod tests {
             .module(&digest, None)
             .await
             .unwrap_err();
-        assert_eq!(missing_module(e.to_status().message()), Some(digest));
+        assert!(matches!(e, Error::ModuleMissing(d) if d == digest), "{e:?}");
     }
 }

@@ -3,25 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+pub use csd_protocol::messages::Extent;
 
 use crate::error::{Error, Result};
-
-/// A run of physical blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Extent {
-    /// First logical block address.
-    pub lba: u64,
-    /// Number of blocks.
-    pub blocks: u64,
-}
-
-impl Extent {
-    /// One past the last block.
-    pub fn end(&self) -> u64 {
-        self.lba + self.blocks
-    }
-}
 
 /// Free-extent map, coalescing on free.
 #[derive(Debug, Default, Clone)]

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::{BlockDevice, DmaBuf};
 use crate::error::{Error, Result};
+pub use csd_protocol::stats::{ReadCacheStats, StoreStats};
 use alloc::Allocator;
 pub use alloc::Extent;
 use format::{
@@ -89,49 +90,17 @@ pub struct ObjectInfo {
     table_crc: u32,
 }
 
-/// Store figures for `DoAction stats`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StoreStats {
-    /// Committed objects.
-    pub objects: usize,
-    /// Sum of object lengths.
-    pub bytes_stored: u64,
-    /// Blocks in the data region.
-    pub data_blocks: u64,
-    /// Of which free.
-    pub free_blocks: u64,
-    /// Free runs (fragmentation).
-    pub free_runs: usize,
-    /// Blocks of abandoned uploads not yet returned to the free map.
-    #[serde(default)]
-    pub abandoned_blocks: u64,
-    /// Block size.
-    pub block_size: u32,
-    /// Checksum chunk size.
-    pub chunk_size: u32,
-    /// Catalog commit generation.
-    pub catalog_generation: u64,
-    /// Bytes of the live catalog and the slot capacity.
-    pub catalog_bytes: usize,
-    /// Slot capacity in bytes.
-    pub catalog_capacity: usize,
-    /// The read cache (`--read-cache`): its capacity, the verified bytes it holds,
-    /// and reads it answered and missed.
-    #[serde(default)]
-    pub read_cache: ReadCacheStats,
-}
-
-/// Figures of the read cache (see [`ObjectStore::set_read_cache`]).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ReadCacheStats {
-    /// Bytes it may hold (0: off).
-    pub capacity: u64,
-    /// Bytes it holds.
-    pub bytes: u64,
-    /// Reads answered from it.
-    pub hits: u64,
-    /// Reads that went to the device.
-    pub misses: u64,
+impl ObjectInfo {
+    /// As the `objects` action lists it.
+    pub fn entry(&self) -> csd_protocol::messages::ObjectEntry {
+        csd_protocol::messages::ObjectEntry {
+            name: self.name.clone(),
+            id: self.id,
+            len: self.len,
+            extents: self.extents.clone(),
+            created_unix_ms: self.created_unix_ms,
+        }
+    }
 }
 
 /// Verified bytes of recent reads, by object id and exact range: a column chunk a

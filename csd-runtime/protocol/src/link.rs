@@ -8,7 +8,7 @@
 //! slowed the sender (device reads, encoding), so it never overstates the link.
 //!
 //! The node keeps one meter per peer address (its raw `Range` answers) and prices
-//! handing work back with it (see [`crate::admission`]); the compute tier keeps one
+//! handing work back with it (`csd_runtime::admission` at the node); the compute tier keeps one
 //! per node (its byte-range reads) and sends its figure with each operator request.
 
 use std::collections::HashMap;

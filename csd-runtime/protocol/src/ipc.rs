@@ -8,13 +8,13 @@ use arrow_flight::error::FlightError;
 use futures::StreamExt;
 use tonic::Status;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerStatus, Result, StatusCode};
 
 /// Checks that an incoming Arrow IPC message is readable before arrow decodes it:
 /// its header is a valid flatbuffer, and every buffer a record or dictionary batch
 /// declares lies inside the body that came with it (arrow's decoder assumes so and
 /// panics on a short body).
-pub(crate) fn check_message(m: &FlightData) -> Result<()> {
+pub fn check_message(m: &FlightData) -> Result<()> {
     if m.data_header.is_empty() {
         return Ok(());
     }
@@ -62,7 +62,7 @@ pub(crate) fn check_message(m: &FlightData) -> Result<()> {
 /// The next decoded message of a `DoPut` stream. Messages are checked before arrow
 /// decodes them ([`check_message`]); should arrow's decoder still panic on one, the put
 /// is refused as malformed rather than its task ending without a status.
-pub(crate) async fn next_decoded(
+pub async fn next_decoded(
     decoder: &mut FlightDataDecoder,
 ) -> Option<Result<arrow_flight::decode::DecodedFlightData>> {
     use futures::FutureExt;
@@ -79,20 +79,22 @@ pub(crate) async fn next_decoded(
 
 /// Tonic answers an over-limit message with OUT_OF_RANGE; to the user that is an
 /// exhausted resource (the message size limit).
-pub(crate) fn map_incoming(s: Status) -> Error {
+pub fn map_incoming(s: Status) -> Error {
     if s.code() == tonic::Code::OutOfRange && s.message().contains("too large") {
-        Error::ResourcesExhausted(format!("message too large: {}", s.message()))
+        Error::external(StatusCode::ResourceExhausted, "message too large", PeerStatus(s))
     } else {
-        Error::InvalidArgument(format!("DoPut stream failed: {}", s.message()))
+        Error::external(StatusCode::InvalidArgument, "DoPut stream failed", PeerStatus(s))
     }
 }
 
 fn map_flight(e: FlightError) -> Error {
     match e {
         FlightError::Tonic(s) => map_incoming(*s),
-        FlightError::Arrow(a) => {
-            Error::InvalidArgument(format!("DoPut data is not valid Arrow IPC: {a}"))
-        }
+        FlightError::Arrow(a) => Error::external(
+            StatusCode::InvalidArgument,
+            "DoPut data is not valid Arrow IPC",
+            a,
+        ),
         other => Error::from(other),
     }
 }

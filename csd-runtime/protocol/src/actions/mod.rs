@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `stats` | `{}` | [`NodeStats`] |
 //! | `delete` | `{"table": "t"}` or `{"table": "t", "partition": "p"}` | `{"deleted_objects": n}` |
-//! | `objects` | `{"prefix": "t/"}` (optional) | a list of [`ObjectInfo`] |
+//! | `objects` | `{"prefix": "t/"}` (optional) | a list of [`ObjectEntry`] |
 //! | `put_module` | the bytes of a WebAssembly module (raw, not JSON) | [`PutModuleResponse`] |
 //! | `refs` | `{}` | a list of [`RefDescription`]: the caller's kept results |
 //! | `release` | `{"ticket": "<base64 of a kept result's ticket>"}` | its [`RefInfo`] |
@@ -15,18 +15,25 @@
 //! | `release_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] |
 //! | `leases` | `{}` | a list of [`LeaseInfo`]: the caller's |
 //! | `touch_lease` | `{"lease": "<id>"}` | its [`LeaseInfo`] (the holder is alive) |
-//! | `invoke` | a JSON [`InvokeRequest`], a newline, an Arrow IPC stream of one batch (the arguments) | `{"start": "hot"\|"warm"}`, a newline, an Arrow IPC stream of one column `out` |
+//! | `invoke` | a JSON [`InvokeRequest`], a newline, an Arrow IPC stream of one batch (the arguments) | an [`InvokeAnswer`] (`{"start": "hot"\|"warm"}`), a newline, an Arrow IPC stream of one column `out` |
 //! | `RenewFlightEndpoint` | protobuf `RenewFlightEndpointRequest` (Flight's) | protobuf `FlightEndpoint` |
 //! | `CancelFlightInfo` | protobuf `CancelFlightInfoRequest` (Flight's) | protobuf `CancelFlightInfoResult` |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::messages::NodeStats;
+mod leases;
+mod refs;
+
+pub use leases::{
+    InvokeAnswer, InvokeRequest, LeaseInfo, LeaseRequest, LeasesRequest, ReleaseLeaseRequest,
+    Start, TouchLeaseRequest,
+};
+pub use refs::{GrantRequest, RefDescription, RefsRequest, ReleaseRequest};
+
 use crate::error::{Error, Result};
-use crate::lease::LeaseInfo;
-use crate::refs::RefInfo;
-use crate::store::ObjectInfo;
+use crate::messages::ObjectEntry;
+use crate::stats::NodeStats;
 
 /// A typed `DoAction` request.
 pub trait ActionRequest: Serialize + DeserializeOwned {
@@ -107,7 +114,7 @@ pub struct ObjectsRequest {
 impl ActionRequest for ObjectsRequest {
     const TYPE: &'static str = "objects";
     const DESCRIPTION: &'static str = "list stored objects; body {\"prefix\": ...} (optional)";
-    type Response = Vec<ObjectInfo>;
+    type Response = Vec<ObjectEntry>;
 }
 
 /// `put_module`: the action whose body is a WebAssembly module's bytes (not JSON).
@@ -127,158 +134,18 @@ pub struct PutModuleResponse {
     pub compiled: bool,
 }
 
-/// `refs`: the caller's kept results (all of them, for an admin).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RefsRequest {}
-
-/// A kept result as `refs` lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RefDescription {
-    /// What the node records of it.
-    #[serde(flatten)]
-    pub info: RefInfo,
-    /// Its ticket, base64 (standard alphabet, padded): `DoGet` it.
-    pub ticket: String,
-    /// The node holding it.
-    pub location: String,
-}
-
-impl ActionRequest for RefsRequest {
-    const TYPE: &'static str = "refs";
-    const DESCRIPTION: &'static str = "list the caller's kept results (references)";
-    type Response = Vec<RefDescription>;
-}
-
-/// `release`: frees a kept result now.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ReleaseRequest {
-    /// The kept result's ticket, base64.
-    pub ticket: String,
-}
-
-impl ReleaseRequest {
-    /// The ticket's bytes.
-    pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
-        crate::refs::decode_ticket(&self.ticket)
-    }
-}
-
-impl ActionRequest for ReleaseRequest {
-    const TYPE: &'static str = "release";
-    const DESCRIPTION: &'static str = "free a kept result now; body {\"ticket\": \"<base64>\"}";
-    type Response = RefInfo;
-}
-
-/// `grant`: lets another tenant read a kept result (the whole kept query at this
-/// node), or with `revoke`, no longer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct GrantRequest {
-    /// The kept result's ticket (the owner's), base64.
-    pub ticket: String,
-    /// The tenant to grant it to.
-    pub tenant: String,
-    /// Take the grant back instead.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub revoke: bool,
-}
-
-impl GrantRequest {
-    /// The ticket's bytes.
-    pub fn ticket_bytes(&self) -> Result<Vec<u8>> {
-        crate::refs::decode_ticket(&self.ticket)
-    }
-}
-
-impl ActionRequest for GrantRequest {
-    const TYPE: &'static str = "grant";
-    const DESCRIPTION: &'static str = "let another tenant read a kept result; body {\"ticket\": \"<base64>\", \"tenant\": \"t\"} (\"revoke\": true takes it back)";
-    type Response = RefDescription;
-}
-
-/// `lease`: CPU slots for a while, to invoke shipped functions on without queueing.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseRequest {
-    /// Slots.
-    pub slots: usize,
-    /// How long, in seconds.
-    pub seconds: f64,
-    /// End it earlier once its holder is silent (no invocation, no `touch_lease`)
-    /// this many seconds: a client that disappears gives the slots back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_seconds: Option<f64>,
-    /// Memory held for the operator requests run on it (`"512MiB"` or bytes);
-    /// none: they draw on the node's free memory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<crate::config::ByteSize>,
-}
-
-impl ActionRequest for LeaseRequest {
-    const TYPE: &'static str = "lease";
-    const DESCRIPTION: &'static str = "lease CPU slots to invoke shipped functions on; body {\"slots\": n, \"seconds\": t}; needs 'code'";
-    type Response = LeaseInfo;
-}
-
-/// `release_lease`: ends a lease now.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ReleaseLeaseRequest {
-    /// The lease's id.
-    pub lease: String,
-}
-
-impl ActionRequest for ReleaseLeaseRequest {
-    const TYPE: &'static str = "release_lease";
-    const DESCRIPTION: &'static str = "end a lease now; body {\"lease\": \"<id>\"}";
-    type Response = LeaseInfo;
-}
-
-/// `touch_lease`: the holder of a lease is alive (see [`LeaseRequest::idle_seconds`]).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TouchLeaseRequest {
-    /// The lease's id.
-    pub lease: String,
-}
-
-impl ActionRequest for TouchLeaseRequest {
-    const TYPE: &'static str = "touch_lease";
-    const DESCRIPTION: &'static str =
-        "keep a lease with an idle limit alive; body {\"lease\": \"<id>\"}";
-    type Response = LeaseInfo;
-}
-
-/// `leases`: the caller's leases.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct LeasesRequest {}
-
-impl ActionRequest for LeasesRequest {
-    const TYPE: &'static str = "leases";
-    const DESCRIPTION: &'static str = "list the caller's leases";
-    type Response = Vec<LeaseInfo>;
-}
-
-/// The JSON head of an `invoke` body (see the module docs).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct InvokeRequest {
-    /// The lease to run on.
-    pub lease: String,
-    /// The module: `sha256:` and 64 hex digits (sent before with `put_module`).
-    pub module: String,
-    /// The export to call (a SQL-function export of the guest SDK).
-    pub export: String,
-}
-
 /// `invoke`: the action calling a function on a lease.
 pub const INVOKE: &str = "invoke";
 
+/// `RenewFlightEndpoint`: Flight's action extending a kept result's expiry (body and
+/// answer: protobuf `RenewFlightEndpointRequest` / `FlightEndpoint`).
+pub const RENEW_FLIGHT_ENDPOINT: &str = "RenewFlightEndpoint";
+/// `CancelFlightInfo`: Flight's action freeing the kept results a `FlightInfo` names
+/// (protobuf `CancelFlightInfoRequest` / `CancelFlightInfoResult`).
+pub const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
+
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub(crate) const ACTIONS: [(&str, &str); 14] = [
+pub const ACTIONS: [(&str, &str); 14] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
@@ -290,11 +157,11 @@ pub(crate) const ACTIONS: [(&str, &str); 14] = [
     (ReleaseRequest::TYPE, ReleaseRequest::DESCRIPTION),
     (GrantRequest::TYPE, GrantRequest::DESCRIPTION),
     (
-        "RenewFlightEndpoint",
+        RENEW_FLIGHT_ENDPOINT,
         "extend a kept result's expiration_time (Flight's RenewFlightEndpointRequest)",
     ),
     (
-        "CancelFlightInfo",
+        CANCEL_FLIGHT_INFO,
         "free the kept results a FlightInfo names (Flight's CancelFlightInfoRequest)",
     ),
     (LeaseRequest::TYPE, LeaseRequest::DESCRIPTION),

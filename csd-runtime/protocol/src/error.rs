@@ -1,12 +1,18 @@
-//! The storage node's error type, its kinds ([`StatusCode`]), and its one mapping to a
-//! gRPC status ([`Error::to_status`]).
+//! The storage node's error type, its kinds ([`StatusCode`]), its one mapping to a
+//! gRPC status ([`Error::to_status`]), and the typed details a status carries
+//! ([`StatusDetail`]), decoded in one place for the node and its clients alike.
 
 use std::fmt::Display;
+use std::time::Duration;
 
-use crate::protocol::{PUSHBACK_METADATA, RETRY_AFTER_METADATA};
+use crate::digest::{BadDigest, ModuleDigest};
+use crate::messages::PushBack;
+use crate::text::cut;
+pub use crate::text::{chain, truncated};
+use crate::{MISSING_MODULE_METADATA, PUSHBACK_METADATA, RETRY_AFTER_METADATA};
 
 /// A boxed error from a library, kept as the cause of ours.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What kind of failure an error is, as the caller should read it: each kind is one
 /// gRPC code (GreptimeDB's `StatusCode`, in small). Errors of the other crates say
@@ -43,7 +49,7 @@ pub enum StatusCode {
 
 impl StatusCode {
     /// The gRPC code.
-    pub(crate) fn to_tonic(self) -> tonic::Code {
+    pub fn to_tonic(self) -> tonic::Code {
         use tonic::Code;
         match self {
             StatusCode::InvalidArgument => Code::InvalidArgument,
@@ -63,7 +69,7 @@ impl StatusCode {
     }
 
     /// The kind of a gRPC code (a peer's answer).
-    pub(crate) fn from_tonic(code: tonic::Code) -> Self {
+    pub fn from_tonic(code: tonic::Code) -> Self {
         use tonic::Code;
         match code {
             Code::InvalidArgument | Code::OutOfRange => StatusCode::InvalidArgument,
@@ -152,9 +158,16 @@ pub enum Error {
     Internal(String),
     /// Admission control hands the request back: the compute tier should read the
     /// byte ranges and evaluate it itself (gRPC `UNAVAILABLE` with the JSON
-    /// [`PushBack`](crate::admission::PushBack) in the `csd-pushback` metadata).
+    /// [`PushBack`] in the `csd-pushback` metadata).
     #[error("pushed back to the compute tier: {}", .0.reason)]
-    PushedBack(crate::admission::PushBack),
+    PushedBack(PushBack),
+    /// The request names a shipped module this node does not have: send its bytes
+    /// (the `put_module` action, or in the request) and ask again (gRPC `NOT_FOUND`
+    /// with the digest in the `csd-missing-module` metadata).
+    #[error(
+        "not found: wasm module not at this node: {0} (send its bytes: the put_module action, or in the request)"
+    )]
+    ModuleMissing(ModuleDigest),
     /// Not even raw reads can be served now (gRPC `RESOURCE_EXHAUSTED` with
     /// `retry-after-ms` metadata).
     #[error("node overloaded, retry in {} ms: {reason}", .retry_after.as_millis())]
@@ -162,37 +175,16 @@ pub enum Error {
         /// Why.
         reason: String,
         /// When to retry.
-        retry_after: std::time::Duration,
+        retry_after: Duration,
     },
 }
 
 /// Result with the node's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Longest piece of caller input an error message repeats.
-pub(crate) const ECHO_LIMIT: usize = 200;
-
-/// `s` as an error message may repeat it: at most `ECHO_LIMIT` bytes (cut at a
-/// character boundary, with the length said), so that a huge name cannot make an
-/// error larger than a client accepts as metadata.
-pub fn truncated(s: &str) -> std::borrow::Cow<'_, str> {
-    cut(s, ECHO_LIMIT)
-}
-
 /// Longest message a status carries: well inside the 8 KiB of headers a gRPC client
 /// accepts by default.
 const STATUS_MESSAGE_LIMIT: usize = 4096;
-
-fn cut(s: &str, limit: usize) -> std::borrow::Cow<'_, str> {
-    if s.len() <= limit {
-        return s.into();
-    }
-    let mut end = limit;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &s[..end], s.len()).into()
-}
 
 impl Error {
     /// Wraps an I/O error with what the node was doing.
@@ -216,7 +208,7 @@ impl Error {
     pub fn status_code(&self) -> StatusCode {
         match self {
             Error::InvalidArgument(_) => StatusCode::InvalidArgument,
-            Error::NotFound(_) => StatusCode::NotFound,
+            Error::NotFound(_) | Error::ModuleMissing(_) => StatusCode::NotFound,
             Error::AlreadyExists(_) => StatusCode::AlreadyExists,
             Error::FailedPrecondition(_) => StatusCode::FailedPrecondition,
             Error::Corrupt(_) => StatusCode::DataLoss,
@@ -245,42 +237,104 @@ impl Error {
     }
 
     /// The gRPC status for this error: the single mapping used by the Flight service.
-    /// The message is the whole chain of causes, `ours: library's: its cause`.
+    /// The message is the whole chain of causes, `ours: library's: its cause`; a
+    /// refusal's typed detail travels in metadata ([`StatusDetail`]), and an
+    /// overloaded node's message is its reason alone (the hint is in metadata).
     pub fn to_status(&self) -> tonic::Status {
-        let message = chain(self);
+        let message = match self {
+            Error::Busy { reason, .. } => reason.clone(),
+            e => chain(e),
+        };
         let message = cut(&message, STATUS_MESSAGE_LIMIT).into_owned();
         let mut s = tonic::Status::new(self.status_code().to_tonic(), message);
-        match self {
-            Error::PushedBack(p) => {
-                if let Ok(v) = serde_json::to_string(p).unwrap_or_default().parse() {
-                    s.metadata_mut().insert(PUSHBACK_METADATA, v);
-                }
-            }
+        let detail = match self {
+            Error::PushedBack(p) => serde_json::to_string(p)
+                .ok()
+                .map(|v| (PUSHBACK_METADATA, v)),
             Error::Busy { retry_after, .. } => {
-                if let Ok(v) = retry_after.as_millis().to_string().parse() {
-                    s.metadata_mut().insert(RETRY_AFTER_METADATA, v);
-                }
+                Some((RETRY_AFTER_METADATA, retry_after.as_millis().to_string()))
             }
-            _ => {}
+            Error::ModuleMissing(d) => Some((MISSING_MODULE_METADATA, d.to_string())),
+            _ => None,
+        };
+        if let Some((key, value)) = detail
+            && let Ok(v) = value.parse()
+        {
+            s.metadata_mut().insert(key, v);
         }
         s
     }
+
+    /// A status a peer answered, as our error: its typed detail if it carries one,
+    /// else its kind, with the status kept whole as the cause. `context` says what
+    /// was asked of the peer.
+    pub fn from_status(context: impl Display, status: tonic::Status) -> Self {
+        match StatusDetail::of(&status) {
+            Some(StatusDetail::PushedBack(p)) => Error::PushedBack(p),
+            Some(StatusDetail::RetryAfter(retry_after)) => Error::Busy {
+                reason: status.message().to_string(),
+                retry_after,
+            },
+            Some(StatusDetail::ModuleMissing(d)) => Error::ModuleMissing(d),
+            None => Error::external(
+                StatusCode::from_tonic(status.code()),
+                context,
+                PeerStatus(status),
+            ),
+        }
+    }
 }
 
-/// `e` and its causes, `outer: inner: innermost`, without repeating a cause whose
-/// text the outer message already includes.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
+/// What a refusal carries beyond its code and message, in its metadata: the one
+/// place statuses are read back (by the node's clients, and by the node of the
+/// statuses its own streams carry).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatusDetail {
+    /// `UNAVAILABLE`: admission handed the request back; evaluate it at the asker.
+    PushedBack(PushBack),
+    /// `RESOURCE_EXHAUSTED`: the node cannot serve even raw reads now; retry after.
+    RetryAfter(Duration),
+    /// `NOT_FOUND`: the node lacks this shipped module; send its bytes.
+    ModuleMissing(ModuleDigest),
+}
+
+impl StatusDetail {
+    /// The detail `status` carries, if any (one a status of its code may carry).
+    pub fn of(status: &tonic::Status) -> Option<Self> {
+        use tonic::Code;
+        let meta = |k: &str| status.metadata().get(k).and_then(|v| v.to_str().ok());
+        match status.code() {
+            Code::Unavailable => meta(PUSHBACK_METADATA)
+                .and_then(|j| serde_json::from_str(j).ok())
+                .map(StatusDetail::PushedBack),
+            Code::ResourceExhausted => meta(RETRY_AFTER_METADATA)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|ms| StatusDetail::RetryAfter(Duration::from_millis(ms))),
+            Code::NotFound => meta(MISSING_MODULE_METADATA)
+                .and_then(|d| ModuleDigest::parse(d.as_bytes()).ok())
+                .map(StatusDetail::ModuleMissing),
+            _ => None,
         }
-        cur = c.source();
     }
-    s
+}
+
+/// A status a peer answered, kept whole (its metadata too) as the cause of an
+/// error; it reads as its message.
+#[derive(Debug)]
+pub struct PeerStatus(pub tonic::Status);
+
+impl std::fmt::Display for PeerStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for PeerStatus {}
+
+impl From<BadDigest> for Error {
+    fn from(e: BadDigest) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
 }
 
 impl From<Error> for tonic::Status {
@@ -324,10 +378,7 @@ impl From<arrow_flight::error::FlightError> for Error {
         use arrow_flight::error::FlightError as F;
         match e {
             F::Arrow(a) => a.into(),
-            F::Tonic(s) => {
-                let code = StatusCode::from_tonic(s.code());
-                Error::external(code, "flight", *s)
-            }
+            F::Tonic(s) => Error::from_status("flight", *s),
             e @ (F::ProtocolError(_) | F::DecodeError(_)) => {
                 Error::external(StatusCode::InvalidArgument, "flight stream", e)
             }
@@ -338,7 +389,7 @@ impl From<arrow_flight::error::FlightError> for Error {
 }
 
 /// Converts our error into parquet's, so it survives a trip through parquet traits.
-pub(crate) fn to_parquet(e: Error) -> parquet::errors::ParquetError {
+pub fn to_parquet(e: Error) -> parquet::errors::ParquetError {
     parquet::errors::ParquetError::External(Box::new(e))
 }
 
@@ -362,8 +413,23 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("disk on fire"), "{status:?}");
 
-        let long = "x".repeat(100_000);
-        let t = truncated(&long);
-        assert!(t.len() < 300 && t.contains("100000 bytes"), "{t}");
+        // Typed details survive the trip to a status and back.
+        let d = ModuleDigest::of(b"module");
+        let back = Error::from_status("asking", Error::ModuleMissing(d).to_status());
+        assert!(matches!(back, Error::ModuleMissing(x) if x == d), "{back:?}");
+        let busy = Error::Busy {
+            reason: "no slot".into(),
+            retry_after: Duration::from_millis(300),
+        };
+        let status = busy.to_status();
+        assert_eq!(status.message(), "no slot");
+        let back = Error::from_status("asking", status);
+        assert!(
+            matches!(&back, Error::Busy { reason, retry_after } if reason == "no slot" && retry_after.as_millis() == 300),
+            "{back:?}"
+        );
+        let plain = Error::from_status("asking", tonic::Status::not_found("table t"));
+        assert_eq!(plain.status_code(), StatusCode::NotFound);
+        assert_eq!(plain.to_string(), "asking: table t");
     }
 }

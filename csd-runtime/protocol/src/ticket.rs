@@ -14,17 +14,17 @@
 //!
 //! A `Scan` answers Arrow IPC batches (columns in table order; empty `columns` = all);
 //! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes; an
-//! `Operator` runs pushed-down work (see [`crate::operator`]; `args` is the operator's
+//! `Operator` runs pushed-down work (see `csd_runtime::operator`; `args` is the operator's
 //! own format, e.g. a Substrait plan for `"sql"`) and answers Arrow IPC batches,
 //! compressed as asked, followed by one `FlightData` with only `app_metadata` (JSON
-//! [`OperatorReport`](crate::protocol::OperatorReport)). A `patient` operator request
+//! [`OperatorReport`](crate::OperatorReport)). A `patient` operator request
 //! asks an adaptive node to queue it rather than push it back for queueing delay:
 //! the compute tier sends it when its own cores are saturated (memory and a full
 //! queue still push it back). `asker` carries what handing the request back would
 //! cost the asker: its measured link throughput from this node, its cost per raw
 //! byte of evaluating a fragment, and the fraction of its cores busy (0 = unknown for
 //! the first two); an adaptive node prices handing back with them (see
-//! [`crate::admission`]).
+//! `csd_runtime::admission`).
 //!
 //! An `Operator` with `keep_ms` is not a `DoGet` ticket: sent as the `cmd` of a
 //! `GetFlightInfo` descriptor, it asks the node to keep the answer for `keep_ms`
@@ -40,7 +40,7 @@
 //! ```
 //!
 //! where `ticket` is a version-1 ticket and `mac` an HMAC-SHA256 by the node's key over
-//! the other three (see [`crate::auth::TicketKey`]). Clients pass them back as they are.
+//! the other three (see `csd_runtime::auth::TicketKey`). Clients pass them back as they are.
 //!
 //! Tickets come from the network, so decoding checks size first and never panics:
 //! anything malformed is an [`Error::InvalidArgument`] saying what is wrong.

@@ -1,0 +1,168 @@
+//! The JSON messages a node sends inside Flight messages: a table's description
+//! (`FlightInfo.app_metadata`), what a put stored (`PutResult.app_metadata`), an
+//! operator request's report (the `app_metadata` of its last `FlightData`), a
+//! pushed-back request's reason (status metadata) and a stored object (the
+//! `objects` action). The node's figures are in [`crate::stats`].
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// `app_metadata` of a table's `FlightInfo`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TableDescription {
+    /// Table name.
+    pub table: String,
+    /// Partitions in name order.
+    pub partitions: Vec<PartitionDescription>,
+}
+
+/// One partition in a [`TableDescription`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PartitionDescription {
+    /// Partition name.
+    pub name: String,
+    /// Rows.
+    pub rows: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Parquet objects, readable by `Range` tickets.
+    pub objects: Vec<ObjectDescription>,
+}
+
+/// One Parquet object in a [`PartitionDescription`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ObjectDescription {
+    /// Object name.
+    pub name: String,
+    /// Bytes.
+    pub len: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Row groups.
+    pub row_groups: usize,
+    /// Per column: `[min, max]` of a NULL-free integer/date column, from exact
+    /// footer statistics; empty when unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub int_ranges: Vec<Option<[i64; 2]>>,
+}
+
+/// What one append stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PutSummary {
+    /// Table.
+    pub table: String,
+    /// Partition.
+    pub partition: String,
+    /// The new Parquet object.
+    pub object: String,
+    /// Rows written.
+    pub rows: u64,
+    /// Parquet bytes written.
+    pub bytes: u64,
+    /// Row groups written.
+    pub row_groups: usize,
+}
+
+/// What the node reports after a pushed-down request (the trailing `app_metadata`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OperatorReport {
+    /// Operator name.
+    pub operator: String,
+    /// Bytes read from the device.
+    pub bytes_read: u64,
+    /// Bytes of Arrow IPC sent (headers + bodies, after compression).
+    pub bytes_sent: u64,
+    /// Rows examined after pruning.
+    pub rows_scanned: u64,
+    /// Rows returned.
+    pub rows_returned: u64,
+    /// Wall time at the node from ticket arrival to the last batch, in microseconds.
+    pub elapsed_us: u64,
+    /// How the node admitted the request: its queueing, estimate, lease.
+    #[serde(default)]
+    pub admission: AdmissionReport,
+    /// The operator's own figures: a JSON object of the operator's typed details
+    /// (each operator's crate defines them), read with [`OperatorReport::details`].
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+}
+
+impl OperatorReport {
+    /// The operator's details as its typed message `T` (`None` if the operator sent
+    /// none, or other ones).
+    pub fn details<T: DeserializeOwned>(&self) -> Option<T> {
+        if self.details.is_null() {
+            return None;
+        }
+        T::deserialize(&self.details).ok()
+    }
+}
+
+/// How a node admitted one operator request (part of its [`OperatorReport`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AdmissionReport {
+    /// Time it waited for a slot, milliseconds.
+    pub queue_ms: f64,
+    /// The queueing admission predicted for it (scaled), milliseconds.
+    pub predicted_queue_ms: f64,
+    /// Its estimated run time at the node, milliseconds.
+    pub estimate_ms: f64,
+    /// The bytes its operator estimated it reads.
+    pub estimate_bytes: u64,
+    /// The asker sent it patient (queue rather than hand back for delay).
+    pub patient: bool,
+    /// Queued past the delay bound because handing it back would have cost the
+    /// asker more (its link and cores).
+    pub kept_for_link: bool,
+    /// Why it waited, for a person (`None`: it did not, or not notably).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_reason: Option<String>,
+    /// The lease it ran on (`None`: admitted, not leased).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+}
+
+/// A run of physical blocks on a node's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    /// First logical block address.
+    pub lba: u64,
+    /// Number of blocks.
+    pub blocks: u64,
+}
+
+impl Extent {
+    /// One past the last block.
+    pub fn end(&self) -> u64 {
+        self.lba + self.blocks
+    }
+}
+
+/// A stored object as the `objects` action lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectEntry {
+    /// Full name.
+    pub name: String,
+    /// Stable id (changes when the object is replaced).
+    pub id: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Extents holding its data and checksum table.
+    pub extents: Vec<Extent>,
+    /// Creation time, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// Why a request was pushed back, sent to the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PushBack {
+    /// A sentence for a person.
+    pub reason: String,
+    /// Predicted queueing delay at the node, in milliseconds.
+    pub predicted_delay_ms: f64,
+    /// Estimated run time at the node, in milliseconds.
+    pub estimate_ms: f64,
+    /// Bytes the request would have read at the node (the work handed back).
+    #[serde(default)]
+    pub bytes: u64,
+}

@@ -1,0 +1,76 @@
+//! What a request asks of admission ([`Ask`], with its asker's side, [`Asker`]), what
+//! admission answers ([`Offer`], [`Reject`]), and a request waiting in the queue.
+
+use std::time::Duration;
+
+use super::PushBack;
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ask {
+    /// Operator name (costs are learned per operator).
+    pub operator: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Bytes it will read after pruning (the operator's estimate).
+    pub bytes: u64,
+    /// Memory it needs while running.
+    pub memory: u64,
+    /// The asker is saturated itself: queue it rather than push it back for delay.
+    pub patient: bool,
+    /// What handing it back would cost the asker.
+    pub asker: Asker,
+    /// The request's shape within its operator, if the operator names one (see the
+    /// module docs): its per-byte cost is learned apart.
+    pub shape: Option<u64>,
+}
+
+/// The asker's side of the decision to hand work back (see "Pricing the link").
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Asker {
+    /// Throughput of the link between the asker and this node, bytes per second
+    /// (`None`: unknown, the link is not priced).
+    pub link_bytes_per_s: Option<f64>,
+    /// The asker's cost to evaluate a fragment, nanoseconds per raw byte (`None`:
+    /// this node's learned cost).
+    pub ns_per_byte: Option<f64>,
+    /// Fraction of the asker's cores busy, 0 to 1.
+    pub load: f64,
+    /// Bytes of work this node handed back to the asker's link moments ago that the
+    /// link has not carried yet: a fragment handed back now crosses it after them.
+    pub backlog_bytes: u64,
+}
+
+
+/// The node cannot even serve raw reads now: retry after the hint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reject {
+    /// A sentence for a person.
+    pub reason: String,
+    /// When to retry.
+    pub(crate) retry_after: Duration,
+}
+
+/// The controller's answer to an offer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Offer {
+    /// Runs now under this id.
+    Run(u64),
+    /// Waits under this id until `Controller::finish` dispatches it.
+    Queued(u64),
+    /// The compute tier should do it.
+    PushBack(PushBack),
+    /// Not even raw reads can be served.
+    Reject(Reject),
+}
+
+/// A request waiting in its tenant's queue.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    pub(super) id: u64,
+    pub(super) ask: Ask,
+    pub(super) estimate: Duration,
+    pub(super) since: Duration,
+    /// The queueing the model predicted for it, unscaled.
+    pub(super) predicted: Duration,
+}

@@ -1,0 +1,250 @@
+//! `DoPut`: an Arrow stream stored as one new Parquet object of a table's partition.
+//!
+//! Incoming messages are checked before arrow decodes them (`protocol::ipc`),
+//! counted against the tenant's quota as they arrive, decoded on the RPC thread and
+//! handed over a 2-slot channel to the writer on the CPU pool. An upload is stored
+//! only if its stream ended cleanly, after its end marker when it promised one
+//! ([`PUT_MARKED`]); a cut one stores nothing and its space comes back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::FlightData;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use super::FlightNode;
+use crate::auth::{Permission, Principal};
+use crate::error::{Error, Result};
+use crate::protocol::ipc::{check_message, map_incoming, next_decoded};
+use crate::protocol::{PUT_END, PUT_MARKED, PutSummary};
+
+/// Where an upload goes, and what its tenant may still store.
+struct Upload {
+    table: String,
+    partition: String,
+    /// The client promised an end marker.
+    marked: bool,
+    /// What its tenant stored before, when it has a quota.
+    quota_stored: Option<u64>,
+}
+
+impl FlightNode {
+    /// Stores `input` for `who`, under one of its request slots.
+    pub(super) async fn put(
+        &self,
+        mut input: Streaming<FlightData>,
+        who: Principal,
+    ) -> Result<PutSummary> {
+        let _slot = who.request_slot()?;
+        let first = input
+            .message()
+            .await
+            .map_err(map_incoming)?
+            .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
+        let upload = self.upload_of(&first, &who)?;
+        let summary = self.store(upload, first, input, who).await;
+        // An upload's buffers are freed now; give them back to the OS, off the RPC
+        // threads, so the memory budget is held against what the node really uses.
+        tokio::task::spawn_blocking(crate::memory::trim);
+        let summary = summary?;
+        tracing::info!(table = %summary.table, partition = %summary.partition, rows = summary.rows, bytes = summary.bytes, "stored");
+        Ok(summary)
+    }
+
+    /// The upload the first message describes, checked: names, `write` permission,
+    /// room in the tenant's quota.
+    fn upload_of(&self, first: &FlightData, who: &Principal) -> Result<Upload> {
+        let desc = first.flight_descriptor.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("the first DoPut message must carry a descriptor".into())
+        })?;
+        let (table, partition) = match desc.path.as_slice() {
+            [t] => (t.clone(), "0".to_string()),
+            [t, p] => (t.clone(), p.clone()),
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "DoPut descriptor must be the path [table] or [table, partition]".into(),
+                ));
+            }
+        };
+        crate::table::validate_table_name(&table)?;
+        crate::table::validate_partition_name(&partition)?;
+        self.check_table(who, Permission::Write, &table)?;
+        let quota = who.tenant().and_then(|t| t.max_stored_bytes).is_some();
+        let quota_stored = quota.then(|| self.stored_by(who));
+        who.check_stored(quota_stored.unwrap_or(0), 0)?;
+        Ok(Upload {
+            table,
+            partition,
+            marked: first.app_metadata.as_ref() == PUT_MARKED,
+            quota_stored,
+        })
+    }
+
+    /// Decodes the stream (`first`, then `input`) and feeds the writer on the CPU
+    /// pool; the object is stored only if the stream ended as it promised.
+    async fn store(
+        &self,
+        upload: Upload,
+        first: FlightData,
+        input: Streaming<FlightData>,
+        who: Principal,
+    ) -> Result<PutSummary> {
+        let closed = Arc::new(AtomicBool::new(false));
+        let messages = futures::stream::once(async { Ok(first) }).chain(input);
+        let incoming = self.checked(until_end(messages, upload.marked, closed.clone()), &upload, who);
+        let mut decoder = FlightDataDecoder::new(incoming);
+        let schema = first_schema(&mut decoder).await?;
+        let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(2);
+        // Set when the client's stream ended cleanly, after its end marker if it
+        // promised one. Should the stream stop short of that (a reset, a dropped
+        // handler, a missing marker), the writer sees its channel close without it
+        // and abandons the object rather than storing a partial one.
+        let ended = Arc::new(AtomicBool::new(false));
+        let body = body_until_ended(rx, ended.clone());
+        let state = self.state.clone();
+        let (t, p) = (upload.table.clone(), upload.partition.clone());
+        let writer = state.node.pool.spawn({
+            let state = state.clone();
+            async move { state.node.tables.append(&t, &p, schema, body).await }
+        });
+        let feed = async {
+            while let Some(d) = next_decoded(&mut decoder).await {
+                let item = match d {
+                    Ok(d) => match d.payload {
+                        DecodedPayload::RecordBatch(b) => {
+                            self.state
+                                .counters
+                                .rows_received
+                                .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                            Ok(b)
+                        }
+                        DecodedPayload::None => continue,
+                        DecodedPayload::Schema(_) => {
+                            Err(Error::InvalidArgument("DoPut sent a second schema".into()))
+                        }
+                    },
+                    Err(e) => Err(e),
+                };
+                let stop = item.is_err();
+                if tx.send(item).await.is_err() || stop {
+                    drop(tx);
+                    return;
+                }
+            }
+            // A client that promised an end marker and stopped short of it abandoned
+            // the upload, however cleanly the transport ended.
+            if !upload.marked || closed.load(Ordering::Acquire) {
+                ended.store(true, Ordering::Release);
+            }
+            drop(tx);
+        };
+        // A failed upload's writer returns its space itself when dropped.
+        let (_, summary) = futures::join!(feed, writer);
+        summary
+    }
+
+    /// `messages`, each checked before arrow decodes it, counted, and held against
+    /// the tenant's quota as it arrives.
+    fn checked(
+        &self,
+        messages: impl Stream<Item = Result<FlightData, Status>> + Send + 'static,
+        upload: &Upload,
+        who: Principal,
+    ) -> impl Stream<Item = Result<FlightData, FlightError>> + Send + 'static {
+        let state = self.state.clone();
+        let quota_stored = upload.quota_stored;
+        let mut received = 0u64;
+        messages.map(move |m| {
+            let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
+            check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+            let bytes = (m.data_body.len() + m.data_header.len()) as u64;
+            if let Some(stored) = quota_stored {
+                // Arrow bytes received: the stored Parquet is rarely larger.
+                received += bytes;
+                who.check_stored(stored, received)
+                    .map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+            }
+            state
+                .counters
+                .bytes_received
+                .fetch_add(bytes, Ordering::Relaxed);
+            Ok(m)
+        })
+    }
+}
+
+/// `messages` up to a marked upload's end marker (taken out; `closed` is set when
+/// it is seen); anything after it is refused.
+fn until_end(
+    messages: impl Stream<Item = Result<FlightData, Status>> + Send + 'static,
+    marked: bool,
+    closed: Arc<AtomicBool>,
+) -> impl Stream<Item = Result<FlightData, Status>> + Send + 'static {
+    messages.filter_map(move |m| {
+        let end = matches!(&m, Ok(m) if marked
+            && m.app_metadata.as_ref() == PUT_END
+            && m.data_header.is_empty()
+            && m.data_body.is_empty());
+        let after_end = closed.load(Ordering::Acquire);
+        if end {
+            closed.store(true, Ordering::Release);
+        }
+        futures::future::ready(match m {
+            _ if after_end => Some(Err(Status::invalid_argument(
+                "DoPut sent messages after its end marker",
+            ))),
+            _ if end => None,
+            m => Some(m),
+        })
+    })
+}
+
+/// The schema message, which comes first.
+async fn first_schema(decoder: &mut FlightDataDecoder) -> Result<SchemaRef> {
+    loop {
+        match next_decoded(decoder).await {
+            Some(Ok(d)) => match d.payload {
+                DecodedPayload::Schema(s) => return Ok(s),
+                DecodedPayload::None => continue,
+                DecodedPayload::RecordBatch(_) => {
+                    return Err(Error::InvalidArgument(
+                        "DoPut sent a record batch before its schema".into(),
+                    ));
+                }
+            },
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(Error::InvalidArgument(
+                    "DoPut stream ended without a schema".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// The batches the writer stores: `rx`'s, then a failure unless `ended` says the
+/// stream ended as it promised.
+fn body_until_ended(
+    rx: mpsc::Receiver<Result<RecordBatch>>,
+    ended: Arc<AtomicBool>,
+) -> BoxStream<'static, Result<RecordBatch>> {
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+        .chain(
+            futures::stream::once(async move {
+                (!ended.load(Ordering::Acquire)).then(|| {
+                    Err(Error::InvalidArgument(
+                        "the DoPut stream was cut off before its end; nothing was stored".into(),
+                    ))
+                })
+            })
+            .filter_map(|x| async move { x }),
+        )
+        .boxed()
+}
