@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use csd_ml_pushdown::node::{feature_schema, to_batch};
+use csd_ml_pushdown::features::{feature_schema, to_batch};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::TrainBatch;
 use futures::TryStreamExt;

@@ -762,7 +762,7 @@ async fn run_wasm(args: RunArgs) -> Result<()> {
         .filter(|e| {
             e.report
                 .as_ref()
-                .is_some_and(|r| r.details.contains_key("lease"))
+                .is_some_and(|r| r.admission.lease.is_some())
         })
         .count();
     eprintln!(
@@ -898,12 +898,7 @@ async fn run_sql(
         .node_runs
         .iter()
         .map(|n| {
-            let queued = n
-                .report
-                .details
-                .get("queue_ms")
-                .and_then(|q| q.parse::<f64>().ok())
-                .unwrap_or(0.0);
+            let queued = n.report.admission.queue_ms;
             (n.report.elapsed_us as f64 / 1e3 - queued).max(0.0)
         })
         .sum();
@@ -911,7 +906,7 @@ async fn run_sql(
     let leased = r
         .node_runs
         .iter()
-        .filter(|n| n.report.details.contains_key("lease"))
+        .filter(|n| n.report.admission.lease.is_some())
         .count();
     eprintln!(
         "{} rows in {:.1} ms; {} bytes moved from the nodes{}",

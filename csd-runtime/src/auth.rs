@@ -39,8 +39,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::admission::TenantShare;
-use csd_protocol::ByteSize;
 use crate::error::{Error, Result, truncated};
+use csd_protocol::ByteSize;
 use csd_protocol::digest::{hex, unhex32};
 
 /// The metadata key of a request's credentials.
@@ -161,7 +161,6 @@ impl Tenant {
 pub fn token_digest(token: &str) -> String {
     hex(&Sha256::digest(token.as_bytes()))
 }
-
 
 /// A new random token (32 bytes, hex).
 pub fn new_token() -> String {

@@ -16,9 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionConfig, Policy, parse_tenant};
 use crate::error::{Error, Result};
-pub use csd_protocol::size::ByteSize;
 use crate::table::ParquetOptions;
-
+pub use csd_protocol::size::ByteSize;
 
 /// A node's settings (see the module docs). Every field is a `csd serve` flag, a
 /// `CSD_*` variable and a TOML key of the same name.
@@ -149,7 +148,6 @@ pub struct NodeConfig {
     #[arg(skip)]
     pub operators: BTreeMap<String, toml::Table>,
 }
-
 
 impl Default for NodeConfig {
     /// The flags' defaults (environment variables are not read).

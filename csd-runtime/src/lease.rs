@@ -31,14 +31,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-
 use crate::admission::Admission;
 use crate::error::{Error, Result, truncated};
-pub use csd_protocol::actions::{LeaseInfo, Start};
-pub use csd_protocol::stats::LeaseStats;
-use csd_protocol::refs::now_unix_ms;
 use crate::sandbox::{GuestInstance, ModuleDigest, Sandbox};
-
+pub use csd_protocol::actions::{LeaseInfo, Start};
+use csd_protocol::refs::now_unix_ms;
+pub use csd_protocol::stats::LeaseStats;
 
 struct Lease {
     info: LeaseInfo,
@@ -131,7 +129,6 @@ pub struct Leases {
     expired: AtomicU64,
     runs: AtomicU64,
 }
-
 
 impl Leases {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {

@@ -19,8 +19,8 @@
 //! understands).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;

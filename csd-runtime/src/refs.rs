@@ -31,24 +31,22 @@ use bytes::Bytes;
 use futures::Stream;
 
 use crate::error::{Error, Result, truncated};
-pub use csd_protocol::refs::{
-    Reference, RefInfo, check_group, decode_ticket, new_group, now_unix_ms, rfc3339, timestamp,
-};
-pub use csd_protocol::stats::RefStats;
 use crate::store::ObjectStore;
 use crate::table::TableStore;
+pub use csd_protocol::refs::{
+    RefInfo, Reference, check_group, decode_ticket, new_group, now_unix_ms, rfc3339, timestamp,
+};
+pub use csd_protocol::stats::RefStats;
 
 /// Where the records of kept results live on the device.
 pub const REF_PREFIX: &str = ".csd/refs/";
 /// The tables kept results are partitions of: `csd_ref_GROUP`.
 pub const REF_TABLE_PREFIX: &str = "csd_ref_";
 
-
 /// Whether `table` is a kept results' table.
 pub fn is_ref_table(table: &str) -> bool {
     table.starts_with(REF_TABLE_PREFIX)
 }
-
 
 fn record_name(id: &str) -> String {
     format!("{REF_PREFIX}{id}.json")
@@ -467,6 +465,3 @@ impl RefStore {
         }
     }
 }
-
-
-

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, to_parquet, truncated};
 use crate::protocol::PutSummary;
 use crate::store::{ObjectInfo, ObjectStore, ObjectWriter};
+pub use csd_protocol::names::{validate_partition_name, validate_table_name};
 
 /// How the node writes Parquet (`[parquet]` in a node's settings file).
 #[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
@@ -191,42 +192,6 @@ pub struct TableStore {
     tables: RwLock<BTreeMap<String, Table>>,
     props: WriterProperties,
     next_seq: Mutex<u64>,
-}
-
-/// Table names: SQL identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 128 bytes).
-pub fn validate_table_name(name: &str) -> Result<()> {
-    let mut b = name.bytes();
-    let ok = name.len() <= 128
-        && b.next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
-        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "table name {:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 128 bytes)",
-            truncated(name)
-        )))
-    }
-}
-
-/// Partition names: 1-128 bytes of `[A-Za-z0-9_=.-]`, not `.` or `..`.
-pub fn validate_partition_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || b"_=.-".contains(&c));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "partition name {:?} is invalid (1-128 of A-Z a-z 0-9 _ = . -)",
-            truncated(name)
-        )))
-    }
 }
 
 fn check_same_schema(table: &str, want: &SchemaRef, got: &SchemaRef) -> Result<()> {

@@ -3,7 +3,40 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::Arch;
+use crate::profile::Profile;
 use crate::{Error, Result};
+
+/// Name of the operator in tickets.
+pub const OPERATOR_NAME: &str = "ml";
+/// Samples a profile request times.
+pub const PROFILE_SAMPLES: usize = 4;
+/// Node batch when the request sets no cap.
+pub const DEFAULT_NODE_BATCH: usize = 32;
+
+/// What the `ml` operator reports of a request (the typed details of its
+/// [`OperatorReport`](csd_protocol::OperatorReport)). Fields come as the request
+/// runs: each is absent until known.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MlDetails {
+    /// Samples per node batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_batch: Option<usize>,
+    /// Memory reserved with admission control, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reserved: Option<u64>,
+    /// The split it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<usize>,
+    /// A profile request: whether its profile came from the node's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_cached: Option<bool>,
+    /// A profile request: the profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    /// Samples left out because they did not decode (`skip_bad_samples`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_samples: Option<u64>,
+}
 
 /// Largest request accepted.
 pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 10;
@@ -108,9 +141,9 @@ impl FeatureRequest {
                 "max_batch {b} is out of range 1..={MAX_NODE_BATCH}"
             )));
         }
-        csd_runtime::table::validate_table_name(&r.dataset)?;
-        csd_runtime::table::validate_table_name(&r.weights)?;
-        csd_runtime::table::validate_partition_name(&r.partition)?;
+        csd_protocol::names::validate_table_name(&r.dataset)?;
+        csd_protocol::names::validate_table_name(&r.weights)?;
+        csd_protocol::names::validate_partition_name(&r.partition)?;
         Ok(r)
     }
 }

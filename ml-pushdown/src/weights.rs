@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow::array::{Array, AsArray, BinaryArray, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use arrow::record_batch::RecordBatch;
-use csd_runtime::node_client::NodeClient;
+use csd_protocol::node_client::NodeClient;
 
 use crate::{Error, Result};
 

@@ -380,7 +380,7 @@ async fn planning_measures_once_and_reuses_profiles() {
     };
     let a = plan("test").await;
     let n = m.stages().len();
-    let k = csd_ml_pushdown::node::PROFILE_SAMPLES;
+    let k = csd_ml_pushdown::request::PROFILE_SAMPLES;
     // Both sides profile the partition's first samples.
     let first = image_folder(&tex.join("test"), None).unwrap().samples;
     let mean = first[..k]
@@ -428,8 +428,9 @@ async fn tight_memory_shrinks_batches_or_pushes_back() {
         assert_eq!(pushed > 0, expect_pushback, "memory {memory}");
         let budget = csd_runtime::device::parse_size(memory).unwrap();
         for r in stats.reports.lock().unwrap().iter() {
-            let batch: u64 = r.details["node_batch"].parse().unwrap();
-            let reserved: u64 = r.details["memory_reserved"].parse().unwrap();
+            let d: csd_ml_pushdown::request::MlDetails = r.details().unwrap();
+            let batch = d.node_batch.unwrap() as u64;
+            let reserved = d.memory_reserved.unwrap();
             eprintln!("memory {memory}: node batch {batch}, reserved {reserved} bytes");
             assert!(reserved <= budget, "reserved {reserved} > budget {budget}");
             assert!(batch >= 1);

@@ -4,7 +4,7 @@
 //! it was, and any other DataFusion error becomes the cause of a node error of its
 //! kind ([`status_code`]).
 
-use csd_runtime::{Error, StatusCode};
+use csd_protocol::{Error, StatusCode};
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::DataFusionError;
 use datafusion::parquet::errors::ParquetError;
@@ -44,7 +44,7 @@ fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
         if let Some(n) = c.downcast_ref::<Error>() {
             return Some(n.status_code());
         }
-        if let Some(n) = c.downcast_ref::<csd_runtime::node_client::Error>() {
+        if let Some(n) = c.downcast_ref::<csd_protocol::node_client::Error>() {
             return Some(n.status_code());
         }
         cur = c.source();
@@ -83,7 +83,7 @@ fn unbox(inner: Box<dyn std::error::Error + Send + Sync>, code: StatusCode) -> E
 }
 
 /// A client-side error inside DataFusion.
-pub(crate) fn to_datafusion(e: csd_runtime::node_client::Error) -> DataFusionError {
+pub(crate) fn to_datafusion(e: csd_protocol::node_client::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 

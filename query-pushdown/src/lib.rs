@@ -52,15 +52,17 @@ pub use compute::distributed::{
 pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
 pub use compute::provider::Encoded;
+pub use compute::pushable::pushable;
+pub use compute::sandbox::local_sandbox;
 pub use compute::scan::{CsdScanExec, EndpointRun};
 pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
-pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun, local_sandbox};
+pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun};
 pub use eval::Parallelism;
-pub use eval::wasm_fn::{ShippedFunction, WasmScalarUdf, parse_signature};
+pub use eval::wasm_fn::{WasmScalarUdf, parse_signature};
 pub use node::{SqlNodeOptions, SqlOperator, WasmOperator};
 pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};
-pub use wire::functions::pushable;
+pub use wire::shipped::ShippedFunction;
 
 use std::sync::Arc;
 
@@ -76,7 +78,7 @@ pub fn registry() -> csd_runtime::operator::OperatorRegistry {
 /// (`[operators.sql]`, `--set sql.KEY=VALUE`; see [`SqlNodeOptions`]).
 pub fn registry_with(
     config: &csd_runtime::config::NodeConfig,
-) -> csd_runtime::Result<csd_runtime::operator::OperatorRegistry> {
+) -> csd_protocol::Result<csd_runtime::operator::OperatorRegistry> {
     let options: SqlNodeOptions = config.operator_options(wire::fragment::OPERATOR_NAME)?;
     let sql = Arc::new(SqlOperator::new().with_options(options));
     Ok(csd_runtime::operator::OperatorRegistry::new()

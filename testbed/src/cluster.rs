@@ -13,11 +13,14 @@ use csd_runtime::admission::Policy;
 use csd_runtime::config::NodeConfig;
 use csd_runtime::node::{self, RunningNode};
 use csd_runtime::node_client::{Credentials, NodeClient};
-use serde::Serialize;
 
 use crate::link::{LinkSpec, ThrottledLink};
+use crate::report::CpuSample;
 use crate::scenario::{DataSpec, Scenario};
 use crate::{Error, Result};
+
+/// The table an images scenario's samples are stored as.
+pub(crate) const DATASET: &str = "tb_images";
 
 /// What makes two runs' nodes interchangeable.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,7 +205,7 @@ impl Cluster {
                 let mut n = 0u64;
                 let (count, _) = csd_ml_pushdown::job::put_images(
                     &direct,
-                    crate::feature_runs::DATASET,
+                    DATASET,
                     &dir,
                     labels.as_deref(),
                     parts,
@@ -213,7 +216,7 @@ impl Cluster {
                     },
                 )
                 .await?;
-                let (arch, weights) = crate::feature_runs::model(s)?;
+                let (arch, weights) = s.image_model()?;
                 for c in &direct {
                     csd_ml_pushdown::weights::ensure(c, &weights).await?;
                 }
@@ -384,15 +387,6 @@ impl Links {
             l.shutdown().await;
         }
     }
-}
-
-/// Busy fraction of each node's CPU workers at one moment.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct CpuSample {
-    /// Seconds since the run started.
-    pub t_s: f64,
-    /// Per node, running requests ÷ CPU workers.
-    pub busy: Vec<f64>,
 }
 
 /// A running CPU sampler.

@@ -5,45 +5,22 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use csd_ml_pushdown::Arch;
 use csd_ml_pushdown::job::{self, FeaturesOptions, SplitChoice};
 use csd_ml_pushdown::request::FeatureType;
 use csd_runtime::protocol::Compression;
 use futures::TryStreamExt;
 use indicatif::ProgressBar;
 
-use crate::cluster::{Cluster, Links};
+use crate::cluster::{Cluster, DATASET, Links};
 use crate::report::{Done, RunResult};
-use crate::scenario::{DataSpec, PolicyName, Scenario, WorkloadSpec};
+use crate::scenario::{PolicyName, Scenario, WorkloadSpec};
 use crate::{Error, Result};
-
-/// The table the testbed stores image data sets as.
-pub(crate) const DATASET: &str = "tb_images";
 
 /// Samples compared with the baseline per run (the first ids).
 const COMPARED: u64 = 256;
 
 /// The baseline's features of the first samples, by id.
 pub(crate) type References = HashMap<u64, Vec<f32>>;
-
-/// The model and its weights for `s`.
-pub(crate) fn model(s: &Scenario) -> Result<(Arch, Vec<u8>)> {
-    let DataSpec::Images { model, weights, .. } = &s.data else {
-        return Err(Error::Scenario("data.kind: expected \"images\"".into()));
-    };
-    let arch: Arch = model.parse()?;
-    let path = weights
-        .as_deref()
-        .map(crate::scenario::expand)
-        .unwrap_or_else(|| csd_ml_pushdown::assets_dir().join(format!("{model}.safetensors")));
-    let bytes = std::fs::read(&path).map_err(|e| {
-        Error::Scenario(format!(
-            "data.weights: {}: {e} (run scripts/setup-ml.sh for the default weights)",
-            path.display()
-        ))
-    })?;
-    Ok((arch, bytes))
-}
 
 /// Runs the feature job of `s` (one sweep point) under `policy`.
 pub(crate) async fn run(

@@ -7,9 +7,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::CpuSample;
 use crate::scenario::{Point, PolicyName, Scenario, WorkloadSpec, label};
 use crate::{Error, Result};
+
+/// Busy fraction of each node's CPU workers at one moment.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct CpuSample {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Per node, running requests ÷ CPU workers.
+    pub busy: Vec<f64>,
+}
 
 /// One finished query (or one epoch of a feature job).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -449,6 +449,25 @@ fn whole(field: &str, v: f64, lo: usize, hi: usize) -> Result<usize> {
 }
 
 impl Scenario {
+    /// An images scenario's model and its weights.
+    pub(crate) fn image_model(&self) -> Result<(csd_ml_pushdown::Arch, Vec<u8>)> {
+        let DataSpec::Images { model, weights, .. } = &self.data else {
+            return Err(Error::Scenario("data.kind: expected \"images\"".into()));
+        };
+        let arch: csd_ml_pushdown::Arch = model.parse()?;
+        let path = weights
+            .as_deref()
+            .map(expand)
+            .unwrap_or_else(|| csd_ml_pushdown::assets_dir().join(format!("{model}.safetensors")));
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Error::Scenario(format!(
+                "data.weights: {}: {e} (run scripts/setup-ml.sh for the default weights)",
+                path.display()
+            ))
+        })?;
+        Ok((arch, bytes))
+    }
+
     /// Reads and checks a scenario file. Relative data paths are resolved against the
     /// file's folder.
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -609,7 +628,7 @@ impl Scenario {
                     return Err(bad("workload.queries", "expected at least one query"));
                 }
                 for (i, f) in wasm_functions.iter().enumerate() {
-                    csd_query_pushdown::wire::wasm::check_function_name(&f.name)
+                    csd_query_pushdown::wire::shipped::check_function_name(&f.name)
                         .map_err(|e| bad("workload.wasm_functions", e.to_string()))?;
                     if wasm_functions[..i].iter().any(|g| g.name == f.name) {
                         return Err(bad(

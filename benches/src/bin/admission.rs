@@ -190,24 +190,20 @@ async fn run_one(s: Arc<CsdSession>, sql: &'static str, t0: Instant) -> Done {
                 .iter()
                 .filter(|r| r.work_pushed_back())
                 .count() as u64;
-            let detail = |r: &csd_query_pushdown::EndpointRun, k: &str| {
-                r.report
-                    .details
-                    .get(k)
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(f64::NAN)
-            };
             let frags = run
                 .node_runs
                 .iter()
                 .filter(|r| r.pushed_back.is_none())
-                .map(|r| Frag {
-                    patient: detail(r, "patient") > 0.0,
-                    kept_for_link: detail(r, "kept_for_link") > 0.0,
-                    predicted_ms: detail(r, "predicted_queue_ms"),
-                    queue_ms: detail(r, "queue_ms"),
-                    estimate_ms: detail(r, "estimate_ms"),
-                    node_ms: r.report.elapsed_us as f64 / 1e3,
+                .map(|r| {
+                    let a = &r.report.admission;
+                    Frag {
+                        patient: a.patient,
+                        kept_for_link: a.kept_for_link,
+                        predicted_ms: a.predicted_queue_ms,
+                        queue_ms: a.queue_ms,
+                        estimate_ms: a.estimate_ms,
+                        node_ms: r.report.elapsed_us as f64 / 1e3,
+                    }
                 })
                 .collect();
             Done {

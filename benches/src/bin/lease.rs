@@ -2,6 +2,7 @@
 //! warm (a compiled module, a new instance), cold (the module sent and compiled),
 //! against the floor of a plain `DoGet` round trip (a 16-byte range read). p50/p99.
 
+use csd_protocol::actions::Start;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -114,7 +115,7 @@ async fn main() {
         .invoke(&lease.id, &digest, &module, "discounted", &batch)
         .await
         .expect("first");
-    assert_eq!(first.start, "cold");
+    assert_eq!(first.start, Start::Cold);
     let mut hot = Vec::new();
     for _ in 0..args.runs {
         let t = Instant::now();
@@ -123,7 +124,7 @@ async fn main() {
             .await
             .expect("hot");
         hot.push(time(t));
-        assert_eq!(r.start, "hot");
+        assert_eq!(r.start, Start::Hot);
     }
     c.release_lease(&lease.id).await.expect("release");
     let mut warm = Vec::new();
@@ -135,7 +136,7 @@ async fn main() {
             .await
             .expect("warm");
         warm.push(time(t));
-        assert_eq!(r.start, "warm");
+        assert_eq!(r.start, Start::Warm);
         c.release_lease(&l.id).await.expect("release");
     }
     let mut cold = Vec::new();
@@ -149,7 +150,7 @@ async fn main() {
             .await
             .expect("cold");
         cold.push(time(t));
-        assert_eq!(r.start, "cold");
+        assert_eq!(r.start, Start::Cold);
         c.release_lease(&l.id).await.expect("release");
     }
     println!(

@@ -233,20 +233,14 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
                         run.pushed_back += 1;
                         continue;
                     }
-                    let detail = |k: &str| {
-                        e.report
-                            .details
-                            .get(k)
-                            .and_then(|v| v.parse::<f64>().ok())
-                            .unwrap_or(0.0)
-                    };
-                    if detail("patient") == 0.0 {
-                        run.max_queue_unasked_ms = run.max_queue_unasked_ms.max(detail("queue_ms"));
+                    let a = &e.report.admission;
+                    if !a.patient {
+                        run.max_queue_unasked_ms = run.max_queue_unasked_ms.max(a.queue_ms);
                     }
-                    if detail("queue_ms") > run.max_queue_ms {
-                        run.max_queue_ms = detail("queue_ms");
-                        run.max_queue_patient = detail("patient") > 0.0;
-                        run.max_queue_reason = e.report.details.get("queue_reason").cloned();
+                    if a.queue_ms > run.max_queue_ms {
+                        run.max_queue_ms = a.queue_ms;
+                        run.max_queue_patient = a.patient;
+                        run.max_queue_reason = a.queue_reason.clone();
                     }
                 }
             }

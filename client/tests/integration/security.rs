@@ -920,7 +920,7 @@ async fn a_lease_holds_its_tenants_request_quota_and_runs_its_requests_within_it
         on_lease
             .node_runs
             .iter()
-            .all(|r| r.report.details.get("lease") == Some(&lease.id)),
+            .all(|r| r.report.admission.lease.as_ref() == Some(&lease.id)),
         "{:?}",
         on_lease.node_runs
     );

@@ -786,12 +786,12 @@ async fn leased_slots_invoke_functions_hot_and_come_back() {
         .invoke(&lease.id, &digest, &module, "discounted", &args)
         .await
         .unwrap();
-    assert_eq!(first.start, "cold");
+    assert_eq!(first.start, csd_runtime::lease::Start::Cold);
     let again = c
         .invoke(&lease.id, &digest, &module, "discounted", &args)
         .await
         .unwrap();
-    assert_eq!(again.start, "hot");
+    assert_eq!(again.start, csd_runtime::lease::Start::Hot);
     let out = again.out.as_primitive::<Float64Type>();
     assert_eq!(out.values().to_vec(), vec![90.0, 25.0, 10.0]);
     // A guest's error is the caller's, with the function named.
@@ -875,7 +875,7 @@ async fn pushed_fragments_on_a_lease_skip_admission_and_answer_alike() {
         plain
             .node_runs
             .iter()
-            .all(|r| !r.report.details.contains_key("lease"))
+            .all(|r| r.report.admission.lease.is_none())
     );
     let on = |leases: Vec<String>| {
         let url = node.url.clone();
@@ -917,7 +917,7 @@ async fn pushed_fragments_on_a_lease_skip_admission_and_answer_alike() {
         leased
             .node_runs
             .iter()
-            .all(|r| r.report.details.get("lease") == Some(&lease.id)),
+            .all(|r| r.report.admission.lease.as_ref() == Some(&lease.id)),
         "{:?}",
         leased.node_runs
     );
@@ -938,7 +938,7 @@ async fn pushed_fragments_on_a_lease_skip_admission_and_answer_alike() {
         assert!(
             r.node_runs
                 .iter()
-                .all(|r| !r.report.details.contains_key("lease"))
+                .all(|r| r.report.admission.lease.is_none())
         );
         assert_eq!(admitted(c.clone()).await, before + 2);
     }

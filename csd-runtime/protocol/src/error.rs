@@ -416,7 +416,10 @@ mod tests {
         // Typed details survive the trip to a status and back.
         let d = ModuleDigest::of(b"module");
         let back = Error::from_status("asking", Error::ModuleMissing(d).to_status());
-        assert!(matches!(back, Error::ModuleMissing(x) if x == d), "{back:?}");
+        assert!(
+            matches!(back, Error::ModuleMissing(x) if x == d),
+            "{back:?}"
+        );
         let busy = Error::Busy {
             reason: "no slot".into(),
             retry_after: Duration::from_millis(300),

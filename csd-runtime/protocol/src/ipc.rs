@@ -81,9 +81,17 @@ pub async fn next_decoded(
 /// exhausted resource (the message size limit).
 pub fn map_incoming(s: Status) -> Error {
     if s.code() == tonic::Code::OutOfRange && s.message().contains("too large") {
-        Error::external(StatusCode::ResourceExhausted, "message too large", PeerStatus(s))
+        Error::external(
+            StatusCode::ResourceExhausted,
+            "message too large",
+            PeerStatus(s),
+        )
     } else {
-        Error::external(StatusCode::InvalidArgument, "DoPut stream failed", PeerStatus(s))
+        Error::external(
+            StatusCode::InvalidArgument,
+            "DoPut stream failed",
+            PeerStatus(s),
+        )
     }
 }
 

@@ -17,7 +17,8 @@
 //! * [`node_client`]: [`NodeClient`](node_client::NodeClient), the Rust side of it all.
 //! * [`link`]: a link's throughput learned from its transfers (both sides price
 //!   handing work back with it).
-//! * [`digest`], [`size`]: module digests and sizes as people write them.
+//! * [`digest`], [`size`], [`names`]: module digests, sizes as people write them,
+//!   and what tables and partitions may be called.
 //! * The gRPC metadata keys and message limits below.
 //!
 //! Dependencies point down: `error` ← `digest`, `size` ← `ticket`, `messages`,
@@ -31,12 +32,13 @@ pub mod error;
 pub mod ipc;
 pub mod link;
 pub mod messages;
+pub mod names;
 pub mod node_client;
 pub mod refs;
 pub mod size;
 pub mod stats;
-pub mod ticket;
 mod text;
+pub mod ticket;
 
 pub use actions::{
     ActionRequest, DeleteRequest, DeleteResponse, INVOKE, InvokeAnswer, InvokeRequest, LeaseInfo,

@@ -41,7 +41,6 @@ pub struct Asker {
     pub backlog_bytes: u64,
 }
 
-
 /// The node cannot even serve raw reads now: retry after the hint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reject {

@@ -95,15 +95,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-pub use config::{AdmissionConfig, DEFAULT_TENANT, TenantShare};
-pub(crate) use config::parse_tenant;
 pub use ask::{Ask, Asker, Offer, Reject};
+pub(crate) use config::parse_tenant;
+pub use config::{AdmissionConfig, DEFAULT_TENANT, TenantShare};
 pub(crate) use controller::Controller;
+use controller::LastOffer;
 pub use csd_protocol::messages::PushBack;
 pub use csd_protocol::stats::{AdmissionStats, CostModel, Counters, Policy, TenantStats};
-pub use permit::{Permit, ReadPermit};
-use controller::LastOffer;
 use permit::QueueGuard;
+pub use permit::{Permit, ReadPermit};
 
 /// The service's admission control: a `Controller` on the real clock, with
 /// queued requests woken when a slot frees.

@@ -170,7 +170,6 @@ impl fmt::Debug for DmaBuf {
     }
 }
 
-
 /// Counters every backend keeps.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceCounters {
@@ -180,7 +179,6 @@ pub(crate) struct DeviceCounters {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
 }
-
 
 impl DeviceCounters {
     pub(crate) fn record_read(&self, bytes: usize) {
@@ -375,7 +373,6 @@ impl DeviceSpec {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -75,10 +75,10 @@ use wasmtime::{
 };
 
 use crate::error::{Error, Result};
-pub use csd_protocol::digest::ModuleDigest;
-pub use csd_protocol::stats::SandboxStats;
 use crate::memory::MemoryLedger;
 use crate::store::ObjectStore;
+pub use csd_protocol::digest::ModuleDigest;
+pub use csd_protocol::stats::SandboxStats;
 
 pub use cache::{CompiledModule, ModuleStore};
 pub use instance::{GuestInstance, GuestKind, GuestReader};
@@ -122,7 +122,6 @@ impl Default for SandboxLimits {
     }
 }
 
-
 /// The sandbox's counters.
 #[derive(Debug, Default)]
 struct Counters {
@@ -135,7 +134,6 @@ struct Counters {
     memory_refused: AtomicU64,
     traps: AtomicU64,
 }
-
 
 /// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
 struct EpochTicker {
@@ -423,7 +421,10 @@ mod tests {
         let status = Error::ModuleMissing(d).to_status();
         assert_eq!(status.code(), tonic::Code::NotFound);
         let back = Error::from_status("asking", status);
-        assert!(matches!(back, Error::ModuleMissing(x) if x == d), "{back:?}");
+        assert!(
+            matches!(back, Error::ModuleMissing(x) if x == d),
+            "{back:?}"
+        );
         let other = Error::from_status("asking", Error::NotFound("table x".into()).to_status());
         assert!(!matches!(other, Error::ModuleMissing(_)), "{other:?}");
     }

@@ -74,13 +74,18 @@ impl FlightNode {
     /// the CPU pool; a bad request fails the call itself, before any answer.
     pub(super) async fn run_operator(&self, mut call: OperatorCall) -> Result<TaskStream> {
         let started = Instant::now();
-        let op = self.state.operators.get(&call.name).cloned().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "operator {:?} is not served by this node (it serves: {})",
-                truncated(&call.name),
-                self.state.operators.names().join(", ")
-            ))
-        })?;
+        let op = self
+            .state
+            .operators
+            .get(&call.name)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "operator {:?} is not served by this node (it serves: {})",
+                    truncated(&call.name),
+                    self.state.operators.names().join(", ")
+                ))
+            })?;
         let request = op.parse(Bytes::from(std::mem::take(&mut call.args)))?;
         self.authorize(&call.who, request.as_ref())?;
         let (asker, meter) = self.asker(call.peer, call.asker);
@@ -110,8 +115,15 @@ impl FlightNode {
             started,
             admission: admitted.report,
         };
-        self.open(request, ctx, admitted.slot, report, call.compression, waiting)
-            .await
+        self.open(
+            request,
+            ctx,
+            admitted.slot,
+            report,
+            call.compression,
+            waiting,
+        )
+        .await
     }
 
     /// `Ok` if `who` may run `request`: its `code` permission when the request runs

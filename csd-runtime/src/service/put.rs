@@ -98,7 +98,11 @@ impl FlightNode {
     ) -> Result<PutSummary> {
         let closed = Arc::new(AtomicBool::new(false));
         let messages = futures::stream::once(async { Ok(first) }).chain(input);
-        let incoming = self.checked(until_end(messages, upload.marked, closed.clone()), &upload, who);
+        let incoming = self.checked(
+            until_end(messages, upload.marked, closed.clone()),
+            &upload,
+            who,
+        );
         let mut decoder = FlightDataDecoder::new(incoming);
         let schema = first_schema(&mut decoder).await?;
         let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(2);

@@ -110,8 +110,11 @@ impl Stream for TaskStream {
 /// Sends `stream`'s items to `tx` until the receiver goes or an item fails; after
 /// the last item (if all went well) sends `trailer(bytes sent)` when that gives a
 /// message.
-pub(super) async fn forward<S, T>(mut stream: S, tx: &mpsc::Sender<Result<FlightData, Status>>, trailer: T)
-where
+pub(super) async fn forward<S, T>(
+    mut stream: S,
+    tx: &mpsc::Sender<Result<FlightData, Status>>,
+    trailer: T,
+) where
     S: Stream<Item = Result<FlightData, FlightError>> + Unpin,
     T: FnOnce(u64) -> Option<FlightData>,
 {

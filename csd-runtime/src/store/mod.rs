@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::{BlockDevice, DmaBuf};
 use crate::error::{Error, Result};
-pub use csd_protocol::stats::{ReadCacheStats, StoreStats};
 use alloc::Allocator;
 pub use alloc::Extent;
+pub use csd_protocol::stats::{ReadCacheStats, StoreStats};
 use format::{
     CatalogProto, ExtentProto, ObjectProto, SLOT_HEADER, Superblock, decode_slot_header,
     encode_slot_header,

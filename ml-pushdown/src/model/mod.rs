@@ -24,6 +24,7 @@ pub use efficientnet::EfficientNetLite0;
 pub use ops::depthwise_conv2d;
 pub use resnet::ResNet;
 
+pub use crate::preprocess::ImageSpec;
 use crate::{Error, Result};
 
 /// The model architectures csd can stage.
@@ -155,35 +156,6 @@ impl InputKind {
             InputKind::Image(s) => s.shape().to_vec(),
             InputKind::Text { tokens } => vec![*tokens],
         }
-    }
-}
-
-/// Image preprocessing: resize the shorter side to `resize`, center-crop `crop`²,
-/// scale to [0, 1], subtract `mean` and divide by `std` per channel (CHW layout).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ImageSpec {
-    /// Shorter side after resizing.
-    pub(crate) resize: u32,
-    /// Side of the center crop.
-    pub(crate) crop: u32,
-    /// Per-channel mean (RGB).
-    pub mean: [f32; 3],
-    /// Per-channel standard deviation (RGB).
-    pub std: [f32; 3],
-}
-
-impl ImageSpec {
-    /// torchvision's ImageNet evaluation transform.
-    pub const IMAGENET_224: ImageSpec = ImageSpec {
-        resize: 256,
-        crop: 224,
-        mean: [0.485, 0.456, 0.406],
-        std: [0.229, 0.224, 0.225],
-    };
-
-    /// Per-sample input shape (C, H, W).
-    pub fn shape(&self) -> [usize; 3] {
-        [3, self.crop as usize, self.crop as usize]
     }
 }
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use csd_runtime::node_client::NodeClient;
-use csd_runtime::protocol::Compression;
-use csd_runtime::protocol::ObjectDescription;
+use csd_protocol::Compression;
+use csd_protocol::ObjectDescription;
+use csd_protocol::node_client::NodeClient;
 
 use crate::compute::gate::LocalGate;
 use crate::compute::range_read::{NodeRangeStore, RangeReadTable};

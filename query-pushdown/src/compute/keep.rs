@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use csd_runtime::node_client::{Error as ClientError, Kept};
-use csd_runtime::sandbox::{ModuleDigest, missing_module};
+use csd_protocol::ModuleDigest;
+use csd_protocol::node_client::{Error as ClientError, Kept};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -51,8 +51,8 @@ impl CsdSession {
         }
         let task = self.ctx.task_ctx();
         // The answer never crosses the link: compressing it would only cost the node.
-        let compression = csd_runtime::protocol::Compression::None;
-        let group = csd_runtime::refs::new_group();
+        let compression = csd_protocol::Compression::None;
+        let group = csd_protocol::refs::new_group();
         let runs = scan.table().endpoints().iter().map(|endpoint| {
             let opener = scan.opener(endpoint.clone(), task.clone());
             let group = group.as_str();
@@ -66,16 +66,17 @@ impl CsdSession {
                         .await
                     {
                         // A node without a Wasm function's module: send it once.
-                        Err(e) if e.code() == Some(tonic::Code::NotFound) => {
-                            let missing = missing_module(&e.to_string())
-                                .filter(|d| !sent.contains(d))
-                                .and_then(|d| opener.functions.iter().find(|f| f.digest == d))
-                                .and_then(|f| Some((f.digest, f.bytes.clone()?)));
-                            let Some((digest, bytes)) = missing else {
-                                return Err(to_datafusion(e));
+                        Err(ClientError::ModuleMissing(d)) => {
+                            let bytes = opener
+                                .functions
+                                .iter()
+                                .find(|f| f.digest == d && !sent.contains(&d))
+                                .and_then(|f| f.bytes.clone());
+                            let Some(bytes) = bytes else {
+                                return Err(to_datafusion(ClientError::ModuleMissing(d)));
                             };
                             client.put_module(&bytes).await.map_err(to_datafusion)?;
-                            sent.push(digest);
+                            sent.push(d);
                         }
                         Err(ClientError::PushedBack(p)) => {
                             return Err(DataFusionError::External(

@@ -14,6 +14,7 @@ use std::time::Duration;
 use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
 use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::execution::TaskContext;
@@ -25,8 +26,59 @@ use datafusion_distributed::DistributedTaskContext;
 use futures::Stream;
 use tokio::sync::{OnceCell, watch};
 
-use crate::compute::distributed::keys::{self, RemoteKeys};
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
+
+/// Where one collector's keys meet when its build side and a scan it filters run
+/// in different stages: a key board's worker and the set's name there.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub(crate) struct RemoteKeys {
+    /// The worker holding the board (`http://host:port`).
+    #[prost(string, tag = "1")]
+    pub(crate) home: String,
+    /// The set's name: unique per planned query and collector.
+    #[prost(string, tag = "2")]
+    pub(crate) key: String,
+    /// How long a scan waits for the set, in milliseconds.
+    #[prost(uint64, tag = "3")]
+    pub(crate) wait_ms: u64,
+}
+
+impl RemoteKeys {
+    pub(crate) fn wait(&self) -> Duration {
+        Duration::from_millis(self.wait_ms)
+    }
+}
+
+/// How keys reach a [`RemoteKeys`] set and come back as a filter: the compute
+/// tier's distributed part (`compute::distributed::keys`, a board on a worker)
+/// implements it; the collector knows it by this trait only.
+#[async_trait]
+pub(crate) trait KeyMeeting: Send + Sync + fmt::Debug {
+    /// Publishes one build task (`task` of `tasks`) keys to `at` (`Ok`: row
+    /// hashes, `Err`: why it has none).
+    async fn publish(
+        &self,
+        at: &RemoteKeys,
+        task: (usize, usize),
+        bits_per_key: usize,
+        keys: std::result::Result<Vec<u64>, String>,
+    ) -> std::result::Result<(), String>;
+
+    /// The set's filter and its key count once complete, or why there is none
+    /// (also when it is not complete within `wait`).
+    async fn fetch(
+        &self,
+        at: &RemoteKeys,
+        wait: Duration,
+    ) -> std::result::Result<(Bloom, usize), String>;
+}
+
+/// A set the keys meet at, and the way there.
+#[derive(Debug)]
+struct Meeting {
+    at: RemoteKeys,
+    via: Arc<dyn KeyMeeting>,
+}
 
 /// The keys of one hash join's build side, collected as its partitions run.
 #[derive(Debug)]
@@ -42,9 +94,8 @@ pub(crate) struct KeyCollector {
     done: watch::Sender<bool>,
     built: OnceLock<Option<Arc<Bloom>>>,
     /// Set when the build side and a scan it filters run in different stages: the
-    /// build side's tasks publish their keys there, and scans fetch the union (see
-    /// [`crate::compute::distributed::keys`]).
-    remote: OnceLock<RemoteKeys>,
+    /// build side's tasks publish their keys there, and scans fetch the union.
+    remote: OnceLock<Meeting>,
     /// This build task's index and its stage's task count (one task outside a
     /// distributed plan).
     task: OnceLock<(usize, usize)>,
@@ -105,27 +156,32 @@ impl KeyCollector {
 
     /// A scan's view of collector `id`, whose build side runs in another stage: it
     /// only fetches the keys from `remote`.
-    pub(crate) fn remote_only(id: u64, remote: RemoteKeys, bits_per_key: usize) -> Self {
+    pub(crate) fn remote_only(
+        id: u64,
+        remote: RemoteKeys,
+        via: Arc<dyn KeyMeeting>,
+        bits_per_key: usize,
+    ) -> Self {
         let c = Self::with_id(id, Vec::new(), 0, remote.wait(), bits_per_key);
         c.published.store(true, Ordering::Relaxed);
-        let _ = c.remote.set(remote);
+        c.set_remote(remote, via);
         c
     }
 
-    /// Its keys meet across stages at `remote` (set once, when the plan is cut into
-    /// stages).
-    pub(crate) fn set_remote(&self, remote: RemoteKeys) {
-        let _ = self.remote.set(remote);
+    /// Its keys meet across stages at `remote`, reached `via` (set once, when the
+    /// plan is cut into stages).
+    pub(crate) fn set_remote(&self, remote: RemoteKeys, via: Arc<dyn KeyMeeting>) {
+        let _ = self.remote.set(Meeting { at: remote, via });
     }
 
     /// Where its keys meet across stages, if they do.
     pub(crate) fn remote(&self) -> Option<&RemoteKeys> {
-        self.remote.get()
+        self.remote.get().map(|m| &m.at)
     }
 
     /// Publishes this task's keys (or why it has none) to its remote set, once.
     fn publish(&self) {
-        let Some(remote) = self.remote.get() else {
+        let Some(meeting) = self.remote.get() else {
             return;
         };
         if self.published.swap(true, Ordering::AcqRel) {
@@ -145,13 +201,13 @@ impl KeyCollector {
             Err(_) => Err("key collector poisoned".into()),
         };
         let task = self.task.get().copied().unwrap_or((0, 1));
-        let (remote, bits) = (remote.clone(), self.bits_per_key);
+        let (remote, via, bits) = (meeting.at.clone(), meeting.via.clone(), self.bits_per_key);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             tracing::debug!("join keys not published: no runtime");
             return;
         };
         rt.spawn(async move {
-            if let Err(e) = keys::publish(&remote, task, bits, keys).await {
+            if let Err(e) = via.publish(&remote, task, bits, keys).await {
                 tracing::warn!(
                     "join keys not published (scans waiting on them run unfiltered): {e}"
                 );
@@ -160,10 +216,10 @@ impl KeyCollector {
     }
 
     /// The filter from the remote set: its build tasks' keys together.
-    async fn fetch(&self, remote: &RemoteKeys) -> Option<Arc<Bloom>> {
+    async fn fetch(&self, meeting: &Meeting) -> Option<Arc<Bloom>> {
         self.fetched
             .get_or_init(|| async {
-                match keys::fetch(remote, self.wait).await {
+                match meeting.via.fetch(&meeting.at, self.wait).await {
                     Ok((bloom, n)) => {
                         if let Ok(mut s) = self.state.lock() {
                             s.keys = n;

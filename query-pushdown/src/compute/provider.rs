@@ -29,14 +29,16 @@ use datafusion_substrait::substrait::proto::Plan;
 use prost::Message;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
+use crate::compute::pushable::pushable;
 use crate::compute::scan::CsdScanExec;
 use crate::eval::scan::balanced_conjunction;
-use crate::eval::wasm_fn::{ShippedFunction, functions_in};
+use crate::eval::wasm_fn::functions_in;
 use crate::options::CsdOptions;
 use crate::wire::connectives::flatten_connectives;
 use crate::wire::fragment::Mode;
 use crate::wire::fragment::{MAX_PLAN_BYTES, validate};
-use crate::wire::functions::{node_evaluates, pushable};
+use crate::wire::functions::node_evaluates;
+use crate::wire::shipped::ShippedFunction;
 
 /// A table spread over storage nodes, with pushdown.
 #[derive(Debug, Clone)]

@@ -43,9 +43,9 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use crate::compute::provider::{CsdTable, describe, session_state};
+use crate::compute::pushable::{pushable, pushable_aggregate};
 use crate::compute::scan::CsdScanExec;
 use crate::wire::fragment::Mode;
-use crate::wire::functions::{pushable, pushable_aggregate};
 
 /// What a [`CsdPushdown`] pushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]

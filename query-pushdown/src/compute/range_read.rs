@@ -15,7 +15,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use csd_runtime::node_client::NodeClient;
+use csd_protocol::node_client::NodeClient;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use csd_runtime::node_client::{Credentials, NodeClient};
-use csd_runtime::protocol::Compression;
+use csd_protocol::Compression;
+use csd_protocol::node_client::{Credentials, NodeClient};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;

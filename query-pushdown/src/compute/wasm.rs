@@ -16,25 +16,26 @@ use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
-use csd_runtime::memory::MemoryLedger;
-use csd_runtime::node_client::{Error as ClientError, NodeClient};
-use csd_runtime::protocol::OperatorReport;
-use csd_runtime::sandbox::{
-    GuestKind, GuestReader, ModuleDigest, ModuleStore, Sandbox, SandboxLimits, missing_module,
-};
+use csd_protocol::node_client::{Error as ClientError, NodeClient};
+use csd_protocol::{ModuleDigest, OperatorReport};
+use csd_runtime::sandbox::{GuestKind, GuestReader};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::provider::CsdTable;
+use crate::compute::sandbox::local_sandbox;
 use crate::compute::scan::CsdScanExec;
 use crate::compute::session::CsdSession;
 use crate::error::{to_datafusion, to_runtime};
 use crate::eval::wasm::{GuestFigures, guest_args, run_guest};
-use crate::eval::wasm_fn::{ShippedFunction, WasmScalarUdf};
+use crate::eval::wasm_fn::WasmScalarUdf;
 use crate::options::CsdOptions;
-use crate::wire::wasm::{MAX_INLINE_MODULE, OPERATOR_NAME, WasmFunctionMsg, WasmRequest};
+use crate::wire::details::{WasmDetails, WasmKind};
+use crate::wire::shipped::ShippedFunction;
+use crate::wire::shipped::{MAX_INLINE_MODULE, WasmFunctionMsg};
+use crate::wire::wasm::{OPERATOR_NAME, WasmRequest};
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
 
@@ -86,50 +87,8 @@ pub struct WasmRun {
     pub endpoints: Vec<WasmEndpointRun>,
 }
 
-fn external(e: csd_runtime::Error) -> DataFusionError {
+fn external(e: csd_protocol::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
-}
-
-/// This process's sandbox (for handed-back requests and merges), made on first use.
-pub fn local_sandbox() -> Result<Arc<Sandbox>> {
-    static LOCAL: Mutex<Option<Arc<Sandbox>>> = Mutex::new(None);
-    let mut g = LOCAL
-        .lock()
-        .map_err(|_| DataFusionError::Internal("the local sandbox's lock".into()))?;
-    if let Some(s) = g.as_ref() {
-        return Ok(s.clone());
-    }
-    let limits = SandboxLimits::default();
-    let ledger = MemoryLedger::new(4 * limits.memory);
-    let s = Arc::new(Sandbox::with_store(limits, ledger, module_cache_dir()).map_err(external)?);
-    *g = Some(s.clone());
-    Ok(s)
-}
-
-/// Where this process keeps compiled modules: `$CSD_WASM_CACHE`, else
-/// `$XDG_CACHE_HOME/csd/wasm`, else `~/.cache/csd/wasm` (made private, mode 0700);
-/// `None` (memory only) when it cannot be made.
-fn module_cache_dir() -> Option<ModuleStore> {
-    let dir = match std::env::var_os("CSD_WASM_CACHE") {
-        Some(d) if d.is_empty() => return None,
-        Some(d) => std::path::PathBuf::from(d),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .map(std::path::PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?
-            .join("csd")
-            .join("wasm"),
-    };
-    let made = std::fs::create_dir_all(&dir).and_then(|()| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-    });
-    match made {
-        Ok(()) => Some(ModuleStore::Dir(dir)),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), "no module cache directory: {e}");
-            None
-        }
-    }
 }
 
 /// The SHA-256 of `module`, remembered for the last few modules: hashing a 1.3 MB
@@ -167,16 +126,16 @@ struct RangeReader {
 }
 
 impl GuestReader for RangeReader {
-    fn read(&self, object: &str, offset: u64, len: usize) -> csd_runtime::Result<Vec<u8>> {
+    fn read(&self, object: &str, offset: u64, len: usize) -> csd_protocol::Result<Vec<u8>> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-            csd_runtime::Error::Internal("a guest's read ran outside a runtime".into())
+            csd_protocol::Error::Internal("a guest's read ran outside a runtime".into())
         })?;
         handle
             .block_on(self.client.read_range(object, offset, len as u64))
             .map(|b| b.to_vec())
             .map_err(|e| match e {
                 ClientError::Runtime(e) => e,
-                e => csd_runtime::Error::external(e.status_code(), "a guest's range read", e),
+                e => csd_protocol::Error::external(e.status_code(), "a guest's range read", e),
             })
     }
 }
@@ -209,16 +168,16 @@ impl CsdSession {
     /// the module's digest (the bytes follow to a node that lacks them); a fragment
     /// a node hands back runs the same module here.
     pub async fn register_wasm_udf(&self, name: &str, module: &[u8], export: &str) -> Result<()> {
-        crate::wire::wasm::check_function_name(name).map_err(external)?;
-        let most = csd_runtime::protocol::MAX_MESSAGE_BYTES - (64 << 10);
+        crate::wire::shipped::check_function_name(name).map_err(external)?;
+        let most = csd_protocol::MAX_MESSAGE_BYTES - (64 << 10);
         if module.len() > most {
-            return Err(external(csd_runtime::Error::ResourcesExhausted(format!(
+            return Err(external(csd_protocol::Error::ResourcesExhausted(format!(
                 "the module is {} bytes; a module travels in one message of at most {most} bytes",
                 module.len()
             ))));
         }
         if self.ctx.udf(name).is_ok() {
-            return Err(external(csd_runtime::Error::InvalidArgument(format!(
+            return Err(external(csd_protocol::Error::InvalidArgument(format!(
                 "a function called {name} is already registered on this session"
             ))));
         }
@@ -234,7 +193,7 @@ impl CsdSession {
             module: None,
             ..shipped.to_msg()
         };
-        crate::wire::wasm::check_functions(std::slice::from_ref(&check)).map_err(external)?;
+        crate::wire::shipped::check_functions(std::slice::from_ref(&check)).map_err(external)?;
         let digest = compiled.digest;
         let udf = WasmScalarUdf::load(
             sandbox,
@@ -248,7 +207,7 @@ impl CsdSession {
             // scans: each gets the module now, and each task's session the function.
             for w in self.workers() {
                 let home = crate::compute::distributed::worker_url(w)?;
-                crate::compute::distributed::service::put_module(
+                crate::compute::distributed::actions::put_module(
                     home.as_str().trim_end_matches('/'),
                     module,
                 )
@@ -282,10 +241,10 @@ impl CsdSession {
     /// Runs `job`'s module over its table at the nodes (see the module docs).
     pub async fn run_wasm(&self, job: &WasmJob) -> Result<WasmRun> {
         // A module travels in one message (a request or a put_module action).
-        let most = csd_runtime::protocol::MAX_MESSAGE_BYTES - (64 << 10);
+        let most = csd_protocol::MAX_MESSAGE_BYTES - (64 << 10);
         if job.module.len() > most {
             return Err(DataFusionError::External(Box::new(
-                csd_runtime::Error::ResourcesExhausted(format!(
+                csd_protocol::Error::ResourcesExhausted(format!(
                     "the module is {} bytes; a module travels in one message of at most {most} bytes",
                     job.module.len()
                 )),
@@ -425,11 +384,7 @@ async fn run_endpoint(
             )
             .await;
         match r {
-            Err(e)
-                if !run.module_sent
-                    && e.code() == Some(tonic::Code::NotFound)
-                    && missing_module(&e.to_string()) == Some(digest) =>
-            {
+            Err(ClientError::ModuleMissing(d)) if !run.module_sent && d == digest => {
                 endpoint
                     .client
                     .put_module(&job.module)
@@ -453,10 +408,10 @@ async fn run_endpoint(
             let kind = match run
                 .report
                 .as_ref()
-                .and_then(|r| r.details.get("wasm_kind"))
-                .map(String::as_str)
+                .and_then(|r| r.details::<WasmDetails>())
+                .map(|d| d.wasm_kind)
             {
-                Some("aggregate") => GuestKind::Aggregate,
+                Some(WasmKind::Aggregate) => GuestKind::Aggregate,
                 _ => GuestKind::Rows,
             };
             return Ok((batches, run, kind));

@@ -12,7 +12,7 @@ pub(crate) mod wasm_fn;
 use std::sync::{Arc, OnceLock};
 
 use arrow::datatypes::DataType;
-use csd_runtime::{Error, Result};
+use csd_protocol::{Error, Result};
 use datafusion::datasource::TableProvider;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnv;

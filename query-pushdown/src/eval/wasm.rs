@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
+use csd_protocol::{Error, Result};
 use csd_runtime::sandbox::{CompiledModule, GuestKind, GuestReader, Sandbox};
-use csd_runtime::{Error, Result};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 

@@ -11,47 +11,17 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
-use csd_runtime::sandbox::{CompiledModule, GuestInstance, ModuleDigest, Sandbox};
+use csd_runtime::sandbox::{CompiledModule, GuestInstance, Sandbox};
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::SessionContext;
 
-use crate::wire::wasm::{MAX_INLINE_MODULE, WasmFunctionMsg, check_function_name};
+use crate::wire::shipped::{ShippedFunction, WasmFunctionMsg, check_function_name};
 
 /// Most arguments of a Wasm SQL function.
 pub(crate) const MAX_FUNCTION_ARGS: usize = 32;
-
-/// What names a shipped function: its SQL name, its module and export, and (on the
-/// compute side) the module's bytes, to send a node that lacks them.
-#[derive(Debug, Clone)]
-pub struct ShippedFunction {
-    /// The SQL name.
-    pub name: String,
-    /// The export that computes it.
-    pub export: String,
-    /// The module's digest.
-    pub digest: ModuleDigest,
-    /// The module's bytes (compute side only).
-    pub bytes: Option<Arc<[u8]>>,
-}
-
-impl ShippedFunction {
-    /// How a fragment declares it (the bytes inline when they are small).
-    pub fn to_msg(&self) -> WasmFunctionMsg {
-        WasmFunctionMsg {
-            name: self.name.clone(),
-            module_digest: self.digest.0.to_vec(),
-            export: self.export.clone(),
-            module: self
-                .bytes
-                .as_ref()
-                .filter(|b| b.len() <= MAX_INLINE_MODULE / 4)
-                .map(|b| b.to_vec()),
-        }
-    }
-}
 
 /// Parses a function's signature text, `ARG, … -> RET` in Arrow's type names.
 pub fn parse_signature(text: &str) -> Result<(Vec<DataType>, DataType), String> {
@@ -138,12 +108,12 @@ impl WasmScalarUdf {
         module: Arc<CompiledModule>,
         shipped: ShippedFunction,
         cancel: Arc<AtomicBool>,
-    ) -> csd_runtime::Result<Self> {
+    ) -> csd_protocol::Result<Self> {
         check_function_name(&shipped.name)?;
         let mut instance = sandbox.instantiate_functions(&module, cancel.clone())?;
         let text = instance.signature(&shipped.export)?;
         let (args, returns) = parse_signature(&text).map_err(|e| {
-            csd_runtime::Error::InvalidArgument(format!(
+            csd_protocol::Error::InvalidArgument(format!(
                 "wasm module {:?}, function {}: {e}",
                 shipped.digest, shipped.export
             ))
@@ -162,7 +132,7 @@ impl WasmScalarUdf {
 
     /// Calls the export on `batch`, in an idle instance or a new one (an instance
     /// whose call failed is dropped, not reused).
-    fn call(&self, batch: &RecordBatch) -> csd_runtime::Result<ArrayRef> {
+    fn call(&self, batch: &RecordBatch) -> csd_protocol::Result<ArrayRef> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         let mut instance = match idle {
             Some(i) => i,
@@ -272,8 +242,8 @@ pub(crate) async fn register_functions(
     sandbox: &Arc<Sandbox>,
     functions: &[WasmFunctionMsg],
     cancel: &Arc<AtomicBool>,
-) -> csd_runtime::Result<Vec<String>> {
-    let digests = crate::wire::wasm::check_functions(functions)?;
+) -> csd_protocol::Result<Vec<String>> {
+    let digests = crate::wire::shipped::check_functions(functions)?;
     let mut names = Vec::with_capacity(functions.len());
     for (f, digest) in functions.iter().zip(digests) {
         let module = sandbox.module(&digest, f.module.as_deref()).await?;

@@ -1,18 +1,20 @@
 //! The node side of shipped code: the `"wasm"` operator runs a tenant's module over
-//! the rows of a pushed scan (see [`crate::wire::wasm`]).
+//! the rows of a pushed scan, or over none (see [`crate::wire::wasm`]).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use csd_runtime::Result;
-use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
+use csd_protocol::{ModuleDigest, Result};
+use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorRequest, OperatorStream};
 use csd_runtime::sandbox::{GuestKind, GuestReader, NodeObjectReader};
 use futures::StreamExt;
 
+use super::sql::SqlRequest;
 use super::{SqlOperator, objects_in, objects_of};
 use crate::eval::wasm::{GuestFigures, guest_args, peek_schema, run_guest, run_guest_here};
-use crate::wire::wasm::{OPERATOR_NAME, WasmRequest};
+use crate::wire::details::{WasmDetails, WasmKind};
+use crate::wire::wasm::{OPERATOR_NAME, WasmInput, WasmRequest};
 
 /// The `"wasm"` operator: its input scans run by the node's `"sql"` operator.
 pub struct WasmOperator {
@@ -26,31 +28,59 @@ impl WasmOperator {
     }
 }
 
-#[async_trait]
 impl Operator for WasmOperator {
     fn name(&self) -> &'static str {
         OPERATOR_NAME
     }
 
-    fn tables(&self, args: &Bytes) -> Result<Vec<String>> {
-        let (_, _, input) = WasmRequest::decode_checked(args)?;
-        Ok(vec![input.table])
+    fn parse(self: Arc<Self>, args: Bytes) -> Result<Box<dyn OperatorRequest>> {
+        let (request, digest, input) = WasmRequest::decode_checked(&args)?;
+        let WasmInput {
+            table,
+            partition,
+            scan,
+        } = input;
+        let scan =
+            scan.map(|(frag, mode, plan)| SqlRequest::of(self.sql.clone(), frag, mode, plan));
+        Ok(Box::new(WasmCall {
+            request,
+            digest,
+            table,
+            partition,
+            scan,
+        }))
+    }
+}
+
+/// A `"wasm"` request, decoded and checked once: the module, its arguments, and
+/// its input (a parsed SQL request whose rows it receives, or a table it reads by
+/// itself).
+struct WasmCall {
+    request: WasmRequest,
+    digest: ModuleDigest,
+    table: String,
+    partition: Option<String>,
+    scan: Option<SqlRequest>,
+}
+
+#[async_trait]
+impl OperatorRequest for WasmCall {
+    fn tables(&self) -> Vec<String> {
+        vec![self.table.clone()]
     }
 
-    fn ships_code(&self, _args: &Bytes) -> bool {
+    fn ships_code(&self) -> bool {
         true
     }
 
-    fn cost_key(&self, args: &Bytes) -> Option<String> {
-        let (_, digest, _) = WasmRequest::decode_checked(args).ok()?;
-        Some(format!("wasm:{}", digest.short()))
+    fn cost_key(&self) -> Option<String> {
+        Some(format!("wasm:{}", self.digest.short()))
     }
 
     /// The input scan's estimate, plus the memory an instance may grow to.
-    async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> Result<Estimate> {
-        let (r, _, input) = WasmRequest::decode_checked(args)?;
-        let scan = match input.scan {
-            Some(_) => self.sql.estimate(ctx, &Bytes::from(r.input)).await?,
+    async fn estimate(&self, ctx: &OperatorContext) -> Result<Estimate> {
+        let scan = match &self.scan {
+            Some(scan) => scan.estimate(ctx).await?,
             None => Estimate {
                 bytes: 0,
                 memory: 0,
@@ -64,43 +94,41 @@ impl Operator for WasmOperator {
         })
     }
 
-    async fn open(&self, ctx: OperatorContext, args: Bytes) -> Result<OperatorStream> {
-        let (r, digest, input) = WasmRequest::decode_checked(&args)?;
+    async fn open(self: Box<Self>, ctx: OperatorContext) -> Result<OperatorStream> {
+        let WasmCall {
+            request,
+            digest,
+            table,
+            partition,
+            scan,
+        } = *self;
         let sandbox = ctx.node.sandbox.clone();
-        let module = sandbox.module(&digest, r.module.as_deref()).await?;
-        let (_, objects) = match &input.scan {
-            Some(frag) => objects_of(&ctx, frag)?,
-            None => objects_in(&ctx, &input.table, input.partition.as_deref())?,
+        let module = sandbox.module(&digest, request.module.as_deref()).await?;
+        let (_, objects) = match &scan {
+            Some(s) => objects_of(&ctx, s.fragment())?,
+            None => objects_in(&ctx, &table, partition.as_deref())?,
         };
         let objects: Vec<String> = objects.iter().map(|o| o.object.name.clone()).collect();
-        let rows = match input.scan {
-            Some(_) => {
-                self.sql
-                    .open(ctx.clone(), Bytes::from(r.input))
-                    .await?
-                    .batches
-            }
+        let has_rows = scan.is_some();
+        let rows = match scan {
+            Some(s) => Box::new(s).open(ctx.clone()).await?.batches,
             None => futures::stream::empty().boxed(),
         };
-        let reader = Arc::new(NodeObjectReader {
+        let reader: Arc<dyn GuestReader> = Arc::new(NodeObjectReader {
             store: ctx.node.tables.object_store().clone(),
             principal: ctx.principal.clone(),
             bytes_read: ctx.metrics.bytes_read.clone(),
         });
         let figures = Arc::new(GuestFigures::default());
         let args = guest_args(
-            &r.args,
+            &request.args,
             "map",
-            &[
-                ("csd.table", input.table.clone()),
-                ("csd.objects", objects.join(",")),
-            ],
+            &[("csd.table", table), ("csd.objects", objects.join(","))],
         );
-        let reader: Arc<dyn GuestReader> = reader;
         // A guest without input rows (a traversal) runs to its end right here.
-        let here = match input.scan {
-            Some(_) => None,
-            None => run_guest_here(
+        let here = match has_rows {
+            true => None,
+            false => run_guest_here(
                 &sandbox,
                 &module,
                 &args,
@@ -128,12 +156,13 @@ impl Operator for WasmOperator {
         };
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {
-            let kind = match figures.kind() {
-                GuestKind::Rows => "rows",
-                GuestKind::Aggregate => "aggregate",
-            };
-            metrics.set_detail("wasm_kind", kind);
-            metrics.set_detail("wasm_cpu_ms", format!("{:.3}", figures.cpu_ms()));
+            metrics.set_details(&WasmDetails {
+                wasm_kind: match figures.kind() {
+                    GuestKind::Rows => WasmKind::Rows,
+                    GuestKind::Aggregate => WasmKind::Aggregate,
+                },
+                wasm_cpu_ms: figures.cpu_ms(),
+            });
             None
         })
         .filter_map(futures::future::ready);

@@ -15,7 +15,7 @@
 //! }
 //! ```
 //!
-//! `functions` (see [`crate::wire::wasm::WasmFunctionMsg`]) declares the shipped
+//! `functions` (see [`crate::wire::shipped::WasmFunctionMsg`]) declares the shipped
 //! scalar functions the plan calls by name: each names its module by digest (the
 //! bytes ride along when small; else a node that lacks the module answers
 //! `NOT_FOUND` naming it and the compute tier sends it with `put_module`). A
@@ -62,9 +62,9 @@
 
 use std::collections::HashSet;
 
-use csd_runtime::Error;
+use csd_protocol::Error;
 /// The node's error type (re-exported for the fuzz target).
-pub use csd_runtime::Error as NodeError;
+pub use csd_protocol::Error as NodeError;
 use datafusion_substrait::substrait::proto::{
     self, Expression, FunctionArgument, Plan, Rel, expression::RexType,
     extensions::simple_extension_declaration::MappingType, function_argument::ArgType, plan_rel,
@@ -73,7 +73,7 @@ use datafusion_substrait::substrait::proto::{
 use prost::Message;
 
 use crate::wire::keyfilter::{KeyFilterMsg, MAX_FILTER_BYTES};
-use crate::wire::wasm::{MAX_INLINE_MODULE, WasmFunctionMsg, check_functions};
+use crate::wire::shipped::{MAX_INLINE_MODULE, WasmFunctionMsg, check_functions};
 
 /// Name of the operator in tickets.
 pub const OPERATOR_NAME: &str = "sql";

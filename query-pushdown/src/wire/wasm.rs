@@ -18,127 +18,28 @@
 //! `input` runs the module over no rows (`csd_init`, then `csd_finish`): a guest that
 //! only reads objects of `table` (a traversal, a pointer chase) skips planning and
 //! scanning altogether. A node that lacks the
-//! module answers `NOT_FOUND` naming its digest
-//! ([`csd_runtime::sandbox::missing_module`]); the client sends the bytes with the
-//! `put_module` action and asks again. The trailing report's details say
-//! `wasm_kind` (`rows` or `aggregate`) and `wasm_cpu_ms`.
+//! module answers `NOT_FOUND` naming its digest in the status's metadata
+//! ([`csd_protocol::error::StatusDetail::ModuleMissing`]); the client sends the
+//! bytes with the `put_module` action and asks again. The trailing report's details
+//! are [`WasmDetails`](super::details::WasmDetails).
 
 use std::collections::BTreeMap;
 
-use csd_runtime::Error;
-use csd_runtime::sandbox::ModuleDigest;
+use csd_protocol::Error;
+use csd_protocol::ModuleDigest;
+use csd_protocol::error::truncated;
 use prost::Message;
 
-use crate::wire::fragment::SqlFragment;
+use datafusion_substrait::substrait::proto::Plan;
+
+use crate::wire::fragment::{Mode, SqlFragment};
 
 /// Name of the operator in tickets.
 pub const OPERATOR_NAME: &str = "wasm";
-/// Largest module sent inside a request (larger ones go by `put_module`).
-pub const MAX_INLINE_MODULE: usize = 256 << 10;
 /// Most arguments.
 pub const MAX_ARGS: usize = 256;
 /// Largest argument key or value.
 pub const MAX_ARG_BYTES: usize = 64 << 10;
-
-/// Most Wasm SQL functions one fragment calls.
-pub const MAX_SHIPPED_FUNCTIONS: usize = 16;
-/// Longest Wasm SQL function name or export.
-pub const MAX_FUNCTION_NAME: usize = 64;
-
-/// A Wasm SQL function a fragment calls (see [`crate::wire::fragment`]):
-///
-/// ```text
-/// message WasmFunction {
-///   string name = 1;           // as the plan calls it (lower case: [a-z_][a-z0-9_]*)
-///   bytes module_digest = 2;   // SHA-256 of the module's bytes
-///   string export = 3;         // the module's export (and csd_signature_<export>)
-///   optional bytes module = 4; // the module's bytes, when small enough
-/// }
-/// ```
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WasmFunctionMsg {
-    /// The function's SQL name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// SHA-256 of the module's bytes.
-    #[prost(bytes = "vec", tag = "2")]
-    pub module_digest: Vec<u8>,
-    /// The module's export that computes it.
-    #[prost(string, tag = "3")]
-    pub export: String,
-    /// The module's bytes, when they ride in the fragment.
-    #[prost(bytes = "vec", optional, tag = "4")]
-    pub module: Option<Vec<u8>>,
-}
-
-/// Checks a Wasm SQL function's name: what SQL calls it by (unquoted names fold to
-/// lower case) and what a fragment may declare.
-pub fn check_function_name(name: &str) -> Result<(), Error> {
-    let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-    if !first_ok
-        || name.len() > MAX_FUNCTION_NAME
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    {
-        return Err(invalid(format!(
-            "{:?} is not a usable name for a Wasm SQL function: use lower-case letters, digits and _ (at most {MAX_FUNCTION_NAME}, not starting with a digit)",
-            csd_runtime::error::truncated(name)
-        )));
-    }
-    if crate::wire::functions::node_evaluates(name) {
-        return Err(invalid(format!(
-            "a Wasm SQL function may not be called {name}: that is a built-in function"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks the Wasm SQL functions a fragment declares: their names, exports and
-/// digests, and that their inline bytes stay within [`MAX_INLINE_MODULE`].
-pub fn check_functions(functions: &[WasmFunctionMsg]) -> Result<Vec<ModuleDigest>, Error> {
-    if functions.len() > MAX_SHIPPED_FUNCTIONS {
-        return Err(invalid(format!(
-            "a fragment declares {} Wasm SQL functions; at most {MAX_SHIPPED_FUNCTIONS} are accepted",
-            functions.len()
-        )));
-    }
-    let mut inline = 0usize;
-    let mut digests = Vec::with_capacity(functions.len());
-    for (i, f) in functions.iter().enumerate() {
-        check_function_name(&f.name)?;
-        if functions[..i].iter().any(|g| g.name == f.name) {
-            return Err(invalid(format!(
-                "a fragment declares the Wasm SQL function {} twice",
-                f.name
-            )));
-        }
-        if f.export.is_empty()
-            || f.export.len() > MAX_FUNCTION_NAME
-            || !f
-                .export
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(invalid(format!(
-                "the Wasm SQL function {} names the export {:?}: use letters, digits and _ (at most {MAX_FUNCTION_NAME})",
-                f.name,
-                csd_runtime::error::truncated(&f.export)
-            )));
-        }
-        digests.push(ModuleDigest::parse(&f.module_digest)?);
-        inline += f.module.as_ref().map_or(0, Vec::len);
-    }
-    if inline > MAX_INLINE_MODULE {
-        return Err(invalid(format!(
-            "a fragment carries {inline} bytes of Wasm modules; at most {MAX_INLINE_MODULE} ride inline (send larger ones with put_module)"
-        )));
-    }
-    Ok(digests)
-}
 
 /// The `args` of a `"wasm"` operator ticket.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -170,8 +71,9 @@ pub struct WasmInput {
     pub table: String,
     /// Its partition (absent: all at the node).
     pub partition: Option<String>,
-    /// The scan whose rows the guest receives; `None`: no rows.
-    pub scan: Option<SqlFragment>,
+    /// The scan whose rows the guest receives, decoded and checked (the fragment,
+    /// what it returns, its plan); `None`: no rows.
+    pub scan: Option<(SqlFragment, Mode, Plan)>,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -219,18 +121,18 @@ impl WasmRequest {
             };
             return Ok((r, digest, input));
         }
-        let (frag, _, _) = SqlFragment::decode_checked(&r.input)?;
+        let (frag, mode, plan) = SqlFragment::decode_checked(&r.input)?;
         if !r.table.is_empty() && r.table != frag.table {
             return Err(invalid(format!(
                 "a wasm request names table {:?} but its input reads {:?}",
-                csd_runtime::error::truncated(&r.table),
+                truncated(&r.table),
                 frag.table
             )));
         }
         let input = WasmInput {
             table: frag.table.clone(),
             partition: frag.partition.clone(),
-            scan: Some(frag),
+            scan: Some((frag, mode, plan)),
         };
         Ok((r, digest, input))
     }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use csd_protocol::NodeStats;
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, SessionOptions};
 use csd_runtime::admission::Policy;
 use csd_runtime::config::{ByteSize, NodeConfig};
-use csd_runtime::node_client::NodeClient;
-use csd_runtime::protocol::NodeStats;
 use csd_testbed::tpch;
 use datafusion::prelude::SessionContext;
 

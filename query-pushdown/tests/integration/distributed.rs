@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use csd_protocol::node_client::Credentials;
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions, WorkerEnv, Workers};
 use csd_runtime::node::RunningNode;
-use csd_runtime::node_client::Credentials;
 use csd_testbed::link::{LinkSpec, ThrottledLink};
 use csd_testbed::tpch;
 use tokio::sync::oneshot;

@@ -12,9 +12,9 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
 use datafusion::prelude::SessionContext;
 
+use csd_protocol::Compression;
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, SessionOptions};
-use csd_runtime::node_client::NodeClient;
-use csd_runtime::protocol::Compression;
 
 use crate::{assert_same, nodes, register_local, sessions};
 

@@ -5,9 +5,9 @@
 
 use std::fmt::Write as _;
 
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, CsdSession, SQL_RECURSION_LIMIT, SessionOptions};
 use csd_runtime::config::NodeConfig;
-use csd_runtime::node_client::NodeClient;
 use datafusion::prelude::SessionContext;
 
 use crate::edge::{put_t, schema};

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use csd_protocol::Compression;
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::wire::fragment::{Mode, OPERATOR_NAME, SqlFragment};
 use csd_query_pushdown::wire::keyfilter::{Bloom, KeyFilterMsg, hash_rows};
-use csd_runtime::node_client::NodeClient;
-use csd_runtime::protocol::Compression;
 use datafusion::prelude::SessionContext;
 use datafusion_substrait::logical_plan::producer::to_substrait_plan;
 use datafusion_substrait::substrait::proto::{
@@ -66,7 +66,7 @@ async fn refused(c: &NodeClient, args: Vec<u8>) -> (Code, String) {
         Ok(reply) => reply.batches.try_collect::<Vec<_>>().await.map(|_| ()),
     };
     match r {
-        Err(csd_runtime::node_client::Error::Rpc { code, message }) => (code, message),
+        Err(csd_protocol::node_client::Error::Rpc { code, message }) => (code, message),
         other => panic!("expected a refusal, got {other:?}"),
     }
 }

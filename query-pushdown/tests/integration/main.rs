@@ -17,10 +17,10 @@ use std::sync::Arc;
 use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};
-use csd_runtime::node_client::NodeClient;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Parallelism, SqlOperator};
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node::{self, RunningNode};
-use csd_runtime::node_client::NodeClient;
 use csd_runtime::operator::OperatorRegistry;
 use csd_runtime::table::ParquetOptions;
 use csd_testbed::tpch;
@@ -101,10 +101,14 @@ async fn tpch_fragments_in_two_streams() {
     // The split happened: Q1's lineitem partitions ran in two streams each.
     let (on, _) = sessions(&nodes).await;
     let run = on.run(tpch::query(1).unwrap()).await.unwrap();
-    let streams: Vec<String> = run
+    let streams: Vec<usize> = run
         .node_runs
         .iter()
-        .map(|r| r.report.details.get("streams").cloned().unwrap_or_default())
+        .map(|r| {
+            r.report
+                .details::<csd_query_pushdown::wire::details::SqlDetails>()
+                .map_or(0, |d| d.streams)
+        })
         .collect();
-    assert_eq!(streams, ["2", "2"]);
+    assert_eq!(streams, [2, 2]);
 }

@@ -118,6 +118,16 @@ pub enum Start {
     Cold,
 }
 
+impl std::fmt::Display for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Start::Hot => "hot",
+            Start::Warm => "warm",
+            Start::Cold => "cold",
+        })
+    }
+}
+
 /// The JSON head of an `invoke` answer (a newline and the result's Arrow IPC follow).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InvokeAnswer {

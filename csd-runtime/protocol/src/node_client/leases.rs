@@ -29,10 +29,7 @@ impl NodeClient {
     }
 
     /// A lease as `request` asks (memory, an idle limit).
-    pub async fn lease_with(
-        &self,
-        request: &LeaseRequest,
-    ) -> Result<LeaseInfo> {
+    pub async fn lease_with(&self, request: &LeaseRequest) -> Result<LeaseInfo> {
         self.action(request).await
     }
 
@@ -56,10 +53,7 @@ impl NodeClient {
     }
 
     /// [`Self::hold_lease`] as `request` asks; its idle limit defaults to 10 s.
-    pub async fn hold_lease_with(
-        &self,
-        request: &LeaseRequest,
-    ) -> Result<HeldLease> {
+    pub async fn hold_lease_with(&self, request: &LeaseRequest) -> Result<HeldLease> {
         let mut request = request.clone();
         let idle = Duration::from_secs_f64(
             request

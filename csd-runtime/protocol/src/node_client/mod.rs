@@ -115,10 +115,7 @@ impl NodeClient {
                 cfg = cfg.identity(Identity::from_pem(cert, key));
             }
             endpoint = endpoint.tls_config(cfg).map_err(|e| {
-                Error::InvalidInput(format!(
-                    "TLS settings for {url}: {}",
-                    chain(&e)
-                ))
+                Error::InvalidInput(format!("TLS settings for {url}: {}", chain(&e)))
             })?;
         }
         Ok(endpoint
@@ -185,16 +182,13 @@ impl NodeClient {
         loop {
             let mut req = tonic::Request::new(FlightTicket::new(bytes.clone()));
             if let Some(t) = &self.tenant {
-                req.metadata_mut()
-                    .insert(crate::TENANT_METADATA, t.clone());
+                req.metadata_mut().insert(crate::TENANT_METADATA, t.clone());
             }
             if let Some(a) = &self.authorization {
-                req.metadata_mut()
-                    .insert(crate::AUTHORIZATION, a.clone());
+                req.metadata_mut().insert(crate::AUTHORIZATION, a.clone());
             }
             if let Some(l) = &self.lease {
-                req.metadata_mut()
-                    .insert(crate::LEASE_METADATA, l.clone());
+                req.metadata_mut().insert(crate::LEASE_METADATA, l.clone());
             }
             match self.raw.clone().do_get(req).await {
                 Ok(r) => return Ok(r.into_inner()),
@@ -418,8 +412,7 @@ impl NodeClient {
     /// Sends a WebAssembly module's bytes (the `put_module` action): the node checks
     /// and compiles it once and keeps it for requests that name its digest.
     pub async fn put_module(&self, bytes: &[u8]) -> Result<PutModuleResponse> {
-        let action =
-            arrow_flight::Action::new(PUT_MODULE, Bytes::copy_from_slice(bytes));
+        let action = arrow_flight::Action::new(PUT_MODULE, Bytes::copy_from_slice(bytes));
         let mut results = self.flight().do_action(action).await?;
         let r = results
             .try_next()
@@ -442,4 +435,3 @@ impl NodeClient {
         .await
     }
 }
-

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
-use arrow_flight::error::FlightError;
 use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
@@ -75,10 +75,7 @@ impl NodeClient {
 
     /// Like [`Self::resolve`], with the bytes received counted (as an operator's
     /// answer is).
-    pub async fn resolve_counted(
-        &self,
-        reference: &Reference,
-    ) -> Result<OperatorReply> {
+    pub async fn resolve_counted(&self, reference: &Reference) -> Result<OperatorReply> {
         let ticket = reference
             .ticket_bytes()
             .map_err(|e| Error::InvalidInput(e.to_string()))?;
@@ -86,11 +83,7 @@ impl NodeClient {
     }
 
     /// Extends a kept result to `ttl` from now (Flight's `RenewFlightEndpoint`).
-    pub async fn renew(
-        &self,
-        reference: &Reference,
-        ttl: Duration,
-    ) -> Result<Reference> {
+    pub async fn renew(&self, reference: &Reference, ttl: Duration) -> Result<Reference> {
         let mut endpoint = reference
             .endpoint()
             .map_err(|e| Error::InvalidInput(e.to_string()))?;
@@ -102,15 +95,11 @@ impl NodeClient {
                 endpoint: Some(endpoint),
             })
             .await?;
-        Reference::of_endpoint(&renewed, &self.url)
-            .map_err(|e| Error::Protocol(e.to_string()))
+        Reference::of_endpoint(&renewed, &self.url).map_err(|e| Error::Protocol(e.to_string()))
     }
 
     /// Frees a kept result now.
-    pub async fn release(
-        &self,
-        reference: &Reference,
-    ) -> Result<RefInfo> {
+    pub async fn release(&self, reference: &Reference) -> Result<RefInfo> {
         self.action(&ReleaseRequest {
             ticket: reference.ticket.clone(),
         })
@@ -120,12 +109,7 @@ impl NodeClient {
     /// Lets tenant `to` read the kept query `reference` belongs to (at this node), or
     /// with `revoke`, no longer; returns the reference as `to` resolves it (its
     /// ticket sealed for `to`).
-    pub async fn grant(
-        &self,
-        reference: &Reference,
-        to: &str,
-        revoke: bool,
-    ) -> Result<Reference> {
+    pub async fn grant(&self, reference: &Reference, to: &str, revoke: bool) -> Result<Reference> {
         let d = self
             .action(&GrantRequest {
                 ticket: reference.ticket.clone(),

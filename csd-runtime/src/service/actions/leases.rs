@@ -92,7 +92,11 @@ impl FlightNode {
 
     /// `invoke`: a function of a shipped module on a lease's slot. The body is a
     /// JSON [`InvokeRequest`], a newline, and the arguments as Arrow IPC.
-    pub(super) async fn invoke(&self, who: &Principal, body: Bytes) -> Result<arrow_flight::Result> {
+    pub(super) async fn invoke(
+        &self,
+        who: &Principal,
+        body: Bytes,
+    ) -> Result<arrow_flight::Result> {
         who.check_any(Permission::Code, "invoke shipped code")?;
         let split = body.iter().position(|&b| b == b'\n').ok_or_else(|| {
             Error::InvalidArgument(

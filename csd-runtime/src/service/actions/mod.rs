@@ -13,14 +13,18 @@ use super::FlightNode;
 use crate::auth::Principal;
 use crate::error::{Error, Result, truncated};
 use crate::protocol::actions::{
-    ACTIONS, ActionRequest, CANCEL_FLIGHT_INFO, DeleteRequest, GrantRequest, INVOKE,
-    LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE, RENEW_FLIGHT_ENDPOINT,
-    RefsRequest, ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
+    ACTIONS, ActionRequest, CANCEL_FLIGHT_INFO, DeleteRequest, GrantRequest, INVOKE, LeaseRequest,
+    LeasesRequest, ObjectsRequest, PUT_MODULE, RENEW_FLIGHT_ENDPOINT, RefsRequest,
+    ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
 };
 
 impl FlightNode {
     /// The answer to `action` by `who`.
-    pub(super) async fn action(&self, who: &Principal, action: Action) -> Result<arrow_flight::Result> {
+    pub(super) async fn action(
+        &self,
+        who: &Principal,
+        action: Action,
+    ) -> Result<arrow_flight::Result> {
         let body = action.body;
         match action.r#type.as_str() {
             StatsRequest::TYPE => self.stats(who, StatsRequest::decode(&body)?).await,

@@ -37,7 +37,11 @@ impl FlightNode {
     }
 
     /// `objects`: the stored objects whose names start with a prefix (admins only).
-    pub(super) fn objects(&self, who: &Principal, r: ObjectsRequest) -> Result<arrow_flight::Result> {
+    pub(super) fn objects(
+        &self,
+        who: &Principal,
+        r: ObjectsRequest,
+    ) -> Result<arrow_flight::Result> {
         who.check_admin("list the node's objects")?;
         let list: Vec<ObjectEntry> = self
             .state

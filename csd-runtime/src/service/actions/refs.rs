@@ -49,7 +49,11 @@ impl FlightNode {
     }
 
     /// `CancelFlightInfo`: frees the kept results whose tickets a `FlightInfo` holds.
-    pub(super) async fn cancel(&self, who: &Principal, body: &[u8]) -> Result<arrow_flight::Result> {
+    pub(super) async fn cancel(
+        &self,
+        who: &Principal,
+        body: &[u8],
+    ) -> Result<arrow_flight::Result> {
         let r = CancelFlightInfoRequest::decode(body).map_err(|e| {
             Error::external(
                 crate::StatusCode::InvalidArgument,

@@ -8,8 +8,7 @@
 //! carry where the keys meet ([`RemoteKeys`]): the collector publishes there, the
 //! scan fetches from there.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::common::{DataFusionError, Result};
@@ -21,9 +20,9 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use super::keys::RemoteKeys;
-use super::worker::WorkerEnv;
-use crate::compute::key_collector::{KeyCollectExec, KeyCollector};
+use super::keys::FlightKeyBoard;
+use super::scope::DecodeScope;
+use crate::compute::key_collector::{KeyCollectExec, KeyCollector, RemoteKeys};
 use crate::compute::scan::CsdScanExec;
 use crate::compute::scan::codec::ScanMsg;
 
@@ -62,38 +61,6 @@ pub(crate) struct KeyCollectMsg {
     /// Where its keys meet the scans of other stages, if any do.
     #[prost(message, optional, tag = "5")]
     pub(crate) remote: Option<RemoteKeys>,
-}
-
-/// What decoding one plan on a worker shares: the worker's connections and the
-/// collectors met so far in this plan.
-pub(crate) struct DecodeScope {
-    env: Arc<WorkerEnv>,
-    collectors: Mutex<HashMap<u64, Arc<KeyCollector>>>,
-}
-
-impl DecodeScope {
-    pub(crate) fn new(env: Arc<WorkerEnv>) -> Self {
-        DecodeScope {
-            env,
-            collectors: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The worker's connections and stores.
-    pub(crate) fn env(&self) -> &WorkerEnv {
-        &self.env
-    }
-
-    /// The collector `id` of the plan being decoded, if it is in the same plan.
-    pub(crate) fn collector(&self, id: u64) -> Option<Arc<KeyCollector>> {
-        self.collectors().get(&id).cloned()
-    }
-
-    fn collectors(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<KeyCollector>>> {
-        self.collectors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 }
 
 fn decode_error(what: impl std::fmt::Display) -> DataFusionError {
@@ -145,7 +112,7 @@ impl PhysicalExtensionCodec for CsdCodec {
                     k.bits_per_key as usize,
                 ));
                 if let Some(r) = k.remote {
-                    collector.set_remote(r);
+                    collector.set_remote(r, Arc::new(FlightKeyBoard));
                 }
                 scope.collectors().insert(k.id, collector.clone());
                 Ok(Arc::new(KeyCollectExec::new(input.clone(), collector)))
@@ -198,18 +165,19 @@ mod tests {
 
     use super::*;
     use arrow::datatypes::{DataType, Field, Schema};
-    use csd_runtime::node_client::Credentials;
-    use csd_runtime::protocol::{Compression, ObjectDescription};
+    use csd_protocol::node_client::Credentials;
+    use csd_protocol::{Compression, ObjectDescription};
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::empty::EmptyExec;
     use datafusion::prelude::SessionConfig;
     use datafusion_proto::physical_plan::DefaultPhysicalProtoConverter;
     use proptest::prelude::*;
 
+    use super::super::env::WorkerEnv;
     use crate::compute::endpoints::{Endpoint, TableEndpoints};
     use crate::compute::range_read::NodeRangeStore;
-    use crate::eval::wasm_fn::ShippedFunction;
     use crate::wire::fragment::Mode;
+    use crate::wire::shipped::ShippedFunction;
 
     fn task_ctx(env: &Arc<WorkerEnv>) -> TaskContext {
         let config = SessionConfig::new().with_extension(Arc::new(DecodeScope::new(env.clone())));
@@ -305,7 +273,7 @@ mod tests {
                             Arc::new(ShippedFunction {
                                 name,
                                 export,
-                                digest: csd_runtime::sandbox::ModuleDigest(digest),
+                                digest: csd_protocol::ModuleDigest(digest),
                                 bytes: bytes.map(Arc::from),
                             })
                         })
@@ -409,7 +377,7 @@ mod tests {
             key: "q/1".into(),
             wait_ms: 1500,
         };
-        collector.set_remote(remote.clone());
+        collector.set_remote(remote.clone(), Arc::new(FlightKeyBoard));
         let ctx = task_ctx(&env);
         let s = roundtrip(scan, &[], &ctx);
         let s = s.downcast_ref::<CsdScanExec>().unwrap();

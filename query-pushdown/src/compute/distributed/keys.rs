@@ -10,7 +10,8 @@
 //! scan runs unfiltered and the join above stays exact.
 //!
 //! The board is reached through the worker's own Flight service (actions
-//! `csd.keys.publish` and `csd.keys.fetch`, see [`super::service`]). It holds a
+//! `csd.keys.publish` and `csd.keys.fetch`, see `service.rs`), by
+//! [`FlightKeyBoard`], the collectors' way to their set. It holds a
 //! bounded number of sets and of hashes, and forgets a set some time after its last
 //! use.
 
@@ -18,17 +19,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use csd_protocol::Error;
 use prost::Message;
 use tokio::sync::watch;
-use tonic::Status;
 
-use super::service::call;
+use super::actions::{FETCH, PUBLISH, call};
+use crate::compute::key_collector::{KeyMeeting, RemoteKeys};
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES};
-
-/// The action a build task publishes its keys with.
-pub(crate) const PUBLISH: &str = "csd.keys.publish";
-/// The action a scan task fetches the filter with.
-pub(crate) const FETCH: &str = "csd.keys.fetch";
 
 /// Most sets a board holds at once.
 const MAX_SETS: usize = 4096;
@@ -36,30 +34,6 @@ const MAX_SETS: usize = 4096;
 const MAX_HELD_HASHES: usize = 32 << 20;
 /// How long a set outlives its last publish or fetch beyond the waits named.
 const KEEP: Duration = Duration::from_secs(60);
-/// Largest message the board and its clients exchange: a task's distinct keys at the
-/// fewest bits per key a filter allows, with room for the envelope.
-pub(crate) const MAX_MESSAGE: usize = MAX_FILTER_BYTES * 8 * 8 + (1 << 20);
-
-/// Where one collector's keys meet: the board's worker and the set's name there.
-#[derive(Clone, PartialEq, Eq, prost::Message)]
-pub(crate) struct RemoteKeys {
-    /// The worker holding the board (`http://host:port`).
-    #[prost(string, tag = "1")]
-    pub(crate) home: String,
-    /// The set's name: unique per planned query and collector.
-    #[prost(string, tag = "2")]
-    pub(crate) key: String,
-    /// How long a scan waits for the set, in milliseconds.
-    #[prost(uint64, tag = "3")]
-    pub(crate) wait_ms: u64,
-}
-
-impl RemoteKeys {
-    pub(crate) fn wait(&self) -> Duration {
-        Duration::from_millis(self.wait_ms)
-    }
-}
-
 /// One build task's keys.
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct PublishMsg {
@@ -176,31 +150,32 @@ impl KeyBoard {
         sets: &'a mut HashMap<String, Set>,
         key: &str,
         now: Instant,
-    ) -> Result<&'a mut Set, Status> {
+    ) -> Result<&'a mut Set, Error> {
         if !sets.contains_key(key) {
             sets.retain(|_, s| s.expires > now);
             if sets.len() >= MAX_SETS {
-                return Err(Status::resource_exhausted(format!(
+                return Err(Error::ResourcesExhausted(format!(
                     "this worker holds {MAX_SETS} join-key sets already; the scans waiting \
                      on a new one run unfiltered"
                 )));
             }
             sets.insert(key.to_string(), Set::new(now));
         }
-        Ok(sets.get_mut(key).expect("inserted above"))
+        sets.get_mut(key)
+            .ok_or_else(|| Error::Internal("a join-key set vanished as it was made".into()))
     }
 
     /// Adds one build task's keys (or its reason for having none).
-    pub(crate) fn publish(&self, m: PublishMsg) -> Result<(), Status> {
+    pub(crate) fn publish(&self, m: PublishMsg) -> Result<(), Error> {
         if m.key.is_empty() || m.tasks == 0 || m.task >= m.tasks {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "join keys published by task {} of {} under {:?}: a task index below a \
                  non-zero task count and a set name are needed",
                 m.task, m.tasks, m.key
             )));
         }
         if !(1..=64).contains(&m.bits_per_key) || !m.hashes.len().is_multiple_of(8) {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "join keys with {} bits per key and {} bytes of hashes: 1 to 64 bits and \
                  whole 8-byte hashes are needed",
                 m.bits_per_key,
@@ -239,7 +214,7 @@ impl KeyBoard {
         set.hashes.extend(
             m.hashes
                 .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+                .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])),
         );
         let max_keys = MAX_FILTER_BYTES * 8 / m.bits_per_key as usize;
         if set.hashes.len() > 2 * max_keys {
@@ -265,7 +240,7 @@ impl KeyBoard {
 
     /// The filter of set `key`, once complete, or why there is none (also when it is
     /// not complete within `wait`).
-    pub(crate) async fn fetch(&self, key: &str, wait: Duration) -> Result<KeysMsg, Status> {
+    pub(crate) async fn fetch(&self, key: &str, wait: Duration) -> Result<KeysMsg, Error> {
         let mut rx = {
             let now = Instant::now();
             let mut sets = self.lock();
@@ -311,52 +286,65 @@ impl KeyBoard {
     }
 }
 
-/// Publishes one build task's keys (`Ok`: row hashes, `Err`: why it has none).
-pub(crate) async fn publish(
-    remote: &RemoteKeys,
-    (task, tasks): (usize, usize),
-    bits_per_key: usize,
-    keys: Result<Vec<u64>, String>,
-) -> Result<(), String> {
-    let (hashes, abandoned) = match keys {
-        Ok(h) => (h.iter().flat_map(|h| h.to_le_bytes()).collect(), None),
-        Err(why) => (Vec::new(), Some(why)),
-    };
-    let m = PublishMsg {
-        key: remote.key.clone(),
-        task: task as u32,
-        tasks: tasks as u32,
-        bits_per_key: bits_per_key as u32,
-        hashes,
-        abandoned,
-        wait_ms: remote.wait_ms,
-    };
-    call(&remote.home, PUBLISH, m.encode_to_vec(), remote.wait()).await?;
-    Ok(())
-}
+/// The key board on a worker, reached through its Flight service: how the
+/// collectors of a distributed plan meet.
+#[derive(Debug)]
+pub(crate) struct FlightKeyBoard;
 
-/// The set's filter and its key count, or why there is none.
-pub(crate) async fn fetch(remote: &RemoteKeys, wait: Duration) -> Result<(Bloom, usize), String> {
-    let m = FetchMsg {
-        key: remote.key.clone(),
-        wait_ms: wait.as_millis() as u64,
-    };
-    let body = call(&remote.home, FETCH, m.encode_to_vec(), wait).await?;
-    let k = KeysMsg::decode(body.as_slice())
-        .map_err(|e| format!("worker {}: a bad answer to {FETCH}: {e}", remote.home))?;
-    if let Some(why) = k.none {
-        return Err(why);
+#[async_trait]
+impl KeyMeeting for FlightKeyBoard {
+    async fn publish(
+        &self,
+        at: &RemoteKeys,
+        (task, tasks): (usize, usize),
+        bits_per_key: usize,
+        keys: Result<Vec<u64>, String>,
+    ) -> Result<(), String> {
+        let (hashes, abandoned) = match keys {
+            Ok(h) => (h.iter().flat_map(|h| h.to_le_bytes()).collect(), None),
+            Err(why) => (Vec::new(), Some(why)),
+        };
+        let m = PublishMsg {
+            key: at.key.clone(),
+            task: task as u32,
+            tasks: tasks as u32,
+            bits_per_key: bits_per_key as u32,
+            hashes,
+            abandoned,
+            wait_ms: at.wait_ms,
+        };
+        // Why the keys did not get there is all a build task can say of it (the
+        // scans waiting on them run unfiltered).
+        call(&at.home, PUBLISH, m.encode_to_vec(), at.wait())
+            .await
+            .map(drop)
+            .map_err(|e| csd_protocol::error::chain(&e))
     }
-    Ok((Bloom::from_blocks(&k.blocks)?, k.keys as usize))
+
+    async fn fetch(&self, at: &RemoteKeys, wait: Duration) -> Result<(Bloom, usize), String> {
+        let m = FetchMsg {
+            key: at.key.clone(),
+            wait_ms: wait.as_millis() as u64,
+        };
+        let body = call(&at.home, FETCH, m.encode_to_vec(), wait)
+            .await
+            .map_err(|e| csd_protocol::error::chain(&e))?;
+        let k = KeysMsg::decode(body.as_slice())
+            .map_err(|e| format!("worker {}: a bad answer to {FETCH}: {e}", at.home))?;
+        if let Some(why) = k.none {
+            return Err(why);
+        }
+        Ok((Bloom::from_blocks(&k.blocks)?, k.keys as usize))
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    fn msg(key: &str, task: u32, tasks: u32, hashes: &[u64]) -> PublishMsg {
+    pub(crate) fn msg(key: &str, task: u32, tasks: u32, hashes: &[u64]) -> PublishMsg {
         PublishMsg {
             key: key.into(),
             task,
@@ -368,7 +356,7 @@ mod tests {
         }
     }
 
-    fn hashes(range: std::ops::Range<u64>) -> Vec<u64> {
+    pub(crate) fn hashes(range: std::ops::Range<u64>) -> Vec<u64> {
         range
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .collect()
@@ -444,73 +432,14 @@ mod tests {
     fn bad_publishes_are_refused_with_a_reason() {
         let board = KeyBoard::default();
         let e = board.publish(msg("x", 2, 2, &[1])).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(e.message().contains("task index"), "{e}");
+        assert_eq!(e.status_code(), csd_protocol::StatusCode::InvalidArgument);
+        assert!(e.to_string().contains("task index"), "{e}");
         let mut m = msg("x", 0, 1, &[1]);
         m.hashes.pop();
         let e = board.publish(m).unwrap_err();
-        assert!(e.message().contains("8-byte"), "{e}");
+        assert!(e.to_string().contains("8-byte"), "{e}");
         let mut m = msg("x", 0, 1, &[1]);
         m.bits_per_key = 0;
         assert!(board.publish(m).is_err());
-    }
-
-    /// Over gRPC: a board served on a port, published to and fetched from by the
-    /// clients the collectors use; other calls are refused with a reason.
-    #[tokio::test]
-    async fn publish_and_fetch_over_grpc() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let home = format!("http://{}", listener.local_addr().unwrap());
-        let board = Arc::new(KeyBoard::default());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(super::super::service::WorkerActions(board).into_server())
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let remote = RemoteKeys {
-            home: home.clone(),
-            key: "q/7".into(),
-            wait_ms: 5000,
-        };
-        let many = hashes(0..200_000);
-        publish(&remote, (0, 2), 12, Ok(many.clone()))
-            .await
-            .unwrap();
-        publish(&remote, (1, 2), 12, Ok(vec![7])).await.unwrap();
-        let (bloom, keys) = fetch(&remote, Duration::from_secs(5)).await.unwrap();
-        assert_eq!(keys, 200_001);
-        assert!(many.iter().all(|&h| bloom.contains(h)) && bloom.contains(7));
-
-        let gone = RemoteKeys {
-            key: "q/8".into(),
-            ..remote.clone()
-        };
-        publish(
-            &gone,
-            (0, 1),
-            12,
-            Err("build side stopped before its end".into()),
-        )
-        .await
-        .unwrap();
-        let e = fetch(&gone, Duration::from_secs(5)).await.unwrap_err();
-        assert!(e.contains("stopped before its end"), "{e}");
-
-        let mut c = super::super::service::client(&home).unwrap();
-        let e = c
-            .do_get(arrow_flight::Ticket::new("x"))
-            .await
-            .map(|_| ())
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unimplemented);
-        assert!(e.message().contains("worker's own service"), "{e}");
-        let nowhere = RemoteKeys {
-            home: "http://127.0.0.1:1".into(),
-            ..remote
-        };
-        let e = fetch(&nowhere, Duration::from_millis(100))
-            .await
-            .unwrap_err();
-        assert!(e.contains("127.0.0.1:1"), "{e}");
     }
 }

@@ -32,8 +32,8 @@ use datafusion_distributed::{
 };
 use url::Url;
 
-use super::keys::RemoteKeys;
-use crate::compute::key_collector::{KeyCollectExec, KeyCollector};
+use super::keys::FlightKeyBoard;
+use crate::compute::key_collector::{KeyCollectExec, KeyCollector, RemoteKeys};
 use crate::compute::scan::CsdScanExec;
 
 /// Plans with `inner` (the distributed planner), then lifts key collectors out of
@@ -158,11 +158,14 @@ pub(crate) fn meet_across_stages(plan: &Arc<dyn ExecutionPlan>, workers: &[Url])
         match seen.collectors.get(&c.id()).map(Vec::as_slice) {
             Some(&[at]) if at != stage && c.remote().is_none() => {
                 let home = &workers[(c.id() as usize) % workers.len()];
-                c.set_remote(RemoteKeys {
-                    home: home.as_str().trim_end_matches('/').to_string(),
-                    key: format!("{nonce:016x}/{}", c.id()),
-                    wait_ms: c.wait_for().as_millis() as u64,
-                });
+                c.set_remote(
+                    RemoteKeys {
+                        home: home.as_str().trim_end_matches('/').to_string(),
+                        key: format!("{nonce:016x}/{}", c.id()),
+                        wait_ms: c.wait_for().as_millis() as u64,
+                    },
+                    Arc::new(FlightKeyBoard),
+                );
             }
             _ => {}
         }

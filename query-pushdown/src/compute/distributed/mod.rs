@@ -21,11 +21,14 @@
 //!
 //! [`LocalGate`]: crate::compute::gate::LocalGate
 
+pub(crate) mod actions;
 pub(crate) mod codec;
+mod env;
 pub(crate) mod keys;
 mod lift;
 pub(crate) mod placement;
-pub(crate) mod service;
+mod scope;
+mod service;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -37,8 +40,9 @@ use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResol
 use url::Url;
 
 pub use codec::CsdCodec;
+pub use env::WorkerEnv;
 pub use placement::Placement;
-pub use worker::{WorkerEnv, WorkerSessions, serve_worker_on, worker_sessions};
+pub use worker::{WorkerSessions, serve_worker_on, worker_sessions};
 
 use crate::options::CsdOptions;
 

@@ -2,38 +2,31 @@
 //! what csd's workers exchange besides plans and batches. Actions (protobuf bodies):
 //!
 //! - `csd.keys.publish`, `csd.keys.fetch`: join-key sets across stages (see
-//!   [`super::keys`]);
+//!   `keys.rs`);
 //! - `csd.module.put`: a session's Wasm module, before its queries call the module's
 //!   SQL functions on this worker (the worker compiles it once into its sandbox; a
 //!   task's session then registers the functions the coordinator names in
 //!   `csd.wasm_functions`).
 //!
-//! Like the worker service itself it trusts whoever reaches the port.
+//! Like the worker service itself it trusts whoever reaches the port. Errors are
+//! [`csd_protocol::Error`]s, made statuses by its one mapping.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
 };
+use csd_protocol::{Error, StatusCode};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use prost::Message;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::keys::{FETCH, FetchMsg, KeyBoard, MAX_MESSAGE, PUBLISH, PublishMsg};
-use crate::compute::wasm::local_sandbox;
-
-/// The action a coordinator sends a session's Wasm module with.
-pub(crate) const PUT_MODULE: &str = "csd.module.put";
-
-/// A client's allowance beyond the time it expects the worker to take.
-const CALL_SLACK: Duration = Duration::from_secs(10);
+use super::actions::{FETCH, MAX_MESSAGE, PUBLISH, PUT_MODULE};
+use super::keys::{FetchMsg, KeyBoard, PublishMsg};
 
 /// The service (see the module docs).
 #[derive(Debug, Clone)]
@@ -50,9 +43,71 @@ impl WorkerActions {
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 
 fn only_actions<T>() -> Result<T, Status> {
-    Err(Status::unimplemented(format!(
+    Err(Error::Unimplemented(format!(
         "this is a csd worker's own service: it serves the actions {PUBLISH}, {FETCH} and {PUT_MODULE} only"
-    )))
+    ))
+    .into())
+}
+
+impl WorkerActions {
+    /// The answer to `action`.
+    async fn answer(&self, action: Action) -> Result<Vec<u8>, Error> {
+        let bad = |e: prost::DecodeError| {
+            Error::external(
+                StatusCode::InvalidArgument,
+                format!("the body of {}", action.r#type),
+                e,
+            )
+        };
+        match action.r#type.as_str() {
+            PUBLISH => {
+                // Merging a task's hashes (and building the filter once the set is
+                // complete) is CPU work: off the RPC threads.
+                let m = PublishMsg::decode(action.body.as_ref()).map_err(bad)?;
+                let board = self.0.clone();
+                tokio::task::spawn_blocking(move || board.publish(m))
+                    .await
+                    .map_err(|e| {
+                        Error::external(StatusCode::Internal, "publishing join keys", e)
+                    })??;
+                Ok(Vec::new())
+            }
+            FETCH => {
+                let m = FetchMsg::decode(action.body.as_ref()).map_err(bad)?;
+                Ok(self
+                    .0
+                    .fetch(&m.key, Duration::from_millis(m.wait_ms))
+                    .await?
+                    .encode_to_vec())
+            }
+            PUT_MODULE => put_module(&action.body).await,
+            other => Err(Error::InvalidArgument(format!(
+                "unknown action {:?}: a csd worker's own service serves {PUBLISH}, {FETCH} and {PUT_MODULE}",
+                csd_protocol::error::truncated(other)
+            ))),
+        }
+    }
+}
+
+/// `csd.module.put`: the module compiled once into this worker's sandbox; answers
+/// its digest.
+#[cfg(feature = "wasm")]
+async fn put_module(module: &[u8]) -> Result<Vec<u8>, Error> {
+    let sandbox = crate::compute::sandbox::local_sandbox()
+        .map_err(|e| Error::external(StatusCode::Internal, "the worker's sandbox", e))?;
+    let m = sandbox
+        .compile(module)
+        .await
+        .map_err(|e| Error::external(e.status_code(), "the worker cannot load the module", e))?;
+    Ok(m.digest.hex().into_bytes())
+}
+
+/// Without shipped code a worker refuses modules.
+#[cfg(not(feature = "wasm"))]
+async fn put_module(_: &[u8]) -> Result<Vec<u8>, Error> {
+    Err(Error::Unimplemented(
+        "this worker was built without shipped code (the wasm feature)".into(),
+    ))
 }
 
 #[tonic::async_trait]
@@ -122,48 +177,7 @@ impl FlightService for WorkerActions {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        let action = request.into_inner();
-        let bad = |e: prost::DecodeError| {
-            Status::invalid_argument(format!(
-                "{} body is not a valid message: {e}",
-                action.r#type
-            ))
-        };
-        let body = match action.r#type.as_str() {
-            PUBLISH => {
-                // Merging a task's hashes (and building the filter once the set is
-                // complete) is CPU work: off the RPC threads.
-                let m = PublishMsg::decode(action.body.as_ref()).map_err(bad)?;
-                let board = self.0.clone();
-                tokio::task::spawn_blocking(move || board.publish(m))
-                    .await
-                    .map_err(|e| Status::internal(format!("publishing join keys: {e}")))??;
-                Vec::new()
-            }
-            FETCH => {
-                let m = FetchMsg::decode(action.body.as_ref()).map_err(bad)?;
-                self.0
-                    .fetch(&m.key, Duration::from_millis(m.wait_ms))
-                    .await?
-                    .encode_to_vec()
-            }
-            PUT_MODULE => {
-                let sandbox = local_sandbox().map_err(|e| Status::internal(e.to_string()))?;
-                let m = sandbox.compile(&action.body).await.map_err(|e| {
-                    let s = e.to_status();
-                    Status::new(
-                        s.code(),
-                        format!("the worker cannot load the module: {}", s.message()),
-                    )
-                })?;
-                m.digest.hex().into_bytes()
-            }
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "unknown action {other:?}: a csd worker's own service serves {PUBLISH}, {FETCH} and {PUT_MODULE}"
-                )));
-            }
-        };
+        let body = self.answer(request.into_inner()).await?;
         let one =
             futures::stream::once(async move { Ok(arrow_flight::Result { body: body.into() }) });
         Ok(Response::new(one.boxed()))
@@ -190,58 +204,83 @@ impl FlightService for WorkerActions {
     }
 }
 
-/// A client of the worker at `home` (one channel per worker, made lazily, shared).
-pub(crate) fn client(home: &str) -> Result<FlightServiceClient<Channel>, String> {
-    static CHANNELS: OnceLock<Mutex<HashMap<String, Channel>>> = OnceLock::new();
-    let mut channels = CHANNELS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let channel = match channels.get(home) {
-        Some(c) => c.clone(),
-        None => {
-            let c = Endpoint::from_shared(home.to_string())
-                .map_err(|e| format!("worker address {home}: {e}"))?
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(5))
-                .connect_lazy();
-            channels.insert(home.to_string(), c.clone());
-            c
-        }
-    };
-    Ok(FlightServiceClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
 
-/// Action `kind` at the worker `home`, expected to take up to `wait`: its answer.
-pub(crate) async fn call(
-    home: &str,
-    kind: &str,
-    body: Vec<u8>,
-    wait: Duration,
-) -> Result<Vec<u8>, String> {
-    let mut c = client(home)?;
-    let mut request = Request::new(Action {
-        r#type: kind.into(),
-        body: body.into(),
-    });
-    request.set_timeout(wait + CALL_SLACK);
-    let mut answer = c
-        .do_action(request)
-        .await
-        .map_err(|s| format!("worker {home}: {}", s.message()))?
-        .into_inner();
-    match answer.next().await {
-        Some(Ok(r)) => Ok(r.body.to_vec()),
-        Some(Err(s)) => Err(format!("worker {home}: {}", s.message())),
-        None => Err(format!("worker {home}: no answer")),
+    use super::*;
+    use crate::compute::distributed::keys::FlightKeyBoard;
+    use crate::compute::distributed::keys::tests::hashes;
+    use crate::compute::key_collector::{KeyMeeting, RemoteKeys};
+
+    /// Over gRPC: a board served on a port, published to and fetched from by the
+    /// clients the collectors use; other calls are refused with a reason.
+    #[tokio::test]
+    async fn publish_and_fetch_over_grpc() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let home = format!("http://{}", listener.local_addr().unwrap());
+        let board = Arc::new(KeyBoard::default());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(WorkerActions(board).into_server())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let remote = RemoteKeys {
+            home: home.clone(),
+            key: "q/7".into(),
+            wait_ms: 5000,
+        };
+        let many = hashes(0..200_000);
+        FlightKeyBoard
+            .publish(&remote, (0, 2), 12, Ok(many.clone()))
+            .await
+            .unwrap();
+        FlightKeyBoard
+            .publish(&remote, (1, 2), 12, Ok(vec![7]))
+            .await
+            .unwrap();
+        let (bloom, keys) = FlightKeyBoard
+            .fetch(&remote, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(keys, 200_001);
+        assert!(many.iter().all(|&h| bloom.contains(h)) && bloom.contains(7));
+
+        let gone = RemoteKeys {
+            key: "q/8".into(),
+            ..remote.clone()
+        };
+        FlightKeyBoard
+            .publish(
+                &gone,
+                (0, 1),
+                12,
+                Err("build side stopped before its end".into()),
+            )
+            .await
+            .unwrap();
+        let e = FlightKeyBoard
+            .fetch(&gone, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.contains("stopped before its end"), "{e}");
+
+        let mut c = super::super::actions::client(&home).unwrap();
+        let e = c
+            .do_get(arrow_flight::Ticket::new("x"))
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented);
+        assert!(e.message().contains("worker's own service"), "{e}");
+        let nowhere = RemoteKeys {
+            home: "http://127.0.0.1:1".into(),
+            ..remote
+        };
+        let e = FlightKeyBoard
+            .fetch(&nowhere, Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(e.contains("127.0.0.1:1"), "{e}");
     }
-}
-
-/// Sends `module` to the worker `home` (compiled there once); its digest as the
-/// worker computed it.
-pub(crate) async fn put_module(home: &str, module: &[u8]) -> Result<String, String> {
-    let answer = call(home, PUT_MODULE, module.to_vec(), Duration::from_secs(60)).await?;
-    String::from_utf8(answer).map_err(|_| format!("worker {home}: a bad answer to {PUT_MODULE}"))
 }

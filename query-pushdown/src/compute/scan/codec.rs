@@ -1,5 +1,5 @@
 //! A [`CsdScanExec`] as bytes, for a plan that runs on other machines
-//! (`datafusion-distributed` workers; see [`crate::compute::distributed`]).
+//! (`datafusion-distributed` workers).
 //!
 //! Everything the scan needs travels: its table's name, schema and endpoints (node
 //! URL, partition, objects), the pushed Substrait plan and mode, estimates, the
@@ -10,18 +10,37 @@
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
-use csd_runtime::protocol::{Compression, ObjectDescription};
-use csd_runtime::sandbox::ModuleDigest;
+use csd_protocol::ModuleDigest;
+use csd_protocol::{Compression, ObjectDescription};
 use datafusion::common::{DataFusionError, Result};
 use datafusion_proto::protobuf;
 
+use csd_protocol::node_client::NodeClient;
+
 use super::CsdScanExec;
-use crate::compute::distributed::codec::DecodeScope;
-use crate::compute::distributed::keys::RemoteKeys;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
-use crate::compute::key_collector::KeyCollector;
-use crate::eval::wasm_fn::ShippedFunction;
+use crate::compute::gate::LocalGate;
+use crate::compute::key_collector::{KeyCollector, KeyMeeting, RemoteKeys};
+use crate::compute::range_read::NodeRangeStore;
+
+/// What decoding a scan needs of the process it lands in: its connections, its
+/// byte-range store and gate, and the collectors of the plan being decoded. A
+/// worker's decoding scope (`compute::distributed`) provides it; the scan knows it
+/// by this trait only.
+pub(crate) trait ScanDecoding {
+    /// The byte-range store handed-back fragments read through.
+    fn ranges(&self) -> Arc<NodeRangeStore>;
+    /// The client of the node at `url` and its index in [`Self::ranges`].
+    fn node(&self, url: &str) -> Result<(NodeClient, usize)>;
+    /// The gate handed-back fragments run under.
+    fn local(&self) -> Arc<LocalGate>;
+    /// Collector `id` of the plan being decoded, if it is in the same plan.
+    fn collector(&self, id: u64) -> Option<Arc<KeyCollector>>;
+    /// How a collector whose build side runs in another stage is reached.
+    fn key_meeting(&self) -> Arc<dyn KeyMeeting>;
+}
 use crate::wire::fragment::Mode;
+use crate::wire::shipped::ShippedFunction;
 
 /// A [`CsdScanExec`] on the wire.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -188,19 +207,19 @@ impl CsdScanExec {
     /// collector is not in the same decoded plan (it runs in another stage) is
     /// fetched from where that stage's tasks publish their keys, or, without such a
     /// place, dropped: the filter only ever spares rows, the join above decides.
-    pub(crate) fn from_msg(msg: ScanMsg, cx: &DecodeScope) -> Result<CsdScanExec> {
+    pub(crate) fn from_msg(msg: ScanMsg, cx: &dyn ScanDecoding) -> Result<CsdScanExec> {
         let schema = |s: &Option<protobuf::Schema>, what: &str| -> Result<Arc<Schema>> {
             let s = s.as_ref().ok_or_else(|| bad(format!("no {what}")))?;
             Ok(Arc::new(s.try_into()?))
         };
         let table_schema = schema(&msg.schema, "table schema")?;
         let output = schema(&msg.output, "output schema")?;
-        let ranges = cx.env().ranges().clone();
+        let ranges = cx.ranges();
         let mut endpoints = Vec::with_capacity(msg.endpoints.len());
         for e in msg.endpoints {
             let objects: Vec<ObjectDescription> = serde_json::from_str(&e.objects)
                 .map_err(|err| bad(format!("objects of {}/{}: {err}", e.url, e.partition)))?;
-            let (client, node) = cx.env().node(&e.url)?;
+            let (client, node) = cx.node(&e.url)?;
             ranges.add_objects(node, objects.iter().map(|o| (o.name.as_str(), o.len)));
             endpoints.push(Endpoint {
                 client,
@@ -220,7 +239,7 @@ impl CsdScanExec {
             endpoints,
             compression,
             ranges,
-            cx.env().local().clone(),
+            cx.local(),
         );
         let functions =
             msg.functions
@@ -253,7 +272,7 @@ impl CsdScanExec {
             if let Some(c) = cx.collector(k.collector) {
                 scan.key_filters.push((c, columns));
             } else if let Some(remote) = k.remote {
-                let c = KeyCollector::remote_only(k.collector, remote, 1);
+                let c = KeyCollector::remote_only(k.collector, remote, cx.key_meeting(), 1);
                 scan.key_filters.push((Arc::new(c), columns));
             }
         }

@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use csd_runtime::protocol::OperatorReport;
+use csd_protocol::OperatorReport;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, Statistics};
@@ -32,9 +32,9 @@ use futures::StreamExt;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::key_collector::KeyCollector;
-use crate::eval::wasm_fn::ShippedFunction;
 use crate::options::CsdOptions;
 use crate::wire::fragment::{Mode, SqlFragment};
+use crate::wire::shipped::ShippedFunction;
 use metrics::ScanMetrics;
 use opener::EndpointOpener;
 use stream::{EndpointStream, RunSlot};

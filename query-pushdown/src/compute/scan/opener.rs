@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use csd_runtime::node_client::{Error as ClientError, ReplyStats};
+use csd_protocol::node_client::{Error as ClientError, ReplyStats};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::SendableRecordBatchStream;
@@ -14,21 +14,22 @@ use futures::stream::BoxStream;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::key_collector::KeyCollector;
-use crate::compute::wasm::local_sandbox;
+use crate::compute::sandbox::local_sandbox;
 use crate::error::to_datafusion;
 use crate::eval::keyfilter::filter_stream;
 use crate::eval::wasm::{CancelOnDrop, cancel_on_drop};
-use crate::eval::wasm_fn::{ShippedFunction, register_functions};
+use crate::eval::wasm_fn::register_functions;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
-use csd_runtime::sandbox::{ModuleDigest, missing_module};
+use crate::wire::shipped::ShippedFunction;
+use csd_protocol::ModuleDigest;
 use std::sync::atomic::AtomicBool;
 
 /// What opening an endpoint gave.
 pub(crate) enum Opened {
     /// The node runs the fragment: its batches, and what it reports at their end.
     Node {
-        batches: BoxStream<'static, csd_runtime::node_client::Result<RecordBatch>>,
+        batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
         stats: Arc<ReplyStats>,
     },
     /// The fragment runs here over byte-range reads of the endpoint's objects.
@@ -109,15 +110,17 @@ impl EndpointOpener {
                     patient = true;
                 }
                 // A node without a Wasm function's module: send it once, ask again.
-                Err(e) if e.code() == Some(tonic::Code::NotFound) => {
-                    let missing = missing_module(&e.to_string())
-                        .filter(|d| !sent.contains(d))
-                        .and_then(|d| self.functions.iter().find(|f| f.digest == d));
-                    let Some((f, bytes)) = missing.and_then(|f| Some((f, f.bytes.clone()?))) else {
-                        break Err(e);
+                Err(ClientError::ModuleMissing(d)) => {
+                    let bytes = self
+                        .functions
+                        .iter()
+                        .find(|f| f.digest == d && !sent.contains(&d))
+                        .and_then(|f| f.bytes.clone());
+                    let Some(bytes) = bytes else {
+                        break Err(ClientError::ModuleMissing(d));
                     };
                     client.put_module(&bytes).await.map_err(to_datafusion)?;
-                    sent.push(f.digest);
+                    sent.push(d);
                 }
                 r => break r,
             }
@@ -156,7 +159,7 @@ impl EndpointOpener {
         args: &[u8],
         gated: bool,
     ) -> Result<SendableRecordBatchStream> {
-        let external = |e: csd_runtime::Error| DataFusionError::External(Box::new(e));
+        let external = |e: csd_protocol::Error| DataFusionError::External(Box::new(e));
         let (frag, mode, plan) = SqlFragment::decode_checked(args).map_err(external)?;
         let provider = Arc::new(self.table.range_table(std::slice::from_ref(&self.endpoint)));
         let session = fragment_session(

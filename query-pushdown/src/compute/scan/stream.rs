@@ -11,7 +11,7 @@ use std::task::{Context, Poll, ready};
 use arrow::array::RecordBatchOptions;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use csd_runtime::node_client::ReplyStats;
+use csd_protocol::node_client::ReplyStats;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
 use futures::future::BoxFuture;
@@ -32,7 +32,7 @@ enum State {
     Opening(BoxFuture<'static, Result<Opened>>),
     /// The node's batches.
     FromNode {
-        batches: BoxStream<'static, csd_runtime::node_client::Result<RecordBatch>>,
+        batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
         stats: Arc<ReplyStats>,
     },
     /// Batches evaluated here.

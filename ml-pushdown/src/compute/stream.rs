@@ -14,16 +14,16 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Float16Type, Float32Type};
 use arrow::record_batch::RecordBatch;
 use candle_core::{Device, Tensor};
-use csd_runtime::node_client::{self, NodeClient};
-use csd_runtime::protocol::Compression;
-use csd_runtime::protocol::OperatorReport;
+use csd_protocol::Compression;
+use csd_protocol::OperatorReport;
+use csd_protocol::node_client::{self, NodeClient};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::dataset::{self, Samples};
+use crate::features::{blocking, decodable};
 use crate::model::{Arch, StagedModel};
-use crate::node::decodable;
-use crate::request::{FeatureRequest, FeatureType, Mode};
+use crate::request::{FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME};
 use crate::{Error, Result};
 
 /// One (node, partition) of a dataset.
@@ -76,7 +76,8 @@ pub struct FeatureJob {
 pub struct KeepFeatures {
     /// How long the nodes keep them.
     pub ttl: std::time::Duration,
-    refs: Arc<Mutex<std::collections::HashMap<String, (NodeClient, csd_runtime::refs::Reference)>>>,
+    refs:
+        Arc<Mutex<std::collections::HashMap<String, (NodeClient, csd_protocol::refs::Reference)>>>,
 }
 
 impl std::fmt::Debug for KeepFeatures {
@@ -98,7 +99,7 @@ impl KeepFeatures {
     }
 
     /// The references kept so far.
-    pub fn references(&self) -> Vec<csd_runtime::refs::Reference> {
+    pub fn references(&self) -> Vec<csd_protocol::refs::Reference> {
         self.refs
             .lock()
             .map(|r| r.values().map(|(_, r)| r.clone()).collect())
@@ -107,7 +108,7 @@ impl KeepFeatures {
 
     /// Frees them at their nodes (through the clients that kept them).
     pub async fn release(&self) -> Result<()> {
-        let held: Vec<(NodeClient, csd_runtime::refs::Reference)> = self
+        let held: Vec<(NodeClient, csd_protocol::refs::Reference)> = self
             .refs
             .lock()
             .map(|mut m| m.drain().map(|(_, v)| v).collect())
@@ -118,11 +119,11 @@ impl KeepFeatures {
         Ok(())
     }
 
-    fn get(&self, key: &str) -> Option<csd_runtime::refs::Reference> {
+    fn get(&self, key: &str) -> Option<csd_protocol::refs::Reference> {
         Some(self.refs.lock().ok()?.get(key)?.1.clone())
     }
 
-    fn put(&self, key: String, client: NodeClient, r: csd_runtime::refs::Reference) {
+    fn put(&self, key: String, client: NodeClient, r: csd_protocol::refs::Reference) {
         if let Ok(mut m) = self.refs.lock() {
             m.insert(key, (client, r));
         }
@@ -161,19 +162,6 @@ struct Boundary {
     ids: Vec<u64>,
     labels: Vec<i64>,
     x: Tensor,
-}
-
-/// Runs `f` off the async threads, on `pool` when there is one.
-pub(crate) async fn blocking<T: Send + 'static>(
-    pool: Option<Arc<rayon::ThreadPool>>,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(move || match pool {
-        Some(p) => p.install(f),
-        None => f(),
-    })
-    .await
-    .map_err(|e| Error::Node(csd_runtime::Error::Internal(format!("worker failed: {e}"))))?
 }
 
 /// Reads a partition raw and runs the prefix here.
@@ -283,7 +271,7 @@ async fn partition(
     let asked = match &job.keep {
         None => {
             src.client
-                .operator("ml", req.encode(), job.compression)
+                .operator(OPERATOR_NAME, req.encode(), job.compression)
                 .await
         }
         Some(k) => {
@@ -300,7 +288,7 @@ async fn partition(
                 // Kept uncompressed: it never crosses the link as it is kept.
                 None => src
                     .client
-                    .keep("ml", req.encode(), Compression::None, k.ttl, None)
+                    .keep(OPERATOR_NAME, req.encode(), Compression::None, k.ttl, None)
                     .await
                     .map(|kept| {
                         k.put(key, src.client.clone(), kept.reference.clone());
@@ -355,11 +343,7 @@ async fn partition(
         if let Some(r) = reply_stats.report()
             && let Ok(mut v) = stats.reports.lock()
         {
-            if let Some(n) = r
-                .details
-                .get("skipped_samples")
-                .and_then(|n| n.parse().ok())
-            {
+            if let Some(n) = r.details::<MlDetails>().and_then(|d| d.skipped_samples) {
                 stats.skipped.fetch_add(n, Ordering::Relaxed);
             }
             v.push(r);

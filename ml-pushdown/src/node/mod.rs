@@ -19,35 +19,30 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
-use arrow::array::{
-    ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int64Array, UInt64Array,
-};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
-use candle_core::{DType, Device, Tensor};
-use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorStream};
+use candle_core::Device;
+use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorRequest, OperatorStream};
 use csd_runtime::table::{ObjectReader, ParquetObject};
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{self, Samples};
+use crate::features::{blocking, decodable, feature_schema, profile, to_batch};
 use crate::model::{Arch, StagedModel};
-use crate::planner::{Profile, ProfileCache};
-use crate::request::{FeatureRequest, FeatureType, MAX_NODE_BATCH, Mode};
+use crate::profile::ProfileCache;
+use crate::request::{
+    DEFAULT_NODE_BATCH, FeatureRequest, MAX_NODE_BATCH, MlDetails, Mode, OPERATOR_NAME,
+    PROFILE_SAMPLES,
+};
 use crate::{Error, Result};
 
 /// Memory held back per worker for decoding one image (see
 /// [`preprocess::MAX_IMAGE_ALLOC`]).
 pub(crate) const DECODE_RESERVE: u64 = 32 << 20;
-/// Node batch when the request sets no cap.
-pub(crate) const DEFAULT_NODE_BATCH: usize = 32;
-/// Samples a profile request times.
-pub const PROFILE_SAMPLES: usize = 4;
 const CACHED_MODELS: usize = 4;
 
 /// The node batch size and the memory it needs.
@@ -173,7 +168,7 @@ impl MlOperator {
             return Ok(m);
         }
         let table = ctx.node.tables.table(weights).map_err(|e| match e {
-            csd_runtime::Error::NotFound(_) => Error::InvalidArgument(format!(
+            csd_protocol::Error::NotFound(_) => Error::InvalidArgument(format!(
                 "weights {weights} are not stored at this node (upload them first)"
             )),
             other => other.into(),
@@ -242,120 +237,49 @@ fn read_stream(
     })
 }
 
-/// Schema of the features stream.
-pub fn feature_schema(dim: usize, dtype: FeatureType) -> SchemaRef {
-    let item = match dtype {
-        FeatureType::F32 => DataType::Float32,
-        FeatureType::F16 => DataType::Float16,
-    };
-    Arc::new(Schema::new(vec![
-        Field::new(dataset::ID, DataType::UInt64, false),
-        Field::new(dataset::LABEL, DataType::Int64, false),
-        Field::new(
-            "features",
-            DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), dim as i32),
-            false,
-        ),
-    ]))
+/// An `ml` request, decoded once: the request, the partition's objects at this
+/// node, and its batch plan.
+struct MlCall {
+    op: Arc<MlOperator>,
+    request: FeatureRequest,
+    objects: Vec<ParquetObject>,
+    plan: BatchPlan,
 }
 
-/// Packs a `[N, ...]` tensor and its ids/labels as a features batch.
-pub fn to_batch(
-    schema: &SchemaRef,
-    ids: &[u64],
-    labels: &[i64],
-    t: &Tensor,
-    dtype: FeatureType,
-) -> Result<RecordBatch> {
-    let n = t.dim(0)?;
-    let dim = t.elem_count() / n.max(1);
-    let flat = t.flatten_all()?;
-    let values: ArrayRef = match dtype {
-        FeatureType::F32 => Arc::new(Float32Array::from(
-            flat.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-        )),
-        FeatureType::F16 => Arc::new(Float16Array::from(
-            flat.to_dtype(DType::F16)?.to_vec1::<half::f16>()?,
-        )),
-    };
-    let item = match dtype {
-        FeatureType::F32 => DataType::Float32,
-        FeatureType::F16 => DataType::Float16,
-    };
-    let list = FixedSizeListArray::try_new(
-        Arc::new(Field::new("item", item, false)),
-        dim as i32,
-        values,
-        None,
-    )?;
-    Ok(RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(UInt64Array::from(ids.to_vec())),
-            Arc::new(Int64Array::from(labels.to_vec())),
-            Arc::new(list),
-        ],
-    )?)
-}
+impl Operator for MlOperator {
+    fn name(&self) -> &'static str {
+        OPERATOR_NAME
+    }
 
-/// [`inputs`] of the samples that decode: with `skip`, undecodable samples are left
-/// out (and counted) instead of failing the batch. `None` when none is left.
-pub(crate) fn decodable(
-    model: &dyn StagedModel,
-    samples: Samples,
-    skip: bool,
-) -> Result<(Samples, Option<Tensor>, u64)> {
-    match inputs(model, &samples) {
-        Ok(x) => Ok((samples, Some(x), 0)),
-        Err(Error::InvalidArgument(why)) if skip => {
-            let keep: Vec<bool> = samples
-                .bytes()?
-                .iter()
-                .map(|b| model.prepare(&[b]).is_ok())
-                .collect();
-            let skipped = keep.iter().filter(|k| !**k).count() as u64;
-            if skipped == 0 {
-                return Err(Error::InvalidArgument(why));
-            }
-            let kept = samples.retain(&keep)?;
-            if kept.is_empty() {
-                return Ok((kept, None, skipped));
-            }
-            let x = inputs(model, &kept)?;
-            Ok((kept, Some(x), skipped))
-        }
-        Err(e) => Err(e),
+    fn parse(self: Arc<Self>, args: Bytes) -> csd_runtime::Result<Box<dyn OperatorRequest>> {
+        Ok(Box::new(Parsed {
+            op: self,
+            request: FeatureRequest::decode(&args)?,
+        }))
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.memory_used.load(Ordering::Relaxed)
     }
 }
 
-/// Decodes and preprocesses `samples` into `model`'s input tensor. A sample that
-/// cannot be decoded is named by its id.
-pub fn inputs(model: &dyn StagedModel, samples: &Samples) -> Result<Tensor> {
-    let bytes = samples.bytes()?;
-    model.prepare(&bytes).map_err(|e| match e {
-        Error::InvalidArgument(why) => {
-            let bad = bytes.iter().position(|b| model.prepare(&[b]).is_err());
-            match bad.and_then(|i| samples.ids.get(i)) {
-                Some(id) => Error::InvalidArgument(format!("sample id {id}: {why}")),
-                None => Error::InvalidArgument(why),
-            }
-        }
-        e => e,
-    })
+/// An `ml` request as decoded, before it met the node's catalog.
+struct Parsed {
+    op: Arc<MlOperator>,
+    request: FeatureRequest,
 }
 
-impl MlOperator {
-    fn request(
-        ctx: &OperatorContext,
-        args: &Bytes,
-    ) -> Result<(FeatureRequest, Vec<ParquetObject>, BatchPlan)> {
-        let r = FeatureRequest::decode(args)?;
+impl Parsed {
+    /// The request with its partition's objects and its batch plan.
+    fn at(&self, ctx: &OperatorContext) -> Result<MlCall> {
+        let r = &self.request;
         let t = ctx.node.tables.table(&r.dataset)?;
         dataset::check_schema(&r.dataset, &t.schema)?;
         let objects = t.partitions.get(&r.partition).cloned().ok_or_else(|| {
-            Error::Node(csd_runtime::Error::NotFound(format!(
+            Error::Node(csd_protocol::Error::NotFound(format!(
                 "partition {} of dataset {}",
-                r.partition, r.dataset
+                csd_protocol::error::truncated(&r.partition),
+                csd_protocol::error::truncated(&r.dataset)
             )))
         })?;
         let plan = batch_plan(
@@ -370,23 +294,28 @@ impl MlOperator {
             ctx.node.memory_budget,
             r.max_batch.unwrap_or(DEFAULT_NODE_BATCH),
         );
-        Ok((r, objects, plan))
+        Ok(MlCall {
+            op: self.op.clone(),
+            request: r.clone(),
+            objects,
+            plan,
+        })
     }
 }
 
 #[async_trait]
-impl Operator for MlOperator {
-    fn name(&self) -> &'static str {
-        "ml"
+impl OperatorRequest for Parsed {
+    fn tables(&self) -> Vec<String> {
+        vec![self.request.dataset.clone(), self.request.weights.clone()]
     }
 
-    fn tables(&self, args: &Bytes) -> csd_runtime::Result<Vec<String>> {
-        let r = FeatureRequest::decode(args)?;
-        Ok(vec![r.dataset, r.weights])
-    }
-
-    async fn estimate(&self, ctx: &OperatorContext, args: &Bytes) -> csd_runtime::Result<Estimate> {
-        let (r, objects, plan) = Self::request(ctx, args)?;
+    async fn estimate(&self, ctx: &OperatorContext) -> csd_runtime::Result<Estimate> {
+        let MlCall {
+            request: r,
+            objects,
+            plan,
+            ..
+        } = self.at(ctx)?;
         let rows: u64 = objects.iter().map(|o| o.rows()).sum();
         let bytes: u64 = objects.iter().map(|o| o.object.len).sum();
         let bytes = match (r.mode, r.limit) {
@@ -401,38 +330,51 @@ impl Operator for MlOperator {
         })
     }
 
-    async fn open(&self, ctx: OperatorContext, args: Bytes) -> csd_runtime::Result<OperatorStream> {
-        let (r, objects, plan) = Self::request(&ctx, &args)?;
-        let pool = self.pool(ctx.node.pool.threads(), ctx.node.pool.cores())?;
-        let model = self.model(&ctx, r.model, &r.weights).await?;
-        ctx.metrics.set_detail("node_batch", plan.batch);
-        ctx.metrics.set_detail("memory_reserved", plan.memory);
-        ctx.metrics.set_detail("split", r.split);
-        self.memory_used.fetch_add(plan.memory, Ordering::Relaxed);
-        let guard = MemoryGuard(self.memory_used.clone(), plan.memory);
+    async fn open(self: Box<Self>, ctx: OperatorContext) -> csd_runtime::Result<OperatorStream> {
+        let call = self.at(&ctx)?;
+        Ok(call.open(ctx).await?)
+    }
+}
+
+impl MlCall {
+    async fn open(self, ctx: OperatorContext) -> Result<OperatorStream> {
+        let MlCall {
+            op,
+            request: r,
+            objects,
+            plan,
+        } = self;
+        let pool = op.pool(ctx.node.pool.threads(), ctx.node.pool.cores())?;
+        let model = op.model(&ctx, r.model, &r.weights).await?;
+        ctx.metrics.set_details(&MlDetails {
+            node_batch: Some(plan.batch),
+            memory_reserved: Some(plan.memory),
+            split: Some(r.split),
+            ..MlDetails::default()
+        });
+        op.memory_used.fetch_add(plan.memory, Ordering::Relaxed);
+        let guard = MemoryGuard(op.memory_used.clone(), plan.memory);
         if r.mode == Mode::Profile {
             let key = profile_key(&r, &objects, ctx.node.pool.threads());
-            let cached = self.profiles.get(&key);
-            ctx.metrics
-                .set_detail("profile_cached", u64::from(cached.is_some()));
+            let cached = op.profiles.get(&key);
+            let profile_cached = cached.is_some();
             let profile = match cached {
                 Some(p) => p,
                 None => {
                     let limit = Some(PROFILE_SAMPLES as u64);
                     let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
                     let m = model.clone();
-                    let p = crate::stream::blocking(Some(pool.clone()), move || {
-                        profile(m.as_ref(), &batches)
-                    })
-                    .await?;
-                    self.profiles.insert(key, p.clone());
+                    let p =
+                        blocking(Some(pool.clone()), move || profile(m.as_ref(), &batches)).await?;
+                    op.profiles.insert(key, p.clone());
                     p
                 }
             };
-            ctx.metrics.set_detail(
-                "profile",
-                serde_json::to_string(&profile).unwrap_or_default(),
-            );
+            ctx.metrics.set_details(&MlDetails {
+                profile_cached: Some(profile_cached),
+                profile: Some(profile),
+                ..MlDetails::default()
+            });
             let schema = feature_schema(1, r.dtype);
             drop(guard);
             return Ok(OperatorStream {
@@ -477,7 +419,10 @@ impl Operator for MlOperator {
                     })?;
                     if bad > 0 {
                         let total = skipped.fetch_add(bad, Ordering::Relaxed) + bad;
-                        metrics.set_detail("skipped_samples", total);
+                        metrics.set_details(&MlDetails {
+                            skipped_samples: Some(total),
+                            ..MlDetails::default()
+                        });
                     }
                     match features {
                         Some(f) => to_batch(&schema, &samples.ids, &samples.labels, &f, r.dtype),
@@ -489,52 +434,4 @@ impl Operator for MlOperator {
             .boxed();
         Ok(OperatorStream { schema, batches })
     }
-
-    fn memory_used(&self) -> u64 {
-        self.memory_used.load(Ordering::Relaxed)
-    }
-}
-
-/// Times decoding and every stage (per sample) on `batches` (the first samples), after
-/// one untimed warm-up sample.
-pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profile> {
-    let mut n = 0usize;
-    let mut bytes = 0u64;
-    let mut decode = 0f64;
-    let mut stage = vec![0f64; model.stages().len()];
-    // One sample through everything first, untimed: a first pass pays for thread
-    // start-up and page faults on fresh scratch buffers, which an epoch does not, and
-    // would make two profiles of the same thing disagree.
-    if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
-        let s = Samples::from_batch(&b.slice(0, 1))?;
-        model.forward_range(&inputs(model, &s)?, 0, model.stages().len())?;
-    }
-    for b in batches {
-        let s = Samples::from_batch(b)?;
-        if s.is_empty() {
-            continue;
-        }
-        n += s.len();
-        bytes += s.bytes()?.iter().map(|b| b.len() as u64).sum::<u64>();
-        let t = Instant::now();
-        let mut x = inputs(model, &s)?;
-        decode += t.elapsed().as_secs_f64();
-        for (i, acc) in stage.iter_mut().enumerate() {
-            let t = Instant::now();
-            x = model.forward_stage(i, &x)?;
-            *acc += t.elapsed().as_secs_f64();
-        }
-    }
-    if n == 0 {
-        return Err(Error::InvalidArgument(
-            "the dataset partition is empty: nothing to profile".into(),
-        ));
-    }
-    let per = |v: f64| v / n as f64;
-    Ok(Profile {
-        samples: n,
-        sample_bytes: bytes as f64 / n as f64,
-        decode_s: per(decode),
-        stage_s: stage.into_iter().map(per).collect(),
-    })
 }

@@ -8,15 +8,19 @@ use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
 use candle_core::Device;
-use csd_runtime::node_client::{Error as ClientError, NodeClient};
-use csd_runtime::protocol::Compression;
+use csd_protocol::Compression;
+use csd_protocol::node_client::{Error as ClientError, NodeClient};
 use futures::TryStreamExt;
 
 use crate::dataset::{self, image_folder};
+use crate::features::{blocking, profile};
 use crate::model::StagedModel;
-use crate::node::{self as ml_op};
-use crate::planner::{self, Plan, PlanInputs, Profile, ProfileCache};
-use crate::request::{FeatureRequest, FeatureType, Mode};
+use crate::planner::{self, Plan, PlanInputs};
+use crate::profile::{Profile, ProfileCache};
+use crate::request::{
+    DEFAULT_NODE_BATCH, FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME,
+    PROFILE_SAMPLES,
+};
 use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
 use crate::{Arch, Error, Result, weights};
 
@@ -206,7 +210,7 @@ pub async fn plan_inputs(
     // first samples: on a slow link a whole batch of the partition cost up to a
     // second.) Not at the same time as the node's profile: the node admits the reads
     // behind it, and the queueing would read as a slow link.
-    let (bytes, secs, first) = probe(src, dataset, ml_op::PROFILE_SAMPLES as u64).await?;
+    let (bytes, secs, first) = probe(src, dataset, PROFILE_SAMPLES as u64).await?;
     let (one_bytes, one_s, _) = probe(src, dataset, 1).await?;
     let link_bps = link_bandwidth((one_bytes, one_s), (bytes, secs));
     // Then both sides' per-stage times at once (different CPUs): the node's (a
@@ -227,14 +231,14 @@ pub async fn plan_inputs(
     let node = async {
         let reply = src
             .client
-            .operator("ml", req.encode(), Compression::None)
+            .operator(OPERATOR_NAME, req.encode(), Compression::None)
             .await?;
         let stats = reply.stats.clone();
         let _: Vec<_> = reply.batches.try_collect().await?;
         let node: Profile = stats
             .report()
-            .and_then(|r| r.details.get("profile").cloned())
-            .and_then(|p| serde_json::from_str(&p).ok())
+            .and_then(|r| r.details::<MlDetails>())
+            .and_then(|d| d.profile)
             .ok_or_else(|| protocol("the node's profile report is missing"))?;
         Ok::<_, Error>(node)
     };
@@ -254,7 +258,7 @@ pub async fn plan_inputs(
         }
         let take = vec![first];
         let m = model.clone();
-        let p = stream::blocking(pool, move || ml_op::profile(m.as_ref(), &take)).await?;
+        let p = blocking(pool, move || profile(m.as_ref(), &take)).await?;
         COMPUTE_PROFILES.insert(key, p.clone());
         Ok::<_, Error>(p)
     };
@@ -277,7 +281,7 @@ pub async fn plan_inputs(
         compute,
         link_bps,
         feature_bytes: dtype.bytes(),
-        batch: ml_op::DEFAULT_NODE_BATCH as u64,
+        batch: DEFAULT_NODE_BATCH as u64,
     })
 }
 
