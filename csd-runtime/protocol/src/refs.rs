@@ -136,16 +136,6 @@ impl Reference {
         })
     }
 
-    /// The reference `refs` or `grant` describes.
-    pub fn of_description(d: &crate::actions::RefDescription) -> Self {
-        Reference {
-            location: d.location.clone(),
-            ticket: d.ticket.clone(),
-            expires: rfc3339(d.info.expires_unix_ms),
-            table: d.info.table.clone(),
-        }
-    }
-
     /// Parses one reference as printed (JSON); a bad one is `INVALID_ARGUMENT` saying
     /// what a reference looks like.
     pub fn parse(text: &str) -> Result<Self> {

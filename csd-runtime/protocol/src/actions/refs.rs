@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ActionRequest;
 use crate::error::Result;
-use crate::refs::{RefInfo, decode_ticket};
+use crate::refs::{RefInfo, Reference, decode_ticket, rfc3339};
 
 /// `refs`: the caller's kept results (all of them, for an admin).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -22,6 +22,18 @@ pub struct RefDescription {
     pub ticket: String,
     /// The node holding it.
     pub location: String,
+}
+
+impl RefDescription {
+    /// The reference it describes.
+    pub fn reference(&self) -> Reference {
+        Reference {
+            location: self.location.clone(),
+            ticket: self.ticket.clone(),
+            expires: rfc3339(self.info.expires_unix_ms),
+            table: self.info.table.clone(),
+        }
+    }
 }
 
 impl ActionRequest for RefsRequest {

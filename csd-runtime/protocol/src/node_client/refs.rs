@@ -117,7 +117,7 @@ impl NodeClient {
                 revoke,
             })
             .await?;
-        Ok(Reference::of_description(&d))
+        Ok(d.reference())
     }
 
     /// This tenant's kept results at the node (all of them, for an admin).

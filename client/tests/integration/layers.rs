@@ -1,0 +1,530 @@
+//! The codebase's layering, kept by a test: every crate's modules import only
+//! modules of their own layer or below, in the order ARCHITECTURE.md declares, and
+//! the import graph has no circle.
+//!
+//! ARCHITECTURE.md holds the order in a fenced block tagged `layers`, one line per
+//! crate: `FOLDER: a, b < c < d::e, f`, bottom layer first. A module belongs to the
+//! layer of the longest declared path that prefixes it (`compute::scan::opener` is in
+//! `compute::scan`'s layer if that is declared, else in `compute`'s); every module
+//! must be covered. An import is any `crate::…`, `super::…` or `self::…` path in a
+//! file's code (in `use` lines and inline), its comments and strings left out; one
+//! naming the crate root (its error and result re-exports) is allowed anywhere.
+//! A module's own `mod` declarations are not imports.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// A module: its path from the crate root (`["compute", "scan"]`).
+type Module = Vec<String>;
+
+/// One crate's declared order: module path → layer index (bottom is 0).
+#[derive(Debug, Default)]
+struct Order {
+    layers: Vec<(Module, usize)>,
+}
+
+impl Order {
+    /// Parses `a, b < c < d::e`.
+    fn parse(text: &str) -> Order {
+        let mut layers = Vec::new();
+        for (i, layer) in text.split('<').enumerate() {
+            for m in layer.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+                layers.push((m.split("::").map(String::from).collect(), i));
+            }
+        }
+        Order { layers }
+    }
+
+    /// The layer of `m`: its longest declared prefix's.
+    fn layer_of(&self, m: &[String]) -> Option<(usize, &Module)> {
+        self.layers
+            .iter()
+            .filter(|(p, _)| m.starts_with(p))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(p, l)| (*l, p))
+    }
+}
+
+/// The `layers` block of ARCHITECTURE.md: crate folder → its order.
+fn declared(architecture: &str) -> BTreeMap<String, Order> {
+    let mut out = BTreeMap::new();
+    let mut inside = false;
+    for line in architecture.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            inside = t == "```layers";
+            continue;
+        }
+        if inside && let Some((folder, order)) = t.split_once(':') {
+            out.insert(folder.trim().to_string(), Order::parse(order));
+        }
+    }
+    out
+}
+
+/// `src` without comments, strings and character literals (their bytes blanked, so
+/// offsets and line numbers stay).
+fn code_only(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = b.to_vec();
+    let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for c in &mut out[from..to.min(b.len())] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"//") {
+            let end = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p);
+            blank(&mut out, i, end);
+            i = end;
+        } else if b[i..].starts_with(b"/*") {
+            let (mut depth, mut j) = (1, i + 2);
+            while j < b.len() && depth > 0 {
+                if b[j..].starts_with(b"/*") {
+                    depth += 1;
+                    j += 2;
+                } else if b[j..].starts_with(b"*/") {
+                    depth -= 1;
+                    j += 2;
+                } else {
+                    j += 1;
+                }
+            }
+            blank(&mut out, i, j);
+            i = j;
+        } else if b[i] == b'r' && (b[i..].starts_with(b"r#\"") || b[i..].starts_with(b"r\"")) {
+            let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            let start = i + 2 + hashes;
+            let end = b[start..]
+                .windows(close.len())
+                .position(|w| w == close.as_slice())
+                .map_or(b.len(), |p| start + p + close.len());
+            blank(&mut out, i, end);
+            i = end;
+        } else if b[i] == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            blank(&mut out, i, j + 1);
+            i = j + 1;
+        } else if b[i] == b'\'' && i + 2 < b.len() && (b[i + 1] == b'\\' || b[i + 2] == b'\'') {
+            // A character literal (not a lifetime).
+            let end = b[i + 2..]
+                .iter()
+                .position(|&c| c == b'\'')
+                .map_or(b.len(), |p| i + 2 + p + 1);
+            blank(&mut out, i, end);
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The paths of a `use` tree after its prefix (`a::{b, c::d}` → `a::b`, `a::c::d`).
+fn expand(tree: &str) -> Vec<Vec<String>> {
+    let t = tree.trim();
+    if let Some(inner) = t.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+        let (mut parts, mut depth, mut cur) = (Vec::new(), 0, String::new());
+        for c in inner.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if c == ',' && depth == 0 {
+                parts.push(std::mem::take(&mut cur));
+            } else {
+                cur.push(c);
+            }
+        }
+        parts.push(cur);
+        return parts
+            .iter()
+            .filter(|p| !p.trim().is_empty())
+            .flat_map(|p| expand(p))
+            .collect();
+    }
+    match t.split_once("::") {
+        Some((head, rest)) => expand(rest)
+            .into_iter()
+            .map(|mut p| {
+                p.insert(0, head.trim().to_string());
+                p
+            })
+            .collect(),
+        None => vec![vec![t.split_whitespace().next().unwrap_or("").to_string()]],
+    }
+}
+
+fn ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Every `crate::`/`super::`/`self::` path in `code`, with its byte offset.
+fn paths(code: &str) -> Vec<(Vec<String>, usize)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let at_word = i == 0 || !(ident(b[i - 1]) || b[i - 1] == b':');
+        let kw = ["crate", "super", "self"]
+            .into_iter()
+            .find(|k| b[i..].starts_with(k.as_bytes()));
+        let Some(kw) = kw.filter(|_| at_word) else {
+            i += 1;
+            continue;
+        };
+        let rest = &code[i + kw.len()..];
+        if !rest.trim_start().starts_with("::") {
+            i += kw.len();
+            continue;
+        }
+        // The whole path, a `use` tree's braces included.
+        let (mut depth, mut end) = (0i32, i);
+        for (j, c) in code[i..].char_indices() {
+            let part = c.is_alphanumeric()
+                || c == '_'
+                || c == ':'
+                || c == '{'
+                || (depth > 0 && (c == '}' || c == ',' || c == '*' || c.is_whitespace()));
+            if !part {
+                break;
+            }
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            end = i + j + c.len_utf8();
+        }
+        for p in expand(&code[i..end]) {
+            out.push((p, i));
+        }
+        i = end.max(i + kw.len());
+    }
+    out
+}
+
+/// A module's path from its file (`src/a/b.rs`, `src/a/b/mod.rs` → `[a, b]`).
+fn module_of(src: &Path, file: &Path) -> Module {
+    let rel = file.strip_prefix(src).unwrap_or(file).with_extension("");
+    let mut m: Module = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(m.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        m.pop();
+    }
+    m
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// One import: from a module to another, where.
+#[derive(Debug, Clone)]
+struct Import {
+    from: Module,
+    to: Module,
+    file: PathBuf,
+    line: usize,
+}
+
+/// The imports between a crate's modules (its `src/`).
+fn imports(src: &Path) -> (BTreeSet<Module>, Vec<Import>) {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+    let modules: BTreeSet<Module> = files.iter().map(|f| module_of(src, f)).collect();
+    let mut out = Vec::new();
+    for f in &files {
+        let me = module_of(src, f);
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let code = code_only(&text);
+        // Inline `mod x { … }` blocks: `super` inside one names the file's module.
+        let mut inline = Vec::new();
+        let mut search = 0;
+        while let Some(p) = code[search..].find("mod ") {
+            let at = search + p;
+            search = at + 4;
+            if at > 0 && ident(code.as_bytes()[at - 1]) {
+                continue;
+            }
+            let after = &code[at + 4..];
+            let name_len = after.bytes().take_while(|&c| ident(c)).count();
+            if name_len == 0 || !after[name_len..].trim_start().starts_with('{') {
+                continue;
+            }
+            let open = at + 4 + name_len + after[name_len..].find('{').unwrap_or(0);
+            let (mut depth, mut j) = (0, open);
+            for (k, c) in code[open..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    j = open + k;
+                    break;
+                }
+            }
+            inline.push((open, j));
+        }
+        for (path, at) in paths(&code) {
+            let mut nested = inline.iter().filter(|(a, b)| *a <= at && at < *b).count();
+            let (mut base, mut rest): (Module, &[String]) = match path[0].as_str() {
+                "crate" => (Vec::new(), &path[1..]),
+                _ => (me.clone(), &path[..]),
+            };
+            while let Some(first) = rest.first() {
+                match first.as_str() {
+                    "super" if nested > 0 => nested -= 1,
+                    "super" => {
+                        base.pop();
+                    }
+                    "self" => {}
+                    _ => break,
+                }
+                rest = &rest[1..];
+            }
+            let mut to = base;
+            for seg in rest {
+                let mut next = to.clone();
+                next.push(seg.clone());
+                if modules.contains(&next) {
+                    to = next;
+                } else {
+                    break;
+                }
+            }
+            if to != me && !to.is_empty() && modules.contains(&to) {
+                let line = code[..at].matches('\n').count() + 1;
+                out.push(Import {
+                    from: me.clone(),
+                    to,
+                    file: f.clone(),
+                    line,
+                });
+            }
+        }
+    }
+    (modules, out)
+}
+
+/// The circles of the import graph (strongly connected components of more than
+/// one module).
+fn circles(modules: &BTreeSet<Module>, imports: &[Import]) -> Vec<Vec<Module>> {
+    let index: HashMap<&Module, usize> = modules.iter().enumerate().map(|(i, m)| (m, i)).collect();
+    let names: Vec<&Module> = modules.iter().collect();
+    let n = names.len();
+    let mut adj = vec![BTreeSet::new(); n];
+    for i in imports {
+        adj[index[&i.from]].insert(index[&i.to]);
+    }
+    // Tarjan, iteratively.
+    let (mut idx, mut low, mut on) = (vec![usize::MAX; n], vec![0; n], vec![false; n]);
+    let (mut stack, mut out, mut counter) = (Vec::new(), Vec::new(), 0);
+    for root in 0..n {
+        if idx[root] != usize::MAX {
+            continue;
+        }
+        let mut work: Vec<(usize, Vec<usize>)> = vec![(root, adj[root].iter().copied().collect())];
+        idx[root] = counter;
+        low[root] = counter;
+        counter += 1;
+        stack.push(root);
+        on[root] = true;
+        while let Some((v, next)) = work.last_mut() {
+            let v = *v;
+            if let Some(w) = next.pop() {
+                if idx[w] == usize::MAX {
+                    idx[w] = counter;
+                    low[w] = counter;
+                    counter += 1;
+                    stack.push(w);
+                    on[w] = true;
+                    work.push((w, adj[w].iter().copied().collect()));
+                } else if on[w] {
+                    low[v] = low[v].min(idx[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some((u, _)) = work.last() {
+                low[*u] = low[*u].min(low[v]);
+            }
+            if low[v] == idx[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on[w] = false;
+                    comp.push(names[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    out.push(comp);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What is wrong with the crate at `src` against `order`: modules no layer covers,
+/// imports upward, circles.
+fn violations(src: &Path, order: &Order) -> Vec<String> {
+    let (modules, imports) = imports(src);
+    let name = |m: &Module| {
+        if m.is_empty() {
+            "(crate root)".to_string()
+        } else {
+            m.join("::")
+        }
+    };
+    let mut out = Vec::new();
+    for m in modules.iter().filter(|m| !m.is_empty()) {
+        if order.layer_of(m).is_none() {
+            out.push(format!(
+                "module {} is in no declared layer: add it to ARCHITECTURE.md's layers",
+                name(m)
+            ));
+        }
+    }
+    for i in &imports {
+        let (Some((from, fp)), Some((to, tp))) = (order.layer_of(&i.from), order.layer_of(&i.to))
+        else {
+            continue;
+        };
+        if to > from {
+            out.push(format!(
+                "{}:{}: {} (layer {}) imports {} (layer {}, above it): move the code, or \
+                 put what both need below both",
+                i.file.display(),
+                i.line,
+                name(&i.from),
+                fp.join("::"),
+                name(&i.to),
+                tp.join("::")
+            ));
+        }
+    }
+    for c in circles(&modules, &imports) {
+        let names: Vec<String> = c.iter().map(name).collect();
+        let inside: Vec<String> = imports
+            .iter()
+            .filter(|i| c.contains(&i.from) && c.contains(&i.to))
+            .map(|i| {
+                format!(
+                    "{}:{} ({} → {})",
+                    i.file.display(),
+                    i.line,
+                    name(&i.from),
+                    name(&i.to)
+                )
+            })
+            .collect();
+        out.push(format!(
+            "a circle of imports: {} ({})",
+            names.join(", "),
+            inside.join("; ")
+        ));
+    }
+    out
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the client crate sits in the workspace")
+        .to_path_buf()
+}
+
+#[test]
+fn every_crate_imports_only_down_its_declared_layers() {
+    let root = workspace();
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let orders = declared(&architecture);
+    let members = [
+        "csd-runtime",
+        "csd-runtime/protocol",
+        "query-pushdown",
+        "ml-pushdown",
+        "client",
+        "testbed",
+    ];
+    let mut problems = Vec::new();
+    for member in members {
+        let Some(order) = orders.get(member) else {
+            problems.push(format!("ARCHITECTURE.md declares no layers for {member}"));
+            continue;
+        };
+        problems.extend(violations(&root.join(member).join("src"), order));
+    }
+    assert!(
+        problems.is_empty(),
+        "the import graph breaks ARCHITECTURE.md's layers:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The checker itself, on a crate made for it: a clean tree passes; an import up
+/// a layer, a circle, and an undeclared module each fail, naming the file.
+#[test]
+fn the_layer_check_catches_what_it_should() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("high")).unwrap();
+    let write = |f: &str, text: &str| std::fs::write(src.join(f), text).unwrap();
+    write("lib.rs", "mod low;\nmod mid;\nmod high;\npub use low::Thing;\n");
+    write("low.rs", "pub struct Thing;\n// crate::high::Up in a comment is no import\nconst S: &str = \"crate::high::x\";\n");
+    write("mid.rs", "use crate::low::Thing;\nuse crate::Thing as Root;\n");
+    write("high/mod.rs", "mod part;\nuse super::mid;\n");
+    write(
+        "high/part.rs",
+        "use crate::{low::Thing, mid};\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
+    );
+    let order = Order::parse("low < mid < high");
+    assert_eq!(violations(&src, &order), Vec::<String>::new());
+
+    // An import up a layer.
+    write("low.rs", "pub struct Thing;\nfn f() { crate::mid::g(); }\n");
+    let v = violations(&src, &order);
+    assert!(v.iter().any(|p| p.contains("low.rs:2") && p.contains("imports mid")), "{v:?}");
+    // …which is also a circle once mid imports low.
+    assert!(v.iter().any(|p| p.contains("a circle of imports: low, mid")), "{v:?}");
+    // A circle within one layer.
+    write("low.rs", "pub struct Thing;\n");
+    write("high/part.rs", "use super::super::high::Other;\n");
+    write("high/mod.rs", "mod part;\npub struct Other;\nuse self::part::x;\n");
+    let v = violations(&src, &order);
+    assert!(v.iter().any(|p| p.contains("a circle of imports: high, high::part")), "{v:?}");
+    // A module no layer covers.
+    write("high/mod.rs", "mod part;\n");
+    std::fs::write(src.join("stray.rs"), "").unwrap();
+    let v = violations(&src, &order);
+    assert!(v.iter().any(|p| p.contains("module stray is in no declared layer")), "{v:?}");
+}
