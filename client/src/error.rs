@@ -1,17 +1,17 @@
 //! The `csd` command line's and client library's error: every crate's error kept as
 //! the cause, so that `csd` prints the whole chain and exits with the kind it was.
 
-use csd_runtime::StatusCode;
+use csd_protocol::StatusCode;
 
 /// Errors of the client library and the `csd` command.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A storage node refused or failed a request, or could not be reached.
     #[error(transparent)]
-    Node(#[from] csd_runtime::node_client::Error),
+    Node(#[from] csd_protocol::node_client::Error),
     /// An embedded node (`csd serve`, `csd demo`) failed.
     #[error(transparent)]
-    Runtime(#[from] csd_runtime::Error),
+    Runtime(#[from] csd_protocol::Error),
     /// A SQL statement failed (planning or running it).
     #[error(transparent)]
     Query(#[from] datafusion::error::DataFusionError),
@@ -95,7 +95,7 @@ impl Error {
             Error::Query(e) => csd_query_pushdown::error::status_code(e),
             Error::Ml(e) => e.status_code(),
             Error::Testbed(e) => {
-                csd_runtime::Error::code_in(e).unwrap_or(StatusCode::InvalidArgument)
+                csd_protocol::Error::code_in(e).unwrap_or(StatusCode::InvalidArgument)
             }
             Error::InvalidInput(_) => StatusCode::InvalidArgument,
             Error::Io { .. } | Error::Arrow { .. } | Error::Parquet { .. } => {

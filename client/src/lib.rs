@@ -16,5 +16,5 @@ pub mod error;
 pub mod features;
 pub mod script;
 
-pub use csd_runtime::node_client::{NodeClient, OperatorReply, ReplyStats, TableInfo};
+pub use csd_protocol::node_client::{NodeClient, OperatorReply, ReplyStats, TableInfo};
 pub use error::{Error, Result};
