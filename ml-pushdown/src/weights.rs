@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, BinaryArray, UInt32Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
+use arrow::array::{BinaryArray, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use csd_protocol::node_client::NodeClient;
 
@@ -47,7 +47,10 @@ pub(crate) fn to_batches(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
 }
 
 /// Reassembles weights from the table's batches and checks them against `table`.
+#[cfg(feature = "node")]
 pub(crate) fn from_batches(table: &str, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::UInt32Type;
     let mut parts: Vec<(u32, &[u8])> = Vec::new();
     for b in batches {
         let seq = b

@@ -42,6 +42,7 @@
 mod compute;
 pub mod error;
 mod eval;
+#[cfg(feature = "node")]
 mod node;
 mod options;
 pub mod wire;
@@ -53,20 +54,26 @@ pub use compute::gate::LocalGate;
 pub use compute::provider::CsdTable;
 pub use compute::provider::Encoded;
 pub use compute::pushable::pushable;
+#[cfg(feature = "wasm")]
 pub use compute::sandbox::local_sandbox;
 pub use compute::scan::{CsdScanExec, EndpointRun};
 pub use compute::session::{Cluster, CsdSession, QueryRun, SQL_RECURSION_LIMIT, SessionOptions};
+#[cfg(feature = "wasm")]
 pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun};
 pub use eval::Parallelism;
+#[cfg(feature = "wasm")]
 pub use eval::wasm_fn::{WasmScalarUdf, parse_signature};
+#[cfg(feature = "node")]
 pub use node::{SqlNodeOptions, SqlOperator, WasmOperator};
 pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};
 pub use wire::shipped::ShippedFunction;
 
+#[cfg(feature = "node")]
 use std::sync::Arc;
 
 /// The operators a storage node needs for SQL pushdown, with default settings.
+#[cfg(feature = "node")]
 pub fn registry() -> csd_runtime::operator::OperatorRegistry {
     let sql = Arc::new(SqlOperator::new());
     csd_runtime::operator::OperatorRegistry::new()
@@ -76,6 +83,7 @@ pub fn registry() -> csd_runtime::operator::OperatorRegistry {
 
 /// [`registry`], with the `"sql"` operator's settings from `config`
 /// (`[operators.sql]`, `--set sql.KEY=VALUE`; see [`SqlNodeOptions`]).
+#[cfg(feature = "node")]
 pub fn registry_with(
     config: &csd_runtime::config::NodeConfig,
 ) -> csd_protocol::Result<csd_runtime::operator::OperatorRegistry> {

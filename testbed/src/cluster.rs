@@ -27,9 +27,8 @@ pub(crate) const DATASET: &str = "tb_images";
 pub struct NodeKey {
     count: usize,
     cpus: usize,
-    memory: String,
-    capacity: String,
-    queue_target_ms: f64,
+    /// The nodes' settings (as TOML: the key compares every one of them).
+    settings: String,
     device: String,
     policy: Policy,
     data: String,
@@ -43,10 +42,8 @@ impl NodeKey {
     pub fn of(s: &Scenario, policy: Policy) -> Result<Self> {
         Ok(NodeKey {
             count: s.nodes.count,
-            cpus: s.nodes.cpus,
-            memory: s.nodes.memory.clone(),
-            capacity: s.nodes.capacity.clone(),
-            queue_target_ms: s.nodes.queue_target_ms,
+            cpus: s.nodes.settings.cpus,
+            settings: toml::to_string(&s.nodes.settings).unwrap_or_default(),
             device: s.device_spec()?,
             policy,
             data: format!("{:?}", s.data),
@@ -144,24 +141,24 @@ impl Cluster {
         for i in 0..s.nodes.count {
             let config = NodeConfig {
                 device: key.device.clone(),
-                capacity: s.nodes.capacity.parse()?,
                 listen: "127.0.0.1:0".into(),
-                cpus: s.nodes.cpus,
                 cpu_set: plan.as_ref().map(|p| {
                     let cores: Vec<String> = p.nodes[i].iter().map(usize::to_string).collect();
                     cores.join(",")
                 }),
-                memory: s.nodes.memory.parse()?,
                 format: true,
                 policy: key.policy,
-                queue_target_ms: s.nodes.queue_target_ms,
                 auth: file("tenants.toml"),
                 tls_cert: file("node.pem"),
                 tls_key: file("node.key"),
-                ..NodeConfig::default()
+                ..s.nodes.settings.clone()
             };
-            let operators =
-                csd_query_pushdown::registry().with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+            let operators = csd_query_pushdown::registry_with(&config)
+                .map_err(|source| Error::Cluster {
+                    context: format!("the settings of node {i}"),
+                    source,
+                })?
+                .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
             let n = node::start_with(&config, operators)
                 .await
                 .map_err(|source| Error::Cluster {

@@ -100,7 +100,7 @@ pub async fn capacity(s: &Scenario, links: &Links) -> Result<f64> {
             n += 1;
         }
     }
-    Ok((s.nodes.count * s.nodes.cpus) as f64 / (total / n as f64).max(1e-6))
+    Ok((s.nodes.count * s.nodes.settings.cpus) as f64 / (total / n as f64).max(1e-6))
 }
 
 /// Results of the baseline policy per query text: a hash of the sorted rows.

@@ -6,6 +6,7 @@ mod cli;
 mod flight;
 mod refs;
 mod security;
+mod tidy;
 mod wasm;
 
 use csd_runtime::config::{ByteSize, NodeConfig};

@@ -179,6 +179,7 @@ impl StageInfo {
         self.out_shape.iter().product()
     }
     /// Bytes of one sample's output as float32.
+    #[cfg(feature = "node")]
     pub(crate) fn out_bytes(&self) -> u64 {
         self.out_elems() as u64 * 4
     }

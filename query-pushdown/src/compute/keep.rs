@@ -14,8 +14,8 @@ use csd_protocol::node_client::{Error as ClientError, Kept};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::compute::scan::only_scan;
 use crate::compute::session::CsdSession;
-use crate::compute::wasm::only_scan;
 use crate::error::to_datafusion;
 use crate::wire::fragment::OPERATOR_NAME;
 

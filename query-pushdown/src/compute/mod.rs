@@ -16,4 +16,5 @@ pub(crate) mod sandbox;
 pub(crate) mod scan;
 pub(crate) mod semijoin_down;
 pub(crate) mod session;
+#[cfg(feature = "wasm")]
 pub(crate) mod wasm;

@@ -30,9 +30,9 @@ use prost::Message;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::pushable::pushable;
+use crate::compute::sandbox::functions_in;
 use crate::compute::scan::CsdScanExec;
 use crate::eval::scan::balanced_conjunction;
-use crate::eval::wasm_fn::functions_in;
 use crate::options::CsdOptions;
 use crate::wire::connectives::flatten_connectives;
 use crate::wire::fragment::Mode;

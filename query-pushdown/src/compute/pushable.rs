@@ -3,22 +3,11 @@
 //! functions a fragment ships the module of.
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Expr, ScalarUDF, Volatility};
+use datafusion::logical_expr::{Expr, Volatility};
 use datafusion_substrait::logical_plan::producer::operator_to_name;
 
+use crate::compute::sandbox::is_wasm_function;
 use crate::wire::functions::node_evaluates;
-
-/// Whether `f` is a Wasm SQL function (pushable: the fragment carries its module).
-#[cfg(feature = "wasm")]
-fn is_wasm_function(f: &ScalarUDF) -> bool {
-    crate::eval::wasm_fn::is_wasm_function(f)
-}
-
-/// Without shipped code at this tier no function is a Wasm one.
-#[cfg(not(feature = "wasm"))]
-fn is_wasm_function(_: &ScalarUDF) -> bool {
-    false
-}
 
 /// True when every part of `e` is of a kind a node evaluates exactly: columns,
 /// literals, the operators and functions of `node_evaluates`, casts, CASE, IN

@@ -26,7 +26,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::provider::CsdTable;
 use crate::compute::sandbox::local_sandbox;
-use crate::compute::scan::CsdScanExec;
+use crate::compute::scan::only_scan;
 use crate::compute::session::CsdSession;
 use crate::error::{to_datafusion, to_runtime};
 use crate::eval::wasm::{GuestFigures, guest_args, run_guest};
@@ -142,22 +142,6 @@ impl GuestReader for RangeReader {
 
 fn quote(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
-}
-
-/// The one scan under `plan`, if the plan is nothing but that scan (and renaming).
-pub(crate) fn only_scan(
-    plan: &Arc<dyn ExecutionPlan>,
-) -> std::result::Result<&CsdScanExec, String> {
-    if let Some(scan) = plan.downcast_ref::<CsdScanExec>() {
-        return Ok(scan);
-    }
-    match (plan.name(), plan.children().as_slice()) {
-        (
-            "ProjectionExec" | "CoalesceBatchesExec" | "CooperativeExec" | "RepartitionExec",
-            [child],
-        ) => only_scan(child),
-        (name, _) => Err(name.to_string()),
-    }
 }
 
 impl CsdSession {

@@ -6,7 +6,9 @@
 pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod scan;
+#[cfg(feature = "wasm")]
 pub(crate) mod wasm;
+#[cfg(feature = "wasm")]
 pub(crate) mod wasm_fn;
 
 use std::sync::{Arc, OnceLock};

@@ -30,6 +30,7 @@ impl GuestFigures {
     }
 
     /// Time spent in the guest, in ms.
+    #[cfg(feature = "node")]
     pub(crate) fn cpu_ms(&self) -> f64 {
         self.cpu_us.load(Ordering::Relaxed) as f64 / 1e3
     }
@@ -104,6 +105,7 @@ pub(crate) fn run_guest(
 /// its outputs, or its error. A guest that reads a few records answers without a
 /// hop to another thread and back; the CPU-time limit bounds it as on any thread.
 /// `None` on a runtime that cannot lend its thread (a current-thread one).
+#[cfg(feature = "node")]
 pub(crate) fn run_guest_here(
     sandbox: &Arc<Sandbox>,
     module: &Arc<CompiledModule>,
@@ -231,6 +233,7 @@ pub(crate) fn cancel_on_drop(
 
 /// The first item of `stream` taken out, to learn the output schema before the
 /// answer starts: `Err` if the guest failed before its first output.
+#[cfg(feature = "node")]
 pub(crate) async fn peek_schema(
     mut stream: BoxStream<'static, Result<RecordBatch>>,
 ) -> Result<(SchemaRef, BoxStream<'static, Result<RecordBatch>>)> {

@@ -85,6 +85,7 @@ pub(crate) async fn call(
 
 /// Sends `module` to the worker `home` (compiled there once); its digest as the
 /// worker computed it.
+#[cfg(feature = "wasm")]
 pub(crate) async fn put_module(home: &str, module: &[u8]) -> Result<String, Error> {
     let answer = call(home, PUT_MODULE, module.to_vec(), Duration::from_secs(60)).await?;
     String::from_utf8(answer).map_err(|e| {

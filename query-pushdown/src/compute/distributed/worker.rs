@@ -3,25 +3,20 @@
 //! [`WorkerEnv`] for decoding scans), and the server ([`serve_worker_on`]).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
-use csd_protocol::ModuleDigest;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
-use datafusion::logical_expr::ScalarUDF;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 
 use super::codec::CsdCodec;
 use super::env::WorkerEnv;
 use super::scope::DecodeScope;
 use super::service::WorkerActions;
-use crate::compute::sandbox::local_sandbox;
+use crate::compute::sandbox::worker_function;
 use crate::eval::scan;
-use crate::eval::wasm_fn::WasmScalarUdf;
 use crate::options::CsdOptions;
-use crate::wire::shipped::ShippedFunction;
 
 impl WorkerEnv {
     /// The worker service (a tonic service to serve).
@@ -66,39 +61,10 @@ impl WorkerSessionBuilder for WorkerSessions {
         *b.config() = Some(config);
         let mut state = b.build();
         for f in functions.split(';').filter(|f| !f.is_empty()) {
-            state.register_udf(Arc::new(wasm_function(f).await?))?;
+            state.register_udf(Arc::new(worker_function(f).await?))?;
         }
         Ok(state)
     }
-}
-
-/// The session's Wasm function `entry` (`NAME=DIGEST:EXPORT`, see
-/// [`CsdOptions`]), from the module the coordinator sent this worker.
-async fn wasm_function(entry: &str) -> Result<ScalarUDF> {
-    let bad = || {
-        DataFusionError::Plan(format!(
-            "csd.wasm_functions entry {entry:?}: write NAME=DIGEST:EXPORT"
-        ))
-    };
-    let (name, rest) = entry.split_once('=').ok_or_else(bad)?;
-    let (digest, export) = rest.split_once(':').ok_or_else(bad)?;
-    let digest = ModuleDigest::parse(digest.as_bytes()).map_err(|_| bad())?;
-    let sandbox = local_sandbox()?;
-    let module = sandbox.module(&digest, None).await.map_err(|e| {
-        DataFusionError::Plan(format!(
-            "wasm function {name}: this worker does not have module {digest} ({e}); \
-             register the function on the session again to send it"
-        ))
-    })?;
-    let shipped = ShippedFunction {
-        name: name.to_string(),
-        export: export.to_string(),
-        digest,
-        bytes: None,
-    };
-    let udf = WasmScalarUdf::load(sandbox, module, shipped, Arc::new(AtomicBool::new(false)))
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    Ok(ScalarUDF::new_from_impl(udf))
 }
 
 /// Serves `env`'s worker (and its own service beside it, see [`super::service`])

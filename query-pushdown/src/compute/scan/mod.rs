@@ -454,3 +454,19 @@ impl ExecutionPlan for CsdScanExec {
         Ok(Arc::new(stats))
     }
 }
+
+/// The one scan under `plan`, if the plan is nothing but that scan (and renaming).
+pub(crate) fn only_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> std::result::Result<&CsdScanExec, String> {
+    if let Some(scan) = plan.downcast_ref::<CsdScanExec>() {
+        return Ok(scan);
+    }
+    match (plan.name(), plan.children().as_slice()) {
+        (
+            "ProjectionExec" | "CoalesceBatchesExec" | "CooperativeExec" | "RepartitionExec",
+            [child],
+        ) => only_scan(child),
+        (name, _) => Err(name.to_string()),
+    }
+}

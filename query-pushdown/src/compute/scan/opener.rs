@@ -14,16 +14,13 @@ use futures::stream::BoxStream;
 
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::key_collector::KeyCollector;
-use crate::compute::sandbox::local_sandbox;
+use crate::compute::sandbox::{guarded, register_here};
 use crate::error::to_datafusion;
 use crate::eval::keyfilter::filter_stream;
-use crate::eval::wasm::{CancelOnDrop, cancel_on_drop};
-use crate::eval::wasm_fn::register_functions;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
 use crate::wire::shipped::ShippedFunction;
 use csd_protocol::ModuleDigest;
-use std::sync::atomic::AtomicBool;
 
 /// What opening an endpoint gave.
 pub(crate) enum Opened {
@@ -171,21 +168,10 @@ impl EndpointOpener {
         .map_err(external)?;
         // The same modules the node would run, from this process's sandbox (which
         // compiled them when they were registered).
-        let mut cancel = None;
-        if !frag.functions.is_empty() {
-            let sandbox = local_sandbox()?;
-            for f in self.functions.iter() {
-                sandbox
-                    .module(&f.digest, f.bytes.as_deref())
-                    .await
-                    .map_err(external)?;
-            }
-            let flag = Arc::new(AtomicBool::new(false));
-            register_functions(&session, &sandbox, &frag.functions, &flag)
-                .await
-                .map_err(external)?;
-            cancel = Some(CancelOnDrop(flag));
-        }
+        let guard = match frag.functions.is_empty() {
+            true => None,
+            false => Some(register_here(&session, &self.functions, &frag.functions).await?),
+        };
         // Here the compute tier's own registry decides: a function a node refused
         // runs here if DataFusion has it.
         let physical = plan_fragment(&session, &frag.table, &plan, mode, &|_| true)
@@ -193,8 +179,8 @@ impl EndpointOpener {
             .map_err(external)?;
         let (physical, filters) = key_filtered(&frag, physical).map_err(external)?;
         let stream = filter_stream(physical.execute(0, session.task_ctx())?, filters);
-        let stream = match cancel {
-            Some(c) => cancel_on_drop(stream, c),
+        let stream = match guard {
+            Some(g) => guarded(stream, g),
             None => stream,
         };
         Ok(if gated {

@@ -77,7 +77,10 @@ fn code_only(src: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i..].starts_with(b"//") {
-            let end = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p);
+            let end = b[i..]
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(b.len(), |p| i + p);
             blank(&mut out, i, end);
             i = end;
         } else if b[i..].starts_with(b"/*") {
@@ -499,9 +502,18 @@ fn the_layer_check_catches_what_it_should() {
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("high")).unwrap();
     let write = |f: &str, text: &str| std::fs::write(src.join(f), text).unwrap();
-    write("lib.rs", "mod low;\nmod mid;\nmod high;\npub use low::Thing;\n");
-    write("low.rs", "pub struct Thing;\n// crate::high::Up in a comment is no import\nconst S: &str = \"crate::high::x\";\n");
-    write("mid.rs", "use crate::low::Thing;\nuse crate::Thing as Root;\n");
+    write(
+        "lib.rs",
+        "mod low;\nmod mid;\nmod high;\npub use low::Thing;\n",
+    );
+    write(
+        "low.rs",
+        "pub struct Thing;\n// crate::high::Up in a comment is no import\nconst S: &str = \"crate::high::x\";\n",
+    );
+    write(
+        "mid.rs",
+        "use crate::low::Thing;\nuse crate::Thing as Root;\n",
+    );
     write("high/mod.rs", "mod part;\nuse super::mid;\n");
     write(
         "high/part.rs",
@@ -513,18 +525,138 @@ fn the_layer_check_catches_what_it_should() {
     // An import up a layer.
     write("low.rs", "pub struct Thing;\nfn f() { crate::mid::g(); }\n");
     let v = violations(&src, &order);
-    assert!(v.iter().any(|p| p.contains("low.rs:2") && p.contains("imports mid")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|p| p.contains("low.rs:2") && p.contains("imports mid")),
+        "{v:?}"
+    );
     // …which is also a circle once mid imports low.
-    assert!(v.iter().any(|p| p.contains("a circle of imports: low, mid")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|p| p.contains("a circle of imports: low, mid")),
+        "{v:?}"
+    );
     // A circle within one layer.
     write("low.rs", "pub struct Thing;\n");
     write("high/part.rs", "use super::super::high::Other;\n");
-    write("high/mod.rs", "mod part;\npub struct Other;\nuse self::part::x;\n");
+    write(
+        "high/mod.rs",
+        "mod part;\npub struct Other;\nuse self::part::x;\n",
+    );
     let v = violations(&src, &order);
-    assert!(v.iter().any(|p| p.contains("a circle of imports: high, high::part")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|p| p.contains("a circle of imports: high, high::part")),
+        "{v:?}"
+    );
     // A module no layer covers.
     write("high/mod.rs", "mod part;\n");
     std::fs::write(src.join("stray.rs"), "").unwrap();
     let v = violations(&src, &order);
-    assert!(v.iter().any(|p| p.contains("module stray is in no declared layer")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|p| p.contains("module stray is in no declared layer")),
+        "{v:?}"
+    );
+}
+
+/// A program that only queries nodes (a service using `CsdSession`, a training loop
+/// reading features) builds without the node: the protocol crate and the library
+/// crates without their default features pull in neither the node nor what only
+/// the node needs.
+#[test]
+fn a_program_that_only_queries_builds_without_the_node() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for (package, features) in [
+        ("csd-protocol", ""),
+        ("csd-query-pushdown", "--no-default-features"),
+        ("csd-ml-pushdown", "--no-default-features"),
+    ] {
+        let mut cmd = std::process::Command::new(&cargo);
+        cmd.current_dir(workspace()).args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-p",
+            package,
+        ]);
+        if !features.is_empty() {
+            cmd.arg(features);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "cargo tree -p {package}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tree = String::from_utf8_lossy(&out.stdout);
+        for heavy in ["csd-runtime ", "wasmtime ", "io-uring "] {
+            assert!(
+                !tree.lines().any(|l| l.starts_with(heavy)),
+                "{package} {features} depends on {heavy}:\n{tree}"
+            );
+        }
+    }
+}
+
+/// ARCHITECTURE.md's code map names every source file: under each crate's
+/// heading (`` ### `FOLDER` ``), every file's name and every folder it sits in.
+#[test]
+fn the_code_map_names_every_source_file() {
+    let root = workspace();
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut sections: BTreeMap<String, String> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in architecture.lines() {
+        if let Some(rest) = line.strip_prefix("### `") {
+            current = rest.split('`').next().map(String::from);
+            continue;
+        }
+        if line.starts_with("## ") {
+            current = None;
+        }
+        if let Some(c) = &current {
+            let s = sections.entry(c.clone()).or_default();
+            s.push_str(line);
+            s.push('\n');
+        }
+    }
+    let mut missing = Vec::new();
+    for member in [
+        "csd-runtime",
+        "csd-runtime/protocol",
+        "query-pushdown",
+        "ml-pushdown",
+        "client",
+        "testbed",
+        "benches",
+    ] {
+        let section = sections.get(member).map(String::as_str).unwrap_or("");
+        let src = root.join(member).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(&src).unwrap().to_path_buf();
+            let name = rel.file_name().unwrap().to_string_lossy().into_owned();
+            let dirs: Vec<String> = rel
+                .parent()
+                .into_iter()
+                .flat_map(|p| p.components())
+                .map(|c| format!("{}/", c.as_os_str().to_string_lossy()))
+                .collect();
+            let named = (name == "mod.rs" || section.contains(&name))
+                && dirs.iter().all(|d| section.contains(d.as_str()));
+            if !named {
+                missing.push(format!("{member}/src/{}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's code map does not name: {}",
+        missing.join(", ")
+    );
 }
