@@ -56,14 +56,14 @@ impl RunningNode {
         }
         (&mut self.server)
             .await
-            .map_err(|e| Error::Internal(format!("server task: {e}")))?
+            .map_err(|e| Error::external(StatusCode::Internal, "the server task", e))?
     }
 
     /// Waits until the server stops by itself (an error, or a shutdown elsewhere).
     pub async fn wait(&mut self) -> Result<()> {
         (&mut self.server)
             .await
-            .map_err(|e| Error::Internal(format!("server task: {e}")))?
+            .map_err(|e| Error::external(StatusCode::Internal, "the server task", e))?
     }
 }
 
@@ -175,7 +175,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         move || spec.open(capacity)
     })
     .await
-    .map_err(|e| Error::Internal(e.to_string()))??;
+    .map_err(|e| Error::external(StatusCode::Internal, "opening the device", e))??;
     let opts = StoreOptions {
         format: if config.format {
             FormatMode::Force

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::runtime::{Builder, Runtime};
 use tokio::task::JoinHandle;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StatusCode};
 
 /// A bounded pool of CPU workers.
 pub struct CpuPool {
@@ -184,7 +184,11 @@ impl<T> Future for AbortOnDrop<Result<T>> {
         std::pin::Pin::new(&mut self.0).poll(cx).map(|r| match r {
             Ok(v) => v,
             Err(e) if e.is_cancelled() => Err(Error::Internal("CPU task cancelled".into())),
-            Err(e) => Err(Error::Internal(format!("CPU task panicked: {e}"))),
+            Err(e) => Err(Error::external(
+                StatusCode::Internal,
+                "a CPU task panicked",
+                e,
+            )),
         })
     }
 }

@@ -41,7 +41,7 @@ pub struct ParquetOptions {
     /// Compression of stored column chunks: `none`, `lz4`, `zstd` or `snappy`.
     /// None by default: scans are the node's work and its cores the scarce part,
     /// and decompressing costs a weak core more than reading the extra bytes costs
-    /// the device (the README has the measurement; `zstd` stores about half).
+    /// the device (`benches/RESULTS.md` has the measurement; `zstd` stores about half).
     #[arg(
         long = "parquet-compression",
         env = "CSD_PARQUET_COMPRESSION",

@@ -182,8 +182,12 @@ fn is_image(p: &Path) -> bool {
 /// relative to `dir`; a header line starting `file,` is skipped; extra fields ignored); without, each subfolder of `dir` is
 /// a class (the ImageFolder layout). Class names are numbered in sorted order.
 pub fn image_folder(dir: &Path, labels: Option<&Path>) -> Result<ImageFolder> {
-    let io =
-        |what: &Path, e: std::io::Error| Error::InvalidArgument(format!("{}: {e}", what.display()));
+    let io = |what: &Path, e: std::io::Error| {
+        Error::Node(csd_protocol::Error::io(
+            format!("reading {}", what.display()),
+            e,
+        ))
+    };
     let mut pairs: Vec<(PathBuf, String)> = Vec::new();
     match labels {
         Some(file) => {

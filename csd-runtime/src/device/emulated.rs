@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::{BlockDevice, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StatusCode};
 
 /// Timing of an emulated NVMe device. Bandwidths are in MB/s (10^6 bytes); 0 means
 /// unlimited. All zero latency and bandwidth make an untimed device.
@@ -274,7 +274,7 @@ impl BlockDevice for EmulatedDevice {
                                 .map_err(|e| Error::io(format!("read at {off}"), e))
                         })
                         .await
-                        .map_err(|e| Error::Internal(format!("read task: {e}")))?
+                        .map_err(|e| Error::external(StatusCode::Internal, "the read task", e))?
                     }
                 }
             })
@@ -308,7 +308,7 @@ impl BlockDevice for EmulatedDevice {
                             r
                         })
                         .await
-                        .map_err(|e| Error::Internal(format!("write task: {e}")))?
+                        .map_err(|e| Error::external(StatusCode::Internal, "the write task", e))?
                     }
                 }
             })
@@ -325,7 +325,7 @@ impl BlockDevice for EmulatedDevice {
                 f.sync_data().map_err(|e| Error::io("fdatasync", e))
             })
             .await
-            .map_err(|e| Error::Internal(format!("flush task: {e}")))??;
+            .map_err(|e| Error::external(StatusCode::Internal, "the flush task", e))??;
         }
         self.counters.record_flush();
         Ok(())

@@ -128,7 +128,7 @@ impl ModuleStore {
                     Ok(Some(b))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::Internal(format!("reading {name}: {e}"))),
+                Err(e) => Err(Error::io(format!("reading module {name}"), e)),
             },
         }
     }
@@ -150,7 +150,7 @@ impl ModuleStore {
         let r = match self {
             ModuleStore::Device(d) => d.delete(name).await.map(drop),
             ModuleStore::Dir(dir) => std::fs::remove_file(Self::path(dir, name))
-                .map_err(|e| Error::Internal(format!("removing {name}: {e}"))),
+                .map_err(|e| Error::io(format!("removing module {name}"), e)),
         };
         if let Err(e) = r {
             tracing::warn!("removing {name}: {e}");
@@ -165,7 +165,7 @@ impl ModuleStore {
                 let tmp = path.with_extension(format!("tmp{}", std::process::id()));
                 std::fs::write(&tmp, bytes)
                     .and_then(|()| std::fs::rename(&tmp, &path))
-                    .map_err(|e| Error::Internal(format!("writing {}: {e}", path.display())))?;
+                    .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
                 prune(dir, DIR_BUDGET, &path);
                 Ok(())
             }

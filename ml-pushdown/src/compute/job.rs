@@ -58,8 +58,9 @@ pub async fn put_images(
         |i| samples[i].1,
         |i| {
             let path = &samples[i].0;
-            std::fs::read(path)
-                .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+            std::fs::read(path).map_err(|e| {
+                csd_protocol::Error::io(format!("reading {}", path.display()), e).into()
+            })
         },
         progress,
     )

@@ -47,9 +47,8 @@ impl Credentials {
         key: Option<&std::path::Path>,
     ) -> Result<Self> {
         let read = |p: &std::path::Path, what: &str| {
-            std::fs::read(p).map_err(|e| {
-                Error::InvalidInput(format!("reading the {what} {}: {e}", p.display()))
-            })
+            std::fs::read(p)
+                .map_err(|e| Error::io(format!("reading the {what} {}", p.display()), e))
         };
         let tls_identity = match (cert, key) {
             (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),

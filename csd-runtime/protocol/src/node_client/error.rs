@@ -32,6 +32,15 @@ pub enum Error {
     /// Bad input from the user (file, arguments).
     #[error("{0}")]
     InvalidInput(String),
+    /// A local file could not be read or written, with what we were doing.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The node sent something we cannot read.
     #[error("unexpected reply: {0}")]
     Protocol(String),
@@ -100,6 +109,14 @@ impl From<FlightError> for Error {
 }
 
 impl Error {
+    /// Wraps a local I/O error with what we were doing.
+    pub fn io(context: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.to_string(),
+            source,
+        }
+    }
+
     /// The gRPC code, if the node answered with one.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
@@ -118,6 +135,10 @@ impl Error {
             Error::ModuleMissing(_) => StatusCode::NotFound,
             Error::Connect { .. } | Error::PushedBack(_) => StatusCode::Unavailable,
             Error::InvalidInput(_) | Error::Arrow(_) => StatusCode::InvalidArgument,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                StatusCode::NotFound
+            }
+            Error::Io { .. } => StatusCode::InvalidArgument,
             Error::Protocol(_) | Error::Flight(_) => StatusCode::Internal,
             Error::Runtime(e) => e.status_code(),
             Error::Busy { .. } => StatusCode::ResourceExhausted,

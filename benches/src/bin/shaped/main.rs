@@ -1,0 +1,436 @@
+//! TPC-H where users stand: the storage node in its own network namespace behind a
+//! veth pair shaped with `tc tbf`, every query its own `csd sql -f qNN.sql` process,
+//! side by side with DuckDB + httpfs reading the same Parquet files from nginx in the
+//! same namespace over the same link. Per rate (default 100 Mbit/s, 1 Gbit/s and
+//! unshaped): the median of `--runs` runs per query, time, bytes counted on the veth,
+//! and the answers of every system checked against each other. Then 4 clients at once.
+//!
+//! Needs root (namespaces, veth, tc) and `scripts/setup-shaped-bench.sh` (nginx, a
+//! Python venv with DuckDB; the bench runs it). Build first:
+//! `cargo build --release -p csd-client -p csd-benches && target/release/shaped`
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
+use csd_testbed::tpch;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::Compression;
+use datafusion::parquet::file::properties::WriterProperties;
+
+mod answers;
+mod figures;
+mod net;
+mod pipelines;
+
+use answers::same_answer;
+use figures::{
+    ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, median, print_report, run_process,
+};
+use net::{Net, TOKEN, sh, start_nginx, start_node, stop_node, write_security};
+use pipelines::run_pipelines;
+
+#[derive(Parser)]
+struct Args {
+    /// TPC-H scale factor.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Link rates in Mbit/s; 0 = the veth unshaped.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,0")]
+    rates: Vec<f64>,
+    /// Runs per query and system (the median counts).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Queries (default: all 22).
+    #[arg(long, value_delimiter = ',')]
+    queries: Vec<u32>,
+    /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown, and
+    /// secure / secure-no-pushdown (adaptive with TLS and a tenant's token).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "duckdb,adaptive,always,never,no-pushdown"
+    )]
+    systems: Vec<String>,
+    /// Clients at once in the concurrent part (0 = skip it).
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Runs of the concurrent part (the median counts).
+    #[arg(long, default_value_t = 1)]
+    concurrent_runs: usize,
+    /// Link rate of the concurrent part, Mbit/s.
+    #[arg(long, default_value_t = 1000.0)]
+    concurrent_rate: f64,
+    /// Skip DuckDB on local files (the engine reference).
+    #[arg(long)]
+    no_local: bool,
+    /// Extra `csd serve` arguments (space-separated).
+    #[arg(long, default_value = "")]
+    serve_args: String,
+    /// Python venv with DuckDB (made by scripts/setup-shaped-bench.sh).
+    #[arg(long)]
+    venv: Option<PathBuf>,
+    /// Directory for data and the device file.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// JSON output path.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Instead of the TPC-H queries: a three-step pipeline over lineitem as `csd`
+    /// processes, each step kept at the node (`csd sql --keep`, the next step
+    /// reading `csd_ref_…`) vs each step's answer brought back as CSV and stored
+    /// again (`csd sql > step.csv; csd put step.csv`).
+    #[arg(long)]
+    pipeline: bool,
+}
+
+/// Writes each TPC-H table as one Parquet file (Snappy, 122,880-row groups: what
+/// DuckDB's own `COPY … (FORMAT parquet)` writes).
+fn write_tables(scale: f64, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("data dir");
+    for table in tpch::TABLES {
+        let path = dir.join(format!("{table}.parquet"));
+        if path.exists() {
+            continue;
+        }
+        let (schema, batches) = tpch::generate(table, scale, 1, 1).expect("generate");
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_max_row_group_row_count(Some(122_880))
+            .build();
+        let tmp = path.with_extension("tmp");
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&tmp).expect("create"),
+            schema,
+            Some(props),
+        )
+        .expect("writer");
+        for b in &batches {
+            w.write(b).expect("write");
+        }
+        w.close().expect("close");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+}
+
+const SYSTEMS: [&str; 7] = [
+    "duckdb",
+    "adaptive",
+    "always",
+    "never",
+    "no-pushdown",
+    "secure",
+    "secure-no-pushdown",
+];
+
+/// Runs `f` with a node of `system`'s policy up (csd systems), stopped afterwards.
+fn with_node<T>(
+    net: &mut Net,
+    ctx: &mut Ctx,
+    device: &Path,
+    system: &str,
+    args: &Args,
+    f: impl FnOnce(&Ctx, &Net) -> T,
+) -> T {
+    let policy = match system {
+        "adaptive" | "always" | "never" => Some(system),
+        "no-pushdown" | "secure" | "secure-no-pushdown" => Some("adaptive"),
+        _ => None,
+    };
+    if let Some(policy) = policy {
+        let mut extra = args.serve_args.clone();
+        if system.starts_with("secure") {
+            let d = ctx.security.display();
+            extra +=
+                &format!(" --auth {d}/tenants.toml --tls-cert {d}/node.pem --tls-key {d}/node.key");
+        }
+        ctx.node = start_node(net, device, false, policy, &extra);
+    }
+    let out = f(ctx, net);
+    if policy.is_some() {
+        stop_node(net);
+    }
+    out
+}
+
+#[derive(Clone)]
+struct Ctx {
+    python: PathBuf,
+    script: PathBuf,
+    queries_dir: PathBuf,
+    http: String,
+    local: PathBuf,
+    node: String,
+    /// Certificates and the tenants file of `secure` nodes.
+    security: PathBuf,
+}
+
+fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
+    let file = ctx.queries_dir.join(format!("q{q}.sql"));
+    match system {
+        "duckdb" | "duckdb-local" => {
+            let mut c = Command::new(&ctx.python);
+            c.arg(&ctx.script).arg("--data");
+            if system == "duckdb" {
+                c.arg(&ctx.http);
+            } else {
+                c.arg(&ctx.local).args(["--threads", "2"]);
+            }
+            c.arg(&file);
+            c
+        }
+        _ => {
+            let mut c = Command::new(csd_binary());
+            c.args(["sql", "--node", &ctx.node, "--format", "csv", "-f"])
+                .arg(&file);
+            if system.ends_with("no-pushdown") {
+                c.arg("--no-pushdown");
+            }
+            if system.starts_with("secure") {
+                c.arg("--tls-ca")
+                    .arg(ctx.security.join("ca.pem"))
+                    .env("CSD_TOKEN", TOKEN);
+            }
+            c
+        }
+    }
+}
+
+fn run_system(ctx: &Ctx, net: &Net, system: &str, rate: f64, args: &Args) -> SystemFigures {
+    let mut queries = Vec::new();
+    for &q in &query_list(args) {
+        let runs: Vec<Run> = (0..args.runs)
+            .map(|_| run_process(command(ctx, system, q), net))
+            .collect();
+        let med = |f: &dyn Fn(&Run) -> Option<f64>| {
+            let v: Vec<f64> = runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| median(v))
+        };
+        let fig = QueryFigures {
+            query: q,
+            secs: median(runs.iter().map(|r| r.secs).collect()),
+            bytes: median(runs.iter().map(|r| r.bytes as f64).collect()),
+            inner_ms: med(&|r| r.inner_ms),
+            handed_back: med(&|r| r.handed_back.map(|h| h as f64)),
+            runs,
+        };
+        eprintln!(
+            "  {system:<12} {rate:>6} Mbit/s q{q:<2} {:>7.3} s {:>9.2} MB{}",
+            fig.secs,
+            fig.bytes / 1e6,
+            fig.handed_back
+                .filter(|h| *h > 0.0)
+                .map(|h| format!(" ({h} handed back)"))
+                .unwrap_or_default()
+        );
+        queries.push(fig);
+    }
+    let total_inner: Vec<f64> = queries.iter().filter_map(|q| q.inner_ms).collect();
+    SystemFigures {
+        system: system.to_string(),
+        rate_mbit: rate,
+        total_secs: queries.iter().map(|q| q.secs).sum(),
+        total_bytes: queries.iter().map(|q| q.bytes).sum(),
+        total_inner_ms: (total_inner.len() == queries.len()).then(|| total_inner.iter().sum()),
+        queries,
+    }
+}
+
+fn query_list(args: &Args) -> Vec<u32> {
+    if args.queries.is_empty() {
+        (1..=22).collect()
+    } else {
+        args.queries.clone()
+    }
+}
+
+/// `clients` processes' worth of the query list at once, each starting elsewhere.
+fn run_concurrent(ctx: &Ctx, net: &Net, system: &str, clients: usize, args: &Args) -> (f64, u64) {
+    let qs = Arc::new(query_list(args));
+    let before = net.bytes();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let (ctx, qs, system) = (ctx.clone(), qs.clone(), system.to_string());
+            std::thread::spawn(move || {
+                let n = qs.len();
+                for i in 0..n {
+                    let q = qs[(i + c * n / clients.max(1)) % n];
+                    let out = command(&ctx, &system, q).output().expect("query");
+                    assert!(
+                        out.status.success(),
+                        "{system} q{q}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("client thread");
+    }
+    (started.elapsed().as_secs_f64(), net.bytes() - before)
+}
+
+/// Achieved Mbit/s of one HTTP GET of lineitem through the link.
+fn measure_link(ctx: &Ctx) -> f64 {
+    let out = sh(Command::new(&ctx.python).args([
+        "-c",
+        &format!(
+            "import urllib.request,time\nt=time.perf_counter()\nn=len(urllib.request.urlopen('{}/lineitem.parquet').read())\nprint(n*8/1e6/(time.perf_counter()-t))",
+            ctx.http
+        ),
+    ]));
+    out.trim().parse().unwrap_or(0.0)
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(bad) = args.systems.iter().find(|s| !SYSTEMS.contains(&s.as_str())) {
+        eprintln!(
+            "shaped: unknown system {bad:?} (one of {})",
+            SYSTEMS.join(", ")
+        );
+        std::process::exit(2);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("shaped: needs root (network namespaces, veth, tc)");
+        std::process::exit(2);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = PathBuf::from(
+        std::env::var("CARGO_TARGET_DIR")
+            .unwrap_or_else(|_| root.join("target").display().to_string()),
+    );
+    let venv = args
+        .venv
+        .clone()
+        .unwrap_or_else(|| target.join("bench-venv"));
+    sh(Command::new("bash")
+        .arg(root.join("scripts/setup-shaped-bench.sh"))
+        .arg(&venv));
+    let data = target.join(format!("tpch-parquet-sf{}", args.scale));
+    eprintln!(
+        "writing TPC-H SF {} as Parquet in {}",
+        args.scale,
+        data.display()
+    );
+    write_tables(args.scale, &data);
+
+    let work = scratch_dir(args.dir.clone()).expect("scratch dir");
+    let mut net = Net::new();
+    let http = start_nginx(&mut net, &data, work.path());
+    let device = work.path().join("node.img");
+    let security = work.path().join("security");
+    write_security(&security);
+    let mut ctx = Ctx {
+        security,
+        python: venv.join("bin/python"),
+        script: root.join("benches/duckdb_query.py"),
+        queries_dir: root.join("testbed/queries/tpch"),
+        http,
+        local: data.clone(),
+        node: start_node(&mut net, &device, true, "adaptive", &args.serve_args),
+    };
+    eprintln!("loading the tables into the node with csd put");
+    for table in tpch::TABLES {
+        sh(Command::new(csd_binary())
+            .args(["put", "--node", &ctx.node, "--table", table])
+            .arg(data.join(format!("{table}.parquet"))));
+    }
+    stop_node(&mut net);
+
+    if args.pipeline {
+        run_pipelines(&mut net, &mut ctx, &device, work.path(), &args);
+        return;
+    }
+    let mut report = Report {
+        scale: args.scale,
+        runs: args.runs,
+        measured_mbit: BTreeMap::new(),
+        sequential: Vec::new(),
+        concurrent: Vec::new(),
+        mismatches: Vec::new(),
+    };
+    if !args.no_local {
+        eprintln!("DuckDB on the local files, 2 threads (the engine reference)");
+        report
+            .sequential
+            .push(run_system(&ctx, &net, "duckdb-local", -1.0, &args));
+    }
+    for &rate in &args.rates {
+        net.shape(rate);
+        let got = measure_link(&ctx);
+        eprintln!("link {rate} Mbit/s: an HTTP GET achieved {got:.0} Mbit/s");
+        report.measured_mbit.insert(format!("{rate}"), got);
+        for system in &args.systems {
+            let figures = with_node(&mut net, &mut ctx, &device, system, &args, |ctx, net| {
+                run_system(ctx, net, system, rate, &args)
+            });
+            report.sequential.push(figures);
+        }
+    }
+    if args.clients > 0 {
+        net.shape(args.concurrent_rate);
+        for system in &args.systems {
+            let walls: Vec<(f64, u64)> =
+                with_node(&mut net, &mut ctx, &device, system, &args, |ctx, net| {
+                    (0..args.concurrent_runs.max(1))
+                        .map(|_| run_concurrent(ctx, net, system, args.clients, &args))
+                        .collect()
+                });
+            let fig = ConcurrentFigures {
+                system: system.clone(),
+                rate_mbit: args.concurrent_rate,
+                clients: args.clients,
+                wall_secs: median(walls.iter().map(|w| w.0).collect()),
+                bytes: median(walls.iter().map(|w| w.1 as f64).collect()) as u64,
+            };
+            eprintln!(
+                "  {} clients, {system}: {:.2} s, {:.1} MB",
+                args.clients,
+                fig.wall_secs,
+                fig.bytes as f64 / 1e6
+            );
+            report.concurrent.push(fig);
+        }
+    }
+    drop(net);
+
+    // Every system's answers against the first system's, query by query.
+    for q in query_list(&args) {
+        let mut reference: Option<(&str, &str)> = None;
+        for s in &report.sequential {
+            let Some(f) = s.queries.iter().find(|f| f.query == q) else {
+                continue;
+            };
+            for r in &f.runs {
+                match reference {
+                    None => reference = Some((&s.system, &r.stdout)),
+                    Some((name, answer)) => {
+                        if !same_answer(answer, &r.stdout) {
+                            report.mismatches.push(format!(
+                                "q{q}: {} at {} Mbit/s differs from {name}",
+                                s.system, s.rate_mbit
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    print_report(&report);
+    let path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| default_json_path("shaped"));
+    write_json(&path, &report).expect("json");
+    if !report.mismatches.is_empty() {
+        std::process::exit(1);
+    }
+}
