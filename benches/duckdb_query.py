@@ -1,10 +1,11 @@
 """Runs one SQL file with DuckDB over TPC-H Parquet files, for the `shaped` bench.
 
-    python duckdb_query.py --data http://10.0.0.2:8080 [--threads 2] q1.sql
+    python duckdb_query.py --data http://10.0.0.2:8080 [--files 4] [--threads 2] q1.sql
 
-Each table is a view over `DATA/<table>.parquet` (local path or http URL, read with
-the httpfs extension from the duckdb-extension-httpfs wheel, external file cache
-off: cold, as a new process is). Prints the result as CSV on stdout and
+Each table is a view over `DATA/<table>.parquet`, or with `--files N` over its N
+files `DATA/<table>-<i>.parquet` (nation and region stay one file): a local path or
+an http URL, read with the httpfs extension from the duckdb-extension-httpfs wheel,
+external file cache off (cold, as a new process is). Prints the result as CSV on stdout and
 `duckdb: N rows in X ms` (the query, after connecting and loading) on stderr.
 """
 import argparse
@@ -22,6 +23,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--threads", type=int)
+    p.add_argument("--files", type=int, default=1)
     p.add_argument("sql_file")
     a = p.parse_args()
     con = duckdb.connect()
@@ -39,7 +41,12 @@ def main():
         con.execute(f"LOAD '{ext}'")
         con.execute("SET enable_external_file_cache = false")
     for t in TABLES:
-        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{a.data}/{t}.parquet')")
+        if a.files == 1 or t in ("nation", "region"):
+            files = [f"{a.data}/{t}.parquet"]
+        else:
+            files = [f"{a.data}/{t}-{i}.parquet" for i in range(a.files)]
+        listed = ", ".join(f"'{f}'" for f in files)
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet([{listed}])")
     sql = open(a.sql_file).read()
     started = time.perf_counter()
     cur = con.execute(sql)

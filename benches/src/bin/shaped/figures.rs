@@ -78,6 +78,8 @@ pub(crate) struct QueryFigures {
 #[derive(Serialize, Clone)]
 pub(crate) struct SystemFigures {
     pub(crate) system: String,
+    /// Its [`crate::layout::Layout`], `FILESxNODES`.
+    pub(crate) layout: String,
     pub(crate) rate_mbit: f64,
     pub(crate) total_secs: f64,
     pub(crate) total_bytes: f64,
@@ -98,6 +100,7 @@ pub(crate) struct Report {
 #[derive(Serialize)]
 pub(crate) struct ConcurrentFigures {
     pub(crate) system: String,
+    pub(crate) layout: String,
     pub(crate) rate_mbit: f64,
     pub(crate) clients: usize,
     pub(crate) wall_secs: f64,
@@ -106,29 +109,29 @@ pub(crate) struct ConcurrentFigures {
 
 pub(crate) fn print_report(r: &Report) {
     println!(
-        "\nTPC-H SF {}, {} queries, median of {} runs per query; every query its own process",
+        "\nTPC-H SF {}, {} queries, median of {} runs per query; every query its own process; layout FILESxNODES",
         r.scale,
         r.sequential.first().map_or(0, |s| s.queries.len()),
         r.runs
     );
     println!(
-        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>12} {:>12}",
-        "system", "link", "total s", "MB on veth", "vs duckdb", "fewer bytes", "engine ms"
+        "{:<6} {:<14} {:>10} {:>10} {:>12} {:>12} {:>12} {:>12}",
+        "layout",
+        "system",
+        "link",
+        "total s",
+        "MB on veth",
+        "vs duckdb",
+        "fewer bytes",
+        "engine ms"
     );
     for s in &r.sequential {
-        let duck = r
-            .sequential
-            .iter()
-            .find(|d| d.system == "duckdb" && d.rate_mbit == s.rate_mbit);
-        let link = match s.rate_mbit {
-            x if x < 0.0 => "local".to_string(),
-            0.0 => "unshaped".to_string(),
-            x => format!("{x} Mbit"),
-        };
+        let duck = r.find(&s.layout, "duckdb", s.rate_mbit);
         println!(
-            "{:<14} {:>10} {:>10.2} {:>12.1} {:>12} {:>12} {:>12}",
+            "{:<6} {:<14} {:>10} {:>10.2} {:>12.1} {:>12} {:>12} {:>12}",
+            s.layout,
             s.system,
-            link,
+            link(s.rate_mbit),
             s.total_secs,
             s.total_bytes / 1e6,
             duck.map(|d| format!("{:.2}x", d.total_secs / s.total_secs))
@@ -143,7 +146,8 @@ pub(crate) fn print_report(r: &Report) {
     }
     for c in &r.concurrent {
         println!(
-            "{} clients at {} Mbit/s, {:<12} {:>8.2} s {:>10.1} MB",
+            "{:<6} {} clients at {} Mbit/s, {:<12} {:>8.2} s {:>10.1} MB",
+            c.layout,
             c.clients,
             c.rate_mbit,
             c.system,
@@ -151,11 +155,81 @@ pub(crate) fn print_report(r: &Report) {
             c.bytes as f64 / 1e6
         );
     }
+    print_judgement(r);
     if r.mismatches.is_empty() {
-        println!("answers: every system agrees on every query");
+        println!("answers: every system agrees on every query, on every layout");
     } else {
         for m in &r.mismatches {
             println!("MISMATCH {m}");
         }
+    }
+}
+
+fn link(rate_mbit: f64) -> String {
+    match rate_mbit {
+        x if x < 0.0 => "local".to_string(),
+        0.0 => "unshaped".to_string(),
+        x => format!("{x} Mbit"),
+    }
+}
+
+impl Report {
+    fn find(&self, layout: &str, system: &str, rate: f64) -> Option<&SystemFigures> {
+        self.sequential
+            .iter()
+            .find(|s| s.layout == layout && s.system == system && s.rate_mbit == rate)
+    }
+}
+
+/// The node's defaults (adaptive) per layout and link against the better of always
+/// and never in time, always in bytes and DuckDB over HTTP; the worst layout last.
+fn print_judgement(r: &Report) {
+    let mut worst: Option<(f64, String)> = None;
+    let mut lines = Vec::new();
+    for a in r.sequential.iter().filter(|s| s.system == "adaptive") {
+        let (layout, rate) = (&a.layout, a.rate_mbit);
+        let always = r.find(layout, "always", rate);
+        let never = r.find(layout, "never", rate);
+        let best = [always, never]
+            .into_iter()
+            .flatten()
+            .map(|s| s.total_secs)
+            .min_by(f64::total_cmp);
+        let duck = r.find(layout, "duckdb", rate);
+        let mut line = format!(
+            "{layout:<6} {:>10}: adaptive {:.2} s",
+            link(rate),
+            a.total_secs
+        );
+        if let Some(b) = best {
+            line += &format!(
+                ", {:+.1}% vs the better of always/never",
+                (a.total_secs / b - 1.0) * 100.0
+            );
+        }
+        if let Some(al) = always.filter(|al| al.total_bytes > 0.0) {
+            line += &format!(", {:.2}x always's bytes", a.total_bytes / al.total_bytes);
+        }
+        if let Some(d) = duck {
+            let speedup = d.total_secs / a.total_secs;
+            line += &format!(
+                ", {speedup:.2}x DuckDB-over-HTTP, {:.1}x fewer bytes",
+                d.total_bytes / a.total_bytes.max(1.0)
+            );
+            if worst.as_ref().is_none_or(|w| speedup < w.0) {
+                worst = Some((speedup, format!("{layout} at {}", link(rate))));
+            }
+        }
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!("\nnode defaults by layout:");
+    for l in lines {
+        println!("  {l}");
+    }
+    if let Some((speedup, which)) = worst {
+        println!("  worst layout: {which}, {speedup:.2}x DuckDB-over-HTTP");
     }
 }

@@ -2,28 +2,27 @@
 //! veth pair shaped with `tc tbf`, every query its own `csd sql -f qNN.sql` process,
 //! side by side with DuckDB + httpfs reading the same Parquet files from nginx in the
 //! same namespace over the same link. Per rate (default 100 Mbit/s, 1 Gbit/s and
-//! unshaped): the median of `--runs` runs per query, time, bytes counted on the veth,
-//! and the answers of every system checked against each other. Then 4 clients at once.
+//! unshaped) and per layout (`--layouts`: files per table and nodes, every file its
+//! own partition): the median of `--runs` runs per query, time, bytes counted on the
+//! veth, and the answers of every system and layout checked against each other. Then
+//! 4 clients at once on each layout.
 //!
 //! Needs root (namespaces, veth, tc) and `scripts/setup-shaped-bench.sh` (nginx, a
 //! Python venv with DuckDB; the bench runs it). Build first:
 //! `cargo build --release -p csd-client -p csd-benches && target/release/shaped`
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
 use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
-use csd_testbed::tpch;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::basic::Compression;
-use datafusion::parquet::file::properties::WriterProperties;
 
 mod answers;
 mod figures;
+mod layout;
 mod net;
 mod pipelines;
 
@@ -31,7 +30,8 @@ use answers::same_answer;
 use figures::{
     ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, median, print_report, run_process,
 };
-use net::{Net, TOKEN, sh, start_nginx, start_node, stop_node, write_security};
+use layout::{Layout, data_dir, write_tables};
+use net::{Net, TOKEN, sh, start_nginx, start_nodes, stop_nodes, write_security};
 use pipelines::run_pipelines;
 
 #[derive(Parser)]
@@ -68,6 +68,10 @@ struct Args {
     /// Skip DuckDB on local files (the engine reference).
     #[arg(long)]
     no_local: bool,
+    /// Layouts, `FILESxNODES` each: every table (but nation and region) in FILES
+    /// Parquet files, each stored as its own partition, spread over NODES nodes.
+    #[arg(long, value_delimiter = ',', default_value = "1x1,4x1,16x1,16x4")]
+    layouts: Vec<Layout>,
     /// Extra `csd serve` arguments (space-separated).
     #[arg(long, default_value = "")]
     serve_args: String,
@@ -88,35 +92,6 @@ struct Args {
     pipeline: bool,
 }
 
-/// Writes each TPC-H table as one Parquet file (Snappy, 122,880-row groups: what
-/// DuckDB's own `COPY … (FORMAT parquet)` writes).
-fn write_tables(scale: f64, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("data dir");
-    for table in tpch::TABLES {
-        let path = dir.join(format!("{table}.parquet"));
-        if path.exists() {
-            continue;
-        }
-        let (schema, batches) = tpch::generate(table, scale, 1, 1).expect("generate");
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .set_max_row_group_row_count(Some(122_880))
-            .build();
-        let tmp = path.with_extension("tmp");
-        let mut w = ArrowWriter::try_new(
-            std::fs::File::create(&tmp).expect("create"),
-            schema,
-            Some(props),
-        )
-        .expect("writer");
-        for b in &batches {
-            w.write(b).expect("write");
-        }
-        w.close().expect("close");
-        std::fs::rename(&tmp, &path).expect("rename");
-    }
-}
-
 const SYSTEMS: [&str; 7] = [
     "duckdb",
     "adaptive",
@@ -127,11 +102,12 @@ const SYSTEMS: [&str; 7] = [
     "secure-no-pushdown",
 ];
 
-/// Runs `f` with a node of `system`'s policy up (csd systems), stopped afterwards.
+/// Runs `f` with the nodes of `devices` up with `system`'s policy (csd systems),
+/// stopped afterwards.
 fn with_node<T>(
     net: &mut Net,
     ctx: &mut Ctx,
-    device: &Path,
+    devices: &[PathBuf],
     system: &str,
     args: &Args,
     f: impl FnOnce(&Ctx, &Net) -> T,
@@ -148,11 +124,11 @@ fn with_node<T>(
             extra +=
                 &format!(" --auth {d}/tenants.toml --tls-cert {d}/node.pem --tls-key {d}/node.key");
         }
-        ctx.node = start_node(net, device, false, policy, &extra);
+        ctx.nodes = start_nodes(net, devices, false, policy, &extra);
     }
     let out = f(ctx, net);
     if policy.is_some() {
-        stop_node(net);
+        stop_nodes(net, devices.len());
     }
     out
 }
@@ -162,9 +138,11 @@ struct Ctx {
     python: PathBuf,
     script: PathBuf,
     queries_dir: PathBuf,
+    /// The layout's files over HTTP and on local disk, and how many per table.
     http: String,
     local: PathBuf,
-    node: String,
+    files: usize,
+    nodes: Vec<String>,
     /// Certificates and the tenants file of `secure` nodes.
     security: PathBuf,
 }
@@ -174,7 +152,8 @@ fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
     match system {
         "duckdb" | "duckdb-local" => {
             let mut c = Command::new(&ctx.python);
-            c.arg(&ctx.script).arg("--data");
+            c.arg(&ctx.script)
+                .args(["--files", &ctx.files.to_string(), "--data"]);
             if system == "duckdb" {
                 c.arg(&ctx.http);
             } else {
@@ -185,8 +164,11 @@ fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
         }
         _ => {
             let mut c = Command::new(csd_binary());
-            c.args(["sql", "--node", &ctx.node, "--format", "csv", "-f"])
-                .arg(&file);
+            c.arg("sql");
+            for n in &ctx.nodes {
+                c.args(["--node", n]);
+            }
+            c.args(["--format", "csv", "-f"]).arg(&file);
             if system.ends_with("no-pushdown") {
                 c.arg("--no-pushdown");
             }
@@ -200,7 +182,14 @@ fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
     }
 }
 
-fn run_system(ctx: &Ctx, net: &Net, system: &str, rate: f64, args: &Args) -> SystemFigures {
+fn run_system(
+    ctx: &Ctx,
+    net: &Net,
+    system: &str,
+    rate: f64,
+    layout: Layout,
+    args: &Args,
+) -> SystemFigures {
     let mut queries = Vec::new();
     for &q in &query_list(args) {
         let runs: Vec<Run> = (0..args.runs)
@@ -219,7 +208,7 @@ fn run_system(ctx: &Ctx, net: &Net, system: &str, rate: f64, args: &Args) -> Sys
             runs,
         };
         eprintln!(
-            "  {system:<12} {rate:>6} Mbit/s q{q:<2} {:>7.3} s {:>9.2} MB{}",
+            "  {layout:<5} {system:<12} {rate:>6} Mbit/s q{q:<2} {:>7.3} s {:>9.2} MB{}",
             fig.secs,
             fig.bytes / 1e6,
             fig.handed_back
@@ -232,6 +221,7 @@ fn run_system(ctx: &Ctx, net: &Net, system: &str, rate: f64, args: &Args) -> Sys
     let total_inner: Vec<f64> = queries.iter().filter_map(|q| q.inner_ms).collect();
     SystemFigures {
         system: system.to_string(),
+        layout: layout.to_string(),
         rate_mbit: rate,
         total_secs: queries.iter().map(|q| q.secs).sum(),
         total_bytes: queries.iter().map(|q| q.bytes).sum(),
@@ -276,13 +266,12 @@ fn run_concurrent(ctx: &Ctx, net: &Net, system: &str, clients: usize, args: &Arg
     (started.elapsed().as_secs_f64(), net.bytes() - before)
 }
 
-/// Achieved Mbit/s of one HTTP GET of lineitem through the link.
-fn measure_link(ctx: &Ctx) -> f64 {
+/// Achieved Mbit/s of one HTTP GET of lineitem (one file) through the link.
+fn measure_link(ctx: &Ctx, http: &str) -> f64 {
     let out = sh(Command::new(&ctx.python).args([
         "-c",
         &format!(
-            "import urllib.request,time\nt=time.perf_counter()\nn=len(urllib.request.urlopen('{}/lineitem.parquet').read())\nprint(n*8/1e6/(time.perf_counter()-t))",
-            ctx.http
+            "import urllib.request,time\nt=time.perf_counter()\nn=len(urllib.request.urlopen('{http}/lineitem.parquet').read())\nprint(n*8/1e6/(time.perf_counter()-t))",
         ),
     ]));
     out.trim().parse().unwrap_or(0.0)
@@ -314,18 +303,26 @@ fn main() {
     sh(Command::new("bash")
         .arg(root.join("scripts/setup-shaped-bench.sh"))
         .arg(&venv));
-    let data = target.join(format!("tpch-parquet-sf{}", args.scale));
-    eprintln!(
-        "writing TPC-H SF {} as Parquet in {}",
-        args.scale,
-        data.display()
-    );
-    write_tables(args.scale, &data);
+    let data = target.join("shaped-data");
+    let mut layouts = args.layouts.clone();
+    layouts.dedup();
+    let mut files: Vec<usize> = layouts.iter().map(|l| l.files).chain([1]).collect();
+    files.sort_unstable();
+    files.dedup();
+    for &f in &files {
+        let dir = data_dir(&data, args.scale, f);
+        eprintln!(
+            "writing TPC-H SF {} as Parquet, {f} file(s) per table, in {}",
+            args.scale,
+            dir.display()
+        );
+        write_tables(args.scale, f, &dir);
+    }
 
     let work = scratch_dir(args.dir.clone()).expect("scratch dir");
     let mut net = Net::new();
-    let http = start_nginx(&mut net, &data, work.path());
-    let device = work.path().join("node.img");
+    let http_root = start_nginx(&mut net, &data, work.path());
+    let http_of = |f: usize| format!("{http_root}/sf{}-{f}files", args.scale);
     let security = work.path().join("security");
     write_security(&security);
     let mut ctx = Ctx {
@@ -333,20 +330,32 @@ fn main() {
         python: venv.join("bin/python"),
         script: root.join("benches/duckdb_query.py"),
         queries_dir: root.join("testbed/queries/tpch"),
-        http,
-        local: data.clone(),
-        node: start_node(&mut net, &device, true, "adaptive", &args.serve_args),
+        http: http_of(1),
+        local: data_dir(&data, args.scale, 1),
+        files: 1,
+        nodes: Vec::new(),
     };
-    eprintln!("loading the tables into the node with csd put");
-    for table in tpch::TABLES {
-        sh(Command::new(csd_binary())
-            .args(["put", "--node", &ctx.node, "--table", table])
-            .arg(data.join(format!("{table}.parquet"))));
-    }
-    stop_node(&mut net);
+    eprintln!("loading the tables into the nodes with csd put");
+    let devices: Vec<(Layout, Vec<PathBuf>)> = layouts
+        .iter()
+        .map(|&l| {
+            let dir = data_dir(&data, args.scale, l.files);
+            (
+                l,
+                layout::load(&mut net, l, &dir, work.path(), &args.serve_args),
+            )
+        })
+        .collect();
+    let set_layout = |ctx: &mut Ctx, l: Layout| {
+        ctx.files = l.files;
+        ctx.http = http_of(l.files);
+        ctx.local = data_dir(&data, args.scale, l.files);
+    };
 
     if args.pipeline {
-        run_pipelines(&mut net, &mut ctx, &device, work.path(), &args);
+        let (l, devices) = &devices[0];
+        set_layout(&mut ctx, *l);
+        run_pipelines(&mut net, &mut ctx, devices, work.path(), &args);
         return;
     }
     let mut report = Report {
@@ -358,46 +367,56 @@ fn main() {
         mismatches: Vec::new(),
     };
     if !args.no_local {
-        eprintln!("DuckDB on the local files, 2 threads (the engine reference)");
-        report
-            .sequential
-            .push(run_system(&ctx, &net, "duckdb-local", -1.0, &args));
+        for (l, _) in &devices {
+            eprintln!("DuckDB on the local files of layout {l}, 2 threads (the engine reference)");
+            set_layout(&mut ctx, *l);
+            report
+                .sequential
+                .push(run_system(&ctx, &net, "duckdb-local", -1.0, *l, &args));
+        }
     }
     for &rate in &args.rates {
         net.shape(rate);
-        let got = measure_link(&ctx);
+        let got = measure_link(&ctx, &http_of(1));
         eprintln!("link {rate} Mbit/s: an HTTP GET achieved {got:.0} Mbit/s");
         report.measured_mbit.insert(format!("{rate}"), got);
-        for system in &args.systems {
-            let figures = with_node(&mut net, &mut ctx, &device, system, &args, |ctx, net| {
-                run_system(ctx, net, system, rate, &args)
-            });
-            report.sequential.push(figures);
+        for (l, devs) in &devices {
+            set_layout(&mut ctx, *l);
+            for system in &args.systems {
+                let figures = with_node(&mut net, &mut ctx, devs, system, &args, |ctx, net| {
+                    run_system(ctx, net, system, rate, *l, &args)
+                });
+                report.sequential.push(figures);
+            }
         }
     }
     if args.clients > 0 {
         net.shape(args.concurrent_rate);
-        for system in &args.systems {
-            let walls: Vec<(f64, u64)> =
-                with_node(&mut net, &mut ctx, &device, system, &args, |ctx, net| {
-                    (0..args.concurrent_runs.max(1))
-                        .map(|_| run_concurrent(ctx, net, system, args.clients, &args))
-                        .collect()
-                });
-            let fig = ConcurrentFigures {
-                system: system.clone(),
-                rate_mbit: args.concurrent_rate,
-                clients: args.clients,
-                wall_secs: median(walls.iter().map(|w| w.0).collect()),
-                bytes: median(walls.iter().map(|w| w.1 as f64).collect()) as u64,
-            };
-            eprintln!(
-                "  {} clients, {system}: {:.2} s, {:.1} MB",
-                args.clients,
-                fig.wall_secs,
-                fig.bytes as f64 / 1e6
-            );
-            report.concurrent.push(fig);
+        for (l, devs) in &devices {
+            set_layout(&mut ctx, *l);
+            for system in &args.systems {
+                let walls: Vec<(f64, u64)> =
+                    with_node(&mut net, &mut ctx, devs, system, &args, |ctx, net| {
+                        (0..args.concurrent_runs.max(1))
+                            .map(|_| run_concurrent(ctx, net, system, args.clients, &args))
+                            .collect()
+                    });
+                let fig = ConcurrentFigures {
+                    system: system.clone(),
+                    layout: l.to_string(),
+                    rate_mbit: args.concurrent_rate,
+                    clients: args.clients,
+                    wall_secs: median(walls.iter().map(|w| w.0).collect()),
+                    bytes: median(walls.iter().map(|w| w.1 as f64).collect()) as u64,
+                };
+                eprintln!(
+                    "  {l} {} clients, {system}: {:.2} s, {:.1} MB",
+                    args.clients,
+                    fig.wall_secs,
+                    fig.bytes as f64 / 1e6
+                );
+                report.concurrent.push(fig);
+            }
         }
     }
     drop(net);
@@ -415,8 +434,8 @@ fn main() {
                     Some((name, answer)) => {
                         if !same_answer(answer, &r.stdout) {
                             report.mismatches.push(format!(
-                                "q{q}: {} at {} Mbit/s differs from {name}",
-                                s.system, s.rate_mbit
+                                "q{q}: {} on layout {} at {} Mbit/s differs from {name}",
+                                s.system, s.layout, s.rate_mbit
                             ));
                         }
                     }

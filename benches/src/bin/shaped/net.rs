@@ -1,7 +1,7 @@
 //! The bench's network: a namespace holding the storage node and nginx, a veth pair
 //! into it shaped with `tc tbf`, bytes counted on the veth; all removed on drop.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -179,35 +179,43 @@ pub(crate) fn start_nginx(net: &mut Net, data: &Path, work: &Path) -> String {
     format!("http://{NODE_IP}:8080")
 }
 
-/// Starts `csd serve` in the namespace with `policy`; returns its index in children.
-pub(crate) fn start_node(
+/// Starts one `csd serve` per device in the namespace with `policy` (ports 50051,
+/// 50052, …); returns their URLs.
+pub(crate) fn start_nodes(
     net: &mut Net,
-    device: &Path,
+    devices: &[PathBuf],
     format: bool,
     policy: &str,
     extra: &str,
-) -> String {
-    let mut cmd = net.in_ns(csd_binary().to_str().expect("utf-8 path"));
-    cmd.args(["serve", "--listen", &format!("{NODE_IP}:50051")])
-        .arg("--device")
-        .arg(device)
-        .args(["--capacity", "8GiB", "--policy", policy])
-        .args(extra.split_whitespace())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped());
-    if format {
-        cmd.arg("--format");
+) -> Vec<String> {
+    let mut urls = Vec::new();
+    for (j, device) in devices.iter().enumerate() {
+        let mut cmd = net.in_ns(csd_binary().to_str().expect("utf-8 path"));
+        cmd.args(["serve", "--listen", &format!("{NODE_IP}:{}", 50051 + j)])
+            .arg("--device")
+            .arg(device)
+            .args(["--capacity", "8GiB", "--policy", policy])
+            .args(extra.split_whitespace())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped());
+        if format {
+            cmd.arg("--format");
+        }
+        let mut child = cmd.spawn().expect("csd serve");
+        let url = csd_benches::node_url(&mut child);
+        net.children.push(child);
+        urls.push(url.replace("0.0.0.0", NODE_IP));
     }
-    let mut child = cmd.spawn().expect("csd serve");
-    let url = csd_benches::node_url(&mut child);
-    net.children.push(child);
-    url.replace("0.0.0.0", NODE_IP)
+    urls
 }
 
-pub(crate) fn stop_node(net: &mut Net) {
-    if let Some(mut c) = net.children.pop() {
-        let _ = c.kill();
-        let _ = c.wait();
+/// Stops the `n` nodes started last.
+pub(crate) fn stop_nodes(net: &mut Net, n: usize) {
+    for _ in 0..n {
+        if let Some(mut c) = net.children.pop() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

@@ -14,13 +14,14 @@ use crate::figures::median;
 use crate::net::Net;
 use crate::{Args, Ctx, with_node};
 
-/// `csd ARGS… --node NODE`, output checked.
+/// `csd ARGS… --node NODE…`, output checked.
 pub(crate) fn csd_out(ctx: &Ctx, a: &[&str]) -> String {
-    let out = Command::new(csd_binary())
-        .args(a)
-        .args(["--node", &ctx.node])
-        .output()
-        .expect("csd");
+    let mut cmd = Command::new(csd_binary());
+    cmd.args(a);
+    for n in &ctx.nodes {
+        cmd.args(["--node", n]);
+    }
+    let out = cmd.output().expect("csd");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "csd {a:?} failed: {stderr}");
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -76,7 +77,13 @@ pub(crate) struct PipelineFigures {
 }
 
 /// The pipeline mode: both pipelines at every rate, medians, answers compared.
-pub(crate) fn run_pipelines(net: &mut Net, ctx: &mut Ctx, device: &Path, work: &Path, args: &Args) {
+pub(crate) fn run_pipelines(
+    net: &mut Net,
+    ctx: &mut Ctx,
+    devices: &[PathBuf],
+    work: &Path,
+    args: &Args,
+) {
     println!(
         "pipeline filter -> key filter -> aggregate over lineitem SF {}, csd processes over a tc-shaped veth, median of {}",
         args.scale, args.runs
@@ -90,7 +97,7 @@ pub(crate) fn run_pipelines(net: &mut Net, ctx: &mut Ctx, device: &Path, work: &
     for &rate in &args.rates {
         net.shape(rate);
         let (mut ks, mut kb, mut ss, mut sb) = (vec![], vec![], vec![], vec![]);
-        with_node(net, ctx, device, "adaptive", args, |ctx, net| {
+        with_node(net, ctx, devices, "adaptive", args, |ctx, net| {
             for run in 0..args.runs {
                 let (b0, t) = (net.bytes(), Instant::now());
                 let (kept, refs) = pipeline_kept(ctx, work);
