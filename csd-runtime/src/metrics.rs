@@ -82,12 +82,13 @@ pub(crate) fn render(state: &NodeState) -> String {
     };
     const C: &str = "counter";
     const G: &str = "gauge";
-    let single: [(&str, &str, &str, f64); 24] = [
+    let single: [(&str, &str, &str, f64); 25] = [
         ("csd_admitted_total", C, "Operator requests run at the node.", c.admitted as f64),
         ("csd_queued_total", C, "Admitted requests that waited in the queue first.", c.queued as f64),
         ("csd_pushed_back_total", C, "Operator requests pushed back to the compute tier.", c.pushed_back as f64),
         ("csd_patient_total", C, "Requests queued past the delay bound because the compute tier was saturated.", c.patient as f64),
         ("csd_kept_for_link_total", C, "Requests queued past the delay bound because handing them back would cost the asker more over its link and cores.", c.kept_for_link as f64),
+        ("csd_kept_shared_cores_total", C, "Requests queued past the delay bound because the asker runs on the node's own cores.", c.kept_shared_cores as f64),
         ("csd_unauthenticated_total", C, "Requests refused with UNAUTHENTICATED (no token, or an unknown one).", state.auth.counters.unauthenticated.load(std::sync::atomic::Ordering::Relaxed) as f64),
         ("csd_permission_denied_total", C, "Requests refused with PERMISSION_DENIED (a permission, or another tenant's or an expired ticket).", state.auth.counters.permission_denied.load(std::sync::atomic::Ordering::Relaxed) as f64),
         ("csd_quota_refused_total", C, "Requests refused by a tenant's quota.", state.auth.counters.quota_refused.load(std::sync::atomic::Ordering::Relaxed) as f64),

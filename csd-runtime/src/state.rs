@@ -43,6 +43,8 @@ pub struct NodeState {
     pub wire_piece: u64,
     /// Each peer's link, learned from the raw ranges it read (prices handing back).
     pub links: crate::link::LinkMeters,
+    /// This node's host and cores (does an asker run on them? prices handing back).
+    pub host: crate::protocol::host::HostCores,
     /// Tenants and their permissions (open when the node has none).
     pub auth: Arc<crate::auth::Auth>,
     /// Seals the tickets this node hands out.
@@ -74,6 +76,7 @@ impl NodeState {
             memory.clone(),
             Some(tables.object_store().clone()),
         )?);
+        let host = workers_host(&pool);
         Ok(NodeState {
             admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
             node: Arc::new(NodeResources {
@@ -89,6 +92,7 @@ impl NodeState {
             range_chunk: 1 << 20,
             wire_piece: 2 << 20,
             links: crate::link::LinkMeters::default(),
+            host,
             auth: Arc::new(crate::auth::Auth::open()),
             ticket_key: crate::auth::TicketKey::random(),
             ticket_ttl: std::time::Duration::from_secs(3600),
@@ -196,4 +200,16 @@ pub(crate) async fn sweep_every(state: std::sync::Weak<NodeState>, period: std::
             tracing::info!(freed = n, "expired references freed");
         }
     }
+}
+
+/// This host, and the cores the node's workers run on: those they are pinned to,
+/// else every core the process may use.
+fn workers_host(pool: &CpuPool) -> crate::protocol::host::HostCores {
+    let mut host = crate::protocol::host::HostCores::this();
+    if let Some(cores) = pool.cores() {
+        host.cpus = cores.iter().map(|&c| c as u32).collect();
+        host.cpus.sort_unstable();
+        host.cpus.dedup();
+    }
+    host
 }

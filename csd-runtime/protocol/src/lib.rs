@@ -16,12 +16,13 @@
 //!   place ([`Error::to_status`]) and back ([`Error::from_status`]).
 //! * [`node_client`]: [`NodeClient`](node_client::NodeClient), the Rust side of it all.
 //! * [`link`]: a link's throughput learned from its transfers (both sides price
-//!   handing work back with it).
+//!   handing work back with it); [`host`]: which host and cores a process runs on,
+//!   and how busy they are (askers send it).
 //! * [`digest`], [`size`], [`names`]: module digests, sizes as people write them,
 //!   and what tables and partitions may be called.
 //! * The gRPC metadata keys and message limits below.
 //!
-//! Dependencies point down: `error` ← `digest`, `size` ← `ticket`, `messages`,
+//! Dependencies point down: `error`, `host` ← `digest`, `size` ← `ticket`, `messages`,
 //! `stats`, `refs`, `ipc` ← `actions` ← `link` ← `node_client`, without cycles.
 
 #![warn(unreachable_pub)]
@@ -29,6 +30,7 @@
 pub mod actions;
 pub mod digest;
 pub mod error;
+pub mod host;
 pub mod ipc;
 pub mod link;
 pub mod messages;

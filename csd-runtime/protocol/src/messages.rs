@@ -114,6 +114,9 @@ pub struct AdmissionReport {
     /// Queued past the delay bound because handing it back would have cost the
     /// asker more (its link and cores).
     pub kept_for_link: bool,
+    /// Queued past the delay bound because its asker runs on this node's own cores.
+    #[serde(default)]
+    pub kept_shared_cores: bool,
     /// Why it waited, for a person (`None`: it did not, or not notably).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_reason: Option<String>,

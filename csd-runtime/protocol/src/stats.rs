@@ -144,6 +144,10 @@ pub struct Counters {
     /// their asker more (its link and cores) than waiting here.
     #[serde(default)]
     pub kept_for_link: u64,
+    /// Requests queued past the delay bound because their asker runs on this node's
+    /// own cores: handed back, they would run there behind the same work.
+    #[serde(default)]
+    pub kept_shared_cores: u64,
     /// Requests refused with RESOURCE_EXHAUSTED.
     pub rejected: u64,
     /// Queued requests whose client went away before they ran.

@@ -8,7 +8,8 @@
 //! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
 //!                    optional Asker asker = 5; optional uint64 keep_ms = 6; optional string keep_group = 7; }
 //! message Ref      { string id = 1; }
-//! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3; }
+//! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3;
+//!                    string host = 4; repeated uint32 cpus = 5; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
 //! ```
 //!
@@ -22,8 +23,9 @@
 //! the compute tier sends it when its own cores are saturated (memory and a full
 //! queue still push it back). `asker` carries what handing the request back would
 //! cost the asker: its measured link throughput from this node, its cost per raw
-//! byte of evaluating a fragment, and the fraction of its cores busy (0 = unknown for
-//! the first two); an adaptive node prices handing back with them (see
+//! byte of evaluating a fragment, the fraction of its host's cores busy (0 = unknown
+//! for the first two), and its host's boot id and the CPUs it may use (empty =
+//! unknown; see [`crate::host`]); an adaptive node prices handing back with them (see
 //! `csd_runtime::admission`).
 //!
 //! An `Operator` with `keep_ms` is not a `DoGet` ticket: sent as the `cmd` of a
@@ -105,7 +107,7 @@ pub enum Ticket {
 }
 
 /// The asker's side of an operator request (see the module docs); zero is unknown.
-#[derive(Clone, Copy, PartialEq, prost::Message)]
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct AskerFigures {
     /// Measured throughput of the asker's link from this node, bytes per second.
     #[prost(double, tag = "1")]
@@ -116,6 +118,12 @@ pub struct AskerFigures {
     /// Fraction of the asker's cores busy, 0 to 1.
     #[prost(double, tag = "3")]
     pub load: f64,
+    /// The asker's host: its kernel's boot id (see [`crate::host::HostCores`]).
+    #[prost(string, tag = "4")]
+    pub host: String,
+    /// The CPUs the asker may run on.
+    #[prost(uint32, repeated, tag = "5")]
+    pub cpus: Vec<u32>,
 }
 
 /// Arrow IPC body compression of an operator's answer.
@@ -347,14 +355,20 @@ impl Ticket {
                         if [a.link_bytes_per_s, a.ns_per_byte]
                             .iter()
                             .all(|v| v.is_finite() && *v >= 0.0)
-                            && (0.0..=1.0).contains(&a.load) =>
+                            && (0.0..=1.0).contains(&a.load)
+                            && a.host.len() <= 64
+                            && a.cpus.len() <= 65_536 =>
                     {
                         Some(a)
                     }
                     Some(a) => {
                         return Err(Error::InvalidArgument(format!(
-                            "ticket's asker figures are out of range (link {} bytes/s and {} ns/byte must be finite and not negative, load {} within 0 to 1)",
-                            a.link_bytes_per_s, a.ns_per_byte, a.load
+                            "ticket's asker figures are out of range (link {} bytes/s and {} ns/byte must be finite and not negative, load {} within 0 to 1, host id at most 64 bytes ({}), at most 65,536 CPUs ({}))",
+                            a.link_bytes_per_s,
+                            a.ns_per_byte,
+                            a.load,
+                            a.host.len(),
+                            a.cpus.len()
                         )));
                     }
                     None => None,
@@ -424,6 +438,8 @@ mod tests {
                 link_bytes_per_s: 125e6,
                 ns_per_byte: 1.5,
                 load: 0.25,
+                host: "8a1f5e2c-0d44-4c39-9a57-1b2c3d4e5f60".into(),
+                cpus: vec![0, 1, 4],
             }),
             keep_ms: Some(60_000),
             keep_group: Some("0123456789abcdef0123456789abcdef".into()),
@@ -438,6 +454,7 @@ mod tests {
                 link_bytes_per_s: f64::NAN,
                 ns_per_byte: 0.0,
                 load: 2.0,
+                ..AskerFigures::default()
             }),
             keep_ms: None,
             keep_group: None,

@@ -39,6 +39,19 @@ pub struct Asker {
     /// Bytes of work this node handed back to the asker's link moments ago that the
     /// link has not carried yet: a fragment handed back now crosses it after them.
     pub backlog_bytes: u64,
+    /// The asker runs on this node's host, on cores this node uses too.
+    pub shares_cores: bool,
+}
+
+/// Why a request queued past the delay bound rather than being handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Its asker was saturated and sent it patient.
+    Patient,
+    /// Handing it back was priced slower for its asker (link and cores).
+    ForLink,
+    /// Its asker runs on this node's own cores.
+    SharedCores,
 }
 
 /// The node cannot even serve raw reads now: retry after the hint.

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::ask::{Ask, Offer, Reject, Waiting};
+use super::ask::{Ask, Kept, Offer, Reject, Waiting};
 use super::costs::{Costs, shape_key};
 use super::queueing::{DelayScale, predict};
 use super::reads::Reads;
@@ -20,8 +20,8 @@ pub(super) struct LastOffer {
     pub(super) estimate: Duration,
     /// The queueing it predicted, scaled (zero if the request ran at once).
     pub(super) predicted: Duration,
-    /// Queued past the bound because handing it back was priced slower.
-    pub(super) kept_for_link: bool,
+    /// Why it queued past the bound, if it did.
+    pub(super) kept: Option<Kept>,
 }
 
 /// A request holding a slot.
@@ -226,9 +226,13 @@ impl Controller {
         let there = self.cost_at_asker(&ask);
         if over && ask.patient {
             self.counters.patient += 1;
+            self.last_offer.kept = Some(Kept::Patient);
+        } else if over && ask.asker.shares_cores {
+            self.counters.kept_shared_cores += 1;
+            self.last_offer.kept = Some(Kept::SharedCores);
         } else if over && there.is_some_and(|t| (delay + estimate).as_secs_f64() <= t) {
             self.counters.kept_for_link += 1;
-            self.last_offer.kept_for_link = true;
+            self.last_offer.kept = Some(Kept::ForLink);
         } else if over {
             return push_back(
                 self,

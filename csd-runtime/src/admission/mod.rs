@@ -58,6 +58,14 @@
 //! of them from here, so they are left out, which only favours handing back. On a
 //! fast link `there` is about the request's run time, the rule above.
 //!
+//! An asker on this node's host whose cores are all the node's too (the same kernel
+//! boot, its CPUs within the node's, and as many node workers as the node may use
+//! cores; see [`csd_protocol::host`]) gains nothing from work handed back: it would decode the bytes on the cores the node is busy with,
+//! behind the same queue. Such a request is queued past the bound as a patient one
+//! is (`kept_shared_cores`). The asker's load is its host's busy fraction when that
+//! is higher than its own queue's, so a host busy with other work prices handing
+//! back higher too.
+//!
 //! A slot is one CPU worker: operators plan with one partition per request, so a
 //! request's time holding its slot is its CPU time (plus I/O waits, which io_uring
 //! keeps short); that held time is what the cost model learns from.
@@ -95,7 +103,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-pub use ask::{Ask, Asker, Offer, Reject};
+pub use ask::{Ask, Asker, Kept, Offer, Reject};
 pub(crate) use config::parse_tenant;
 pub use config::{AdmissionConfig, DEFAULT_TENANT, TenantShare};
 pub(crate) use controller::Controller;
@@ -282,7 +290,7 @@ impl Admission {
             estimate: offer.estimate,
             predicted: offer.predicted,
             waited,
-            kept_for_link: offer.kept_for_link,
+            kept: offer.kept,
             completed: false,
         }
     }
@@ -293,8 +301,7 @@ impl Admission {
         &self,
         waited: Duration,
         estimate: Duration,
-        patient: bool,
-        kept_for_link: bool,
+        kept: Option<Kept>,
     ) -> Option<String> {
         if waited.is_zero() {
             return None;
@@ -307,10 +314,13 @@ impl Admission {
             return None;
         }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        Some(if patient {
+        Some(if kept == Some(Kept::Patient) {
             "the compute tier was saturated and asked the node to queue it rather than hand it back"
                 .into()
-        } else if kept_for_link {
+        } else if kept == Some(Kept::SharedCores) {
+            "predicted queueing exceeded the bound, but the compute tier runs on this node's own cores: handed back, it would run there behind the same work"
+                .into()
+        } else if kept == Some(Kept::ForLink) {
             "predicted queueing exceeded the bound, but finishing it at the compute tier (the raw bytes over its link, its busy cores) was priced slower"
                 .into()
         } else if policy == Policy::Always {

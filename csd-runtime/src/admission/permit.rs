@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Admission;
+use super::ask::Kept;
 
 /// Removes a queued request whose future was dropped (client gone).
 pub(super) struct QueueGuard {
@@ -41,9 +42,8 @@ pub struct Permit {
     pub predicted: Duration,
     /// How long it waited in the queue.
     pub waited: Duration,
-    /// It queued past the delay bound because handing it back was priced slower
-    /// for its asker (see "Pricing the link").
-    pub kept_for_link: bool,
+    /// Why it queued past the delay bound, if it did (see "Pricing the link").
+    pub kept: Option<Kept>,
     pub(super) completed: bool,
 }
 

@@ -45,6 +45,7 @@ fn handing_back_is_priced_by_the_askers_link_and_load() {
             ns_per_byte: None,
             load,
             backlog_bytes: 0,
+            shares_cores: false,
         },
         ..ask("x", 20_000_000)
     };
@@ -86,6 +87,46 @@ fn handing_back_is_priced_by_the_askers_link_and_load() {
     };
     assert!(matches!(c.offer(behind, t), Offer::Queued(_)));
     assert_eq!(c.stats().counters.kept_for_link, 3);
+}
+
+#[test]
+fn an_asker_on_the_nodes_own_cores_is_not_handed_work_back() {
+    let mut c = Controller::new(cfg(1));
+    let t = Duration::ZERO;
+    for _ in 0..3 {
+        id(&c.offer(ask("x", 20_000_000), t));
+    }
+    // 60 ms queued ahead, over the 50 ms target: elsewhere, it goes back.
+    assert!(matches!(
+        c.offer(ask("x", 20_000_000), t),
+        Offer::PushBack(_)
+    ));
+    let shared = Ask {
+        asker: Asker {
+            shares_cores: true,
+            ..Asker::default()
+        },
+        ..ask("x", 20_000_000)
+    };
+    assert!(matches!(c.offer(shared, t), Offer::Queued(_)));
+    assert_eq!(c.last_offer.kept, Some(Kept::SharedCores));
+    let s = c.stats().counters;
+    assert_eq!((s.kept_shared_cores, s.pushed_back), (1, 1));
+    // A full queue still hands it back.
+    let mut c = Controller::new(AdmissionConfig {
+        max_queued: 1,
+        ..cfg(1)
+    });
+    id(&c.offer(ask("x", 20_000_000), t));
+    id(&c.offer(ask("x", 20_000_000), t));
+    let shared = Ask {
+        asker: Asker {
+            shares_cores: true,
+            ..Asker::default()
+        },
+        ..ask("x", 20_000_000)
+    };
+    assert!(matches!(c.offer(shared, t), Offer::PushBack(_)));
 }
 
 #[test]
@@ -421,22 +462,26 @@ fn a_long_wait_says_why() {
     let mut cf = AdmissionConfig::new(1, 1 << 30);
     cf.queue_target = ms(50);
     let adaptive = Admission::new(cf.clone());
-    assert_eq!(adaptive.why_waited(ms(40), ms(10), false, false), None);
-    let own = adaptive.why_waited(ms(300), ms(200), false, false).unwrap();
+    assert_eq!(adaptive.why_waited(ms(40), ms(10), None), None);
+    let own = adaptive.why_waited(ms(300), ms(200), None).unwrap();
     assert!(own.contains("own run time (200.0 ms)"), "{own}");
-    let wrong = adaptive
-        .why_waited(ms(2000), ms(100), false, false)
-        .unwrap();
+    let wrong = adaptive.why_waited(ms(2000), ms(100), None).unwrap();
     assert!(wrong.contains("prediction was wrong"), "{wrong}");
     let patient = adaptive
-        .why_waited(ms(10_800), ms(100), true, false)
+        .why_waited(ms(10_800), ms(100), Some(Kept::Patient))
         .unwrap();
     assert!(patient.contains("compute tier was saturated"), "{patient}");
-    let link = adaptive.why_waited(ms(400), ms(100), false, true).unwrap();
+    let link = adaptive
+        .why_waited(ms(400), ms(100), Some(Kept::ForLink))
+        .unwrap();
     assert!(link.contains("priced slower"), "{link}");
+    let shared = adaptive
+        .why_waited(ms(400), ms(100), Some(Kept::SharedCores))
+        .unwrap();
+    assert!(shared.contains("this node's own cores"), "{shared}");
     cf.policy = Policy::Always;
     let always = Admission::new(cf)
-        .why_waited(ms(2000), ms(100), false, false)
+        .why_waited(ms(2000), ms(100), None)
         .unwrap();
     assert!(always.contains("policy always"), "{always}");
 }

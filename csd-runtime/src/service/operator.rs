@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use super::FlightNode;
 use super::stream::{ENCODER_LIMIT, TaskStream, forward};
-use crate::admission::{Ask, Asker, Permit, Refusal};
+use crate::admission::{Ask, Asker, Kept, Permit, Refusal};
 use crate::auth::{Permission, Principal, RequestSlot};
 use crate::error::{Error, Result, truncated};
 use crate::lease::LeaseRun;
@@ -28,6 +28,7 @@ use crate::link::LinkMeter;
 use crate::operator::{
     CancelOnDrop, Estimate, OperatorContext, OperatorRequest, RequestMetrics, wire_pieces,
 };
+use crate::protocol::host::HostCores;
 use crate::protocol::{AdmissionReport, AskerFigures, Compression, OperatorReport};
 
 /// One operator request as the service received it (a `DoGet` ticket, or the
@@ -88,7 +89,7 @@ impl FlightNode {
             })?;
         let request = op.parse(Bytes::from(std::mem::take(&mut call.args)))?;
         self.authorize(&call.who, request.as_ref())?;
-        let (asker, meter) = self.asker(call.peer, call.asker);
+        let (asker, meter) = self.asker(call.peer, call.asker.as_ref());
         let metrics = Arc::new(RequestMetrics::default());
         let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Dropped with this handler, or with the answer's stream once it is returned.
@@ -147,7 +148,7 @@ impl FlightNode {
     fn asker(
         &self,
         peer: Option<IpAddr>,
-        figures: Option<AskerFigures>,
+        figures: Option<&AskerFigures>,
     ) -> (Asker, Option<(Arc<LinkMeter>, f64)>) {
         let known = |v: f64| (v > 0.0).then_some(v);
         let link = figures
@@ -160,6 +161,15 @@ impl FlightNode {
             ns_per_byte: figures.and_then(|a| known(a.ns_per_byte)),
             load: figures.map(|a| a.load).unwrap_or(0.0),
             backlog_bytes: meter.as_ref().map_or(0, |(m, l)| m.backlog(*l)),
+            // On this host, on cores the node's workers keep busy (as many workers
+            // as the node may use cores): work handed back would run behind them.
+            shares_cores: self.state.node.pool.threads() >= self.state.host.cpus.len()
+                && figures.is_some_and(|a| {
+                    self.state.host.within(&HostCores {
+                        host: a.host.clone(),
+                        cpus: a.cpus.clone(),
+                    })
+                }),
         };
         (asker, meter)
     }
@@ -215,13 +225,15 @@ impl FlightNode {
         report.queue_ms = ms(permit.waited);
         report.predicted_queue_ms = ms(permit.predicted);
         report.estimate_ms = ms(permit.estimate);
-        report.kept_for_link = permit.kept_for_link;
-        report.queue_reason = self.state.admission.why_waited(
-            permit.waited,
-            permit.estimate,
-            patient,
-            permit.kept_for_link,
-        );
+        report.kept_for_link = permit.kept == Some(Kept::ForLink);
+        report.kept_shared_cores = permit.kept == Some(Kept::SharedCores);
+        // A patient request waits because its asker is saturated, past the bound
+        // or not.
+        let kept = permit.kept.or(patient.then_some(Kept::Patient));
+        report.queue_reason = self
+            .state
+            .admission
+            .why_waited(permit.waited, permit.estimate, kept);
         Ok(Admitted {
             slot: Slot::Admitted {
                 permit,

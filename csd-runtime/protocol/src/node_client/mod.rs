@@ -36,6 +36,7 @@ use crate::actions::{
     ActionRequest, DeleteRequest, ObjectsRequest, PUT_MODULE, PutModuleResponse, StatsRequest,
 };
 use crate::error::chain;
+use crate::host::{self, HostCores};
 use crate::messages::{ObjectEntry, PutSummary};
 use crate::stats::NodeStats;
 use crate::ticket::{AskerFigures, Compression, Ticket};
@@ -358,8 +359,9 @@ impl NodeClient {
 
     /// [`operator`](Self::operator); a `patient` request asks the node to queue it
     /// rather than push it back for queueing delay (send it when this tier's own
-    /// cores are saturated). `load` is the fraction of this tier's cores busy; it
-    /// travels with the link throughput this client has measured, if any.
+    /// cores are saturated). `load` is the fraction of this tier's cores busy (its
+    /// host's busy fraction is sent if higher); it travels with the link throughput
+    /// this client has measured, if any, and this process's host and CPUs.
     pub async fn operator_with(
         &self,
         name: &str,
@@ -368,6 +370,8 @@ impl NodeClient {
         patient: bool,
         load: f64,
     ) -> Result<OperatorReply> {
+        static THIS_HOST: std::sync::OnceLock<HostCores> = std::sync::OnceLock::new();
+        let this_host = THIS_HOST.get_or_init(HostCores::this);
         let ticket = Ticket::Operator {
             name: name.into(),
             args,
@@ -376,11 +380,14 @@ impl NodeClient {
             asker: Some(AskerFigures {
                 link_bytes_per_s: self.link.bytes_per_sec().unwrap_or(0.0),
                 ns_per_byte: 0.0,
+                // Its own queue of handed-back work, or its host's cores if busier.
                 load: if load.is_finite() {
-                    load.clamp(0.0, 1.0)
+                    load.clamp(0.0, 1.0).max(host::busy_fraction())
                 } else {
-                    0.0
+                    host::busy_fraction()
                 },
+                host: this_host.host.clone(),
+                cpus: this_host.cpus.clone(),
             }),
             keep_ms: None,
             keep_group: None,
