@@ -43,12 +43,15 @@ pub struct NodeConfig {
     /// Pin the operator workers to these cores (`0-3,6`, as `taskset -c` takes).
     #[arg(long, env = "CSD_CPU_SET")]
     pub cpu_set: Option<String>,
-    /// Memory budget for operator work.
+    /// Memory budget of the whole node: operators, uploads, scans and range reads,
+    /// the read cache, Wasm instances. Work that finds no room waits, then is
+    /// refused with RESOURCE_EXHAUSTED and a retry hint.
     #[arg(long, env = "CSD_MEMORY", default_value = "2GiB")]
     pub memory: ByteSize,
-    /// Recently read object bytes kept in memory, outside `--memory` (0: none): a
-    /// column chunk read again is served without a device read. Default: a quarter
-    /// of `--memory`, at most 512MiB.
+    /// Recently read object bytes kept in memory, at most (0: none): a column chunk
+    /// read again is served without a device read. Inside `--memory`: the cache
+    /// keeps a range only while the budget has room, and lets go of everything when
+    /// other work needs the room. Default: a quarter of `--memory`, at most 512MiB.
     #[arg(long, env = "CSD_READ_CACHE")]
     pub read_cache: Option<ByteSize>,
     /// Erase and format the device at start.

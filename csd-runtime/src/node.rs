@@ -185,7 +185,6 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         ..Default::default()
     };
     let store = ObjectStore::open(dev, opts).await?;
-    store.set_read_cache(config.read_cache_bytes());
     let tls = tls_config(config)?;
     let auth = Arc::new(match &config.auth {
         Some(path) => Auth::from_file(path)?,
@@ -259,6 +258,10 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
         ),
     );
+    // The read cache keeps ranges inside the memory budget.
+    state
+        .store()
+        .set_read_cache(config.read_cache_bytes(), Some(state.node.memory.clone()));
     let sweep_task = tokio::spawn(crate::state::sweep_every(
         Arc::downgrade(&state),
         std::time::Duration::from_secs(1),

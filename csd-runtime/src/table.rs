@@ -320,8 +320,34 @@ impl TableStore {
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        self.append_with(table, partition, schema, batches, self.props.clone())
+        self.append_with(table, partition, schema, batches, self.props.clone(), None)
             .await
+    }
+
+    /// Like [`Self::append`], within `memory` bytes: a row group ends early once its
+    /// encoded pages reach a third of it (the writer copies a finished row group once
+    /// more while it flushes, and decoded batches wait beside it).
+    pub async fn append_within<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: SchemaRef,
+        batches: S,
+        memory: u64,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        let flush_at = (memory / 3).max(1 << 20) as usize;
+        self.append_with(
+            table,
+            partition,
+            schema,
+            batches,
+            self.props.clone(),
+            Some(flush_at),
+        )
+        .await
     }
 
     /// Like [`Self::append`], encoded for the CPU rather than for space (LZ4_RAW
@@ -342,7 +368,7 @@ impl TableStore {
             .into_builder()
             .set_compression(Compression::LZ4_RAW)
             .build();
-        self.append_with(table, partition, schema, batches, props)
+        self.append_with(table, partition, schema, batches, props, None)
             .await
     }
 
@@ -353,6 +379,7 @@ impl TableStore {
         schema: SchemaRef,
         mut batches: S,
         props: WriterProperties,
+        flush_at: Option<usize>,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
@@ -377,6 +404,9 @@ impl TableStore {
                 check_same_schema(table, &schema, &batch.schema())?;
             }
             pw.write(&batch).await.map_err(unstorable)?;
+            if flush_at.is_some_and(|f| pw.in_progress_size() >= f) {
+                pw.flush().await.map_err(unstorable)?;
+            }
         }
         pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;

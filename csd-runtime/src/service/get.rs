@@ -63,10 +63,13 @@ impl FlightNode {
                 .boxed(),
             Ticket::Ref { id } => {
                 let r = self.state.refs.get_readable(&id, Self::ref_owner(&who))?;
-                let permit = self.read_permit().await?;
+                let scan = self.scan_request(&r.table, Some(&r.id), &[], None)?;
+                let slot = self
+                    .read_slot(self.scan_memory(&scan), "a kept result's stream")
+                    .await?;
                 // Kept results are read over links: LZ4, cheap and about 2x.
                 let lz4 = Some(arrow::ipc::CompressionType::LZ4_FRAME);
-                holding(self.scan(&r.table, Some(&r.id), &[], None, lz4)?, permit)
+                holding(self.scan(scan, lz4)?, slot)
             }
             Ticket::Scan {
                 table,
@@ -75,11 +78,9 @@ impl FlightNode {
                 limit,
             } => {
                 self.check_table(&who, Permission::Read, &table)?;
-                let permit = self.read_permit().await?;
-                holding(
-                    self.scan(&table, partition.as_deref(), &columns, limit, None)?,
-                    permit,
-                )
+                let scan = self.scan_request(&table, partition.as_deref(), &columns, limit)?;
+                let slot = self.read_slot(self.scan_memory(&scan), "a scan").await?;
+                holding(self.scan(scan, None)?, slot)
             }
             Ticket::Range {
                 object,
@@ -87,11 +88,13 @@ impl FlightNode {
                 length,
             } => {
                 self.check_range(&who, &object)?;
-                let permit = self.read_permit().await?;
+                let slot = self
+                    .read_slot(self.range_memory(length), "a range read")
+                    .await?;
                 let stream = self.range(&object, offset, length)?;
                 match peer {
-                    Some(p) => holding(metered(stream, self.state.links.of(p)), permit),
-                    None => holding(stream, permit),
+                    Some(p) => holding(metered(stream, self.state.links.of(p)), slot),
+                    None => holding(stream, slot),
                 }
             }
         };

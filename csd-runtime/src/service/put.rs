@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -35,6 +36,15 @@ struct Upload {
     quota_stored: Option<u64>,
 }
 
+/// How long an upload waits for memory before it is refused.
+const UPLOAD_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Memory an upload holds: a sixteenth of the budget, between 4 and 64 MiB (its row
+/// groups are cut to fit, see [`crate::table::TableStore::append_within`]).
+fn upload_memory(budget: u64) -> u64 {
+    (budget / 16).clamp(4 << 20, 64 << 20)
+}
+
 impl FlightNode {
     /// Stores `input` for `who`, under one of its request slots.
     pub(super) async fn put(
@@ -49,7 +59,14 @@ impl FlightNode {
             .map_err(map_incoming)?
             .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
         let upload = self.upload_of(&first, &who)?;
-        let summary = self.store(upload, first, input, who).await;
+        // Its buffers fit in the memory budget beside everything else, or it waits
+        // (refused before a batch is read if it waits too long).
+        let memory = &self.state.node.memory;
+        let held = memory
+            .hold(upload_memory(memory.budget()), "an upload", UPLOAD_PATIENCE)
+            .await?;
+        let summary = self.store(upload, first, input, who, held.bytes()).await;
+        drop(held);
         // An upload's buffers are freed now; give them back to the OS, off the RPC
         // threads, so the memory budget is held against what the node really uses.
         tokio::task::spawn_blocking(crate::memory::trim);
@@ -95,6 +112,7 @@ impl FlightNode {
         first: FlightData,
         input: Streaming<FlightData>,
         who: Principal,
+        memory: u64,
     ) -> Result<PutSummary> {
         let closed = Arc::new(AtomicBool::new(false));
         let messages = futures::stream::once(async { Ok(first) }).chain(input);
@@ -116,7 +134,13 @@ impl FlightNode {
         let (t, p) = (upload.table.clone(), upload.partition.clone());
         let writer = state.node.pool.spawn({
             let state = state.clone();
-            async move { state.node.tables.append(&t, &p, schema, body).await }
+            async move {
+                state
+                    .node
+                    .tables
+                    .append_within(&t, &p, schema, body, memory)
+                    .await
+            }
         });
         let feed = async {
             while let Some(d) = next_decoded(&mut decoder).await {

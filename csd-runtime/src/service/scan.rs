@@ -1,10 +1,13 @@
 //! Raw reads: a table's (or partition's, or kept result's) Parquet objects decoded
 //! and streamed as Arrow IPC (`Scan`, `Ref`), and an object's bytes streamed as they
 //! are stored (`Range`: the compute tier's own Parquet reads, and handed-back work).
-//! Both run under a raw-read permit, never under operator admission.
+//! Both run under a raw-read permit, never under operator admission, and hold the
+//! memory their read-ahead and encoding take in the node's budget while they stream
+//! ([`MemoryLedger::hold`](crate::memory::MemoryLedger::hold)).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
@@ -20,30 +23,92 @@ use super::FlightNode;
 use super::stream::{ENCODER_LIMIT, TaskStream};
 use crate::admission::ReadPermit;
 use crate::error::{Error, Result, truncated};
+use crate::memory::Held;
 use crate::table::{ObjectReader, ParquetObject};
 
 /// Chunk reads a range stream keeps in flight.
 const RANGE_READ_AHEAD: usize = 4;
 /// Rows per Arrow batch a scan produces.
 const SCAN_BATCH_ROWS: usize = 8192;
+/// Encoded messages a stream keeps ready ahead of the client (see `run_stream`).
+const STREAM_AHEAD: u64 = 4;
+/// How long a raw read waits for memory before it is refused with a retry hint.
+const READ_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A scan, resolved: the objects it reads, the columns (sorted file indices) and
+/// the schema it answers in.
+pub(super) struct ScanRequest {
+    files: Vec<ParquetObject>,
+    indices: Vec<usize>,
+    schema: SchemaRef,
+    limit: Option<u64>,
+}
+
+/// What a raw read holds while it streams: its read slot and its memory.
+pub(super) struct ReadSlot {
+    _permit: ReadPermit,
+    _memory: Held,
+}
 
 impl FlightNode {
-    /// A raw-read slot: bounded, refused with a retry hint only when saturated.
-    pub(super) async fn read_permit(&self) -> Result<ReadPermit> {
-        self.state.admission.read().await.map_err(|r| Error::Busy {
+    /// A raw-read slot and `memory` bytes of the budget: bounded, waited for, and
+    /// refused with a retry hint only when saturated or out of patience.
+    pub(super) async fn read_slot(&self, memory: u64, what: &str) -> Result<ReadSlot> {
+        let permit = self.state.admission.read().await.map_err(|r| Error::Busy {
             reason: r.reason,
             retry_after: r.retry_after,
+        })?;
+        let memory = self
+            .state
+            .node
+            .memory
+            .hold(memory, what, READ_PATIENCE)
+            .await?;
+        Ok(ReadSlot {
+            _permit: permit,
+            _memory: memory,
         })
     }
 
-    pub(super) fn scan(
+    /// Memory a scan holds: the largest row group's projected column chunks (read
+    /// whole, then decoded batch by batch), a batch, and the encoded messages ready
+    /// ahead of the client.
+    pub(super) fn scan_memory(&self, r: &ScanRequest) -> u64 {
+        let largest = r
+            .files
+            .iter()
+            .flat_map(|f| {
+                let meta = f.metadata.metadata();
+                let descr = meta.file_metadata().schema_descr();
+                meta.row_groups().iter().map(move |rg| {
+                    let projected: i64 = rg
+                        .columns()
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| {
+                            r.indices.is_empty()
+                                || r.indices.contains(&descr.get_column_root_idx(*i))
+                        })
+                        .map(|(_, c)| c.compressed_size().max(0))
+                        .sum();
+                    projected.max(0) as u64
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        let piece = self.state.wire_piece;
+        largest + (STREAM_AHEAD + 1) * piece + (1 << 20)
+    }
+
+    /// The objects, columns and schema of a scan of `table` (one `partition`, or
+    /// all), checked.
+    pub(super) fn scan_request(
         &self,
         table: &str,
         partition: Option<&str>,
         columns: &[String],
         limit: Option<u64>,
-        compression: Option<arrow::ipc::CompressionType>,
-    ) -> Result<TaskStream> {
+    ) -> Result<ScanRequest> {
         let t = self.state.node.tables.table(table)?;
         let files: Vec<ParquetObject> = match partition {
             Some(p) => t.partitions.get(p).cloned().ok_or_else(|| {
@@ -81,6 +146,26 @@ impl FlightNode {
         } else {
             Arc::new(t.schema.project(&indices)?)
         };
+        Ok(ScanRequest {
+            files,
+            indices,
+            schema,
+            limit,
+        })
+    }
+
+    /// Streams `request`'s batches as Arrow IPC, `compression` on their bodies.
+    pub(super) fn scan(
+        &self,
+        request: ScanRequest,
+        compression: Option<arrow::ipc::CompressionType>,
+    ) -> Result<TaskStream> {
+        let ScanRequest {
+            files,
+            indices,
+            schema,
+            limit,
+        } = request;
         let store = self.state.store().clone();
         let mut streams = Vec::with_capacity(files.len());
         for f in files {
@@ -128,6 +213,12 @@ impl FlightNode {
             .with_schema(schema)
             .build(batches);
         Ok(self.run_stream(encoder))
+    }
+
+    /// Memory a range stream of `length` bytes holds: its chunk reads in flight and
+    /// the one being sent.
+    pub(super) fn range_memory(&self, length: u64) -> u64 {
+        length.min((RANGE_READ_AHEAD as u64 + 1) * self.state.range_chunk)
     }
 
     pub(super) fn range(

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::memory::MemoryLedger;
+
 use super::*;
 
 /// Verified bytes of recent reads, by object id and exact range: a column chunk a
@@ -14,6 +16,8 @@ use super::*;
 /// object replaced gets a new id, so a cached range never outlives its bytes.
 pub(super) struct ReadCache {
     pub(super) ranges: moka::sync::Cache<(u64, u64, u64), Bytes>,
+    /// The budget its ranges are held in, if any.
+    pub(super) ledger: Option<Arc<MemoryLedger>>,
     pub(super) hits: AtomicU64,
     pub(super) misses: AtomicU64,
 }
@@ -46,18 +50,35 @@ impl ObjectStore {
     }
 
     /// Keeps up to `bytes` of recently read, verified object bytes in memory (see
-    /// [`ReadCache`]); 0 keeps none. Set once, before serving; later calls are
-    /// ignored.
-    pub fn set_read_cache(&self, bytes: u64) {
+    /// [`ReadCache`]); 0 keeps none. With a `ledger`, the cache is inside its
+    /// budget: it keeps a range only if the ledger has room for it, gives the
+    /// room back as ranges leave, and lets go of every range when a hold does not
+    /// fit ([`MemoryLedger::set_reclaimer`]). Set once, before serving; later
+    /// calls are ignored.
+    pub fn set_read_cache(&self, bytes: u64, ledger: Option<Arc<MemoryLedger>>) {
         if bytes == 0 {
             return;
         }
-        let ranges = moka::sync::Cache::builder()
+        let mut builder = moka::sync::Cache::builder()
             .max_capacity(bytes)
-            .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
-            .build();
+            .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX));
+        if let Some(l) = ledger.clone() {
+            builder = builder.eviction_listener(move |_, v: Bytes, _| l.release(v.len() as u64));
+        }
+        let ranges = builder.build();
+        if let Some(l) = &ledger {
+            let kept = ranges.clone();
+            l.set_reclaimer(Box::new(move || {
+                kept.run_pending_tasks();
+                let before = kept.weighted_size();
+                kept.invalidate_all();
+                kept.run_pending_tasks();
+                before
+            }));
+        }
         let _ = self.inner.read_cache.set(ReadCache {
             ranges,
+            ledger,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         });
@@ -125,11 +146,13 @@ impl ObjectStore {
             }
         }
         let out = bytes.slice((offset - span_start) as usize..(end - span_start) as usize);
-        // A range larger than a sixteenth of the cache would push out too much.
+        // A range larger than a sixteenth of the cache would push out too much. The
+        // cache keeps a copy: the slice would hold its whole read buffer.
         if let Some(c) = cache
             && len <= c.capacity() / 16
+            && c.ledger.as_ref().is_none_or(|l| l.try_hold(len))
         {
-            c.ranges.insert(key, out.clone());
+            c.ranges.insert(key, Bytes::copy_from_slice(&out));
         }
         Ok(out)
     }

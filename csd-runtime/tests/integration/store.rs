@@ -449,7 +449,7 @@ async fn the_read_cache_serves_repeats_and_never_a_replaced_object() {
     let dev = mem_device(16 << 20);
     let store = open(&dev).await;
     assert_eq!(store.stats().await.read_cache.capacity, 0);
-    store.set_read_cache(4 << 20);
+    store.set_read_cache(4 << 20, None);
     let data = crate::contents(3, 300_000);
     let info = store.put("t/p/x", &data).await.unwrap();
     let read = async |off: u64, len: u64| store.read_range("t/p/x", off, len).await;
@@ -484,4 +484,44 @@ async fn the_read_cache_serves_repeats_and_never_a_replaced_object() {
     assert!(matches!(read(1_000, 50_000).await, Err(Error::NotFound(_))));
     let s = store.stats().await.read_cache;
     assert!(s.bytes > 0 && s.bytes <= 4 << 20, "{s:?}");
+}
+
+/// Inside a memory budget, the read cache holds every range it keeps in the ledger,
+/// gives it back as ranges leave, keeps nothing the budget has no room for, and lets
+/// go of everything when other work's hold does not fit.
+#[tokio::test]
+async fn the_read_cache_lives_inside_the_memory_budget() {
+    use csd_runtime::memory::MemoryLedger;
+    let mib = 1u64 << 20;
+    let dev = mem_device(64 << 20);
+    let store = open(&dev).await;
+    fn quiet() -> Option<u64> {
+        Some(0)
+    }
+    // 64 MiB budget: 56 usable beside the margin.
+    let ledger = MemoryLedger::measuring(64 * mib, quiet);
+    store.set_read_cache(32 * mib, Some(ledger.clone()));
+    let data = crate::contents(5, 12 << 20);
+    store.put("t/p/x", &data).await.unwrap();
+    for i in 0..12u64 {
+        let r = store.read_range("t/p/x", i * mib, mib).await.unwrap();
+        assert_eq!(&r[..], &data[(i * mib) as usize..((i + 1) * mib) as usize]);
+    }
+    let s = store.stats().await.read_cache;
+    assert!(s.bytes >= 8 * mib, "{s:?}");
+    assert_eq!(ledger.held(), s.bytes, "every kept byte is held, no more");
+    // Another hold that needs the cache's room: the cache lets go, the hold fits.
+    let upload = ledger
+        .hold(56 * mib, "an upload", std::time::Duration::from_secs(5))
+        .await
+        .expect("the cache makes room");
+    assert_eq!(store.stats().await.read_cache.bytes, 0);
+    assert_eq!(ledger.held(), 56 * mib);
+    // With no room left the cache keeps nothing; the reads still answer.
+    let r = store.read_range("t/p/x", 0, mib).await.unwrap();
+    assert_eq!(&r[..], &data[..mib as usize]);
+    assert_eq!(ledger.held(), 56 * mib);
+    drop(upload);
+    store.read_range("t/p/x", 0, mib).await.unwrap();
+    assert_eq!(ledger.held(), mib, "kept again once there is room");
 }
