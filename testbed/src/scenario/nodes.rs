@@ -14,7 +14,7 @@ use crate::Result;
 /// `wire_piece`, `[nodes.operators.sql]`, …: [`NodeConfig`], with the node's
 /// defaults); those the testbed decides itself (where nodes listen, their device,
 /// cores, TLS and tenants, the admission policy compared) it refuses.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct NodesSpec {
     /// How many.
     pub count: usize,
@@ -30,8 +30,28 @@ pub struct NodesSpec {
     /// tenants file made for the run): what security costs, measured.
     pub secure: bool,
     /// Each node's settings.
-    #[serde(flatten)]
     pub settings: NodeConfig,
+}
+
+/// `[nodes]` as it is read: the testbed's keys and the node's settings side by side,
+/// settings left unset left out (TOML has no null; a report's scenario reads back).
+impl Serialize for NodesSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::{Error as _, SerializeMap};
+        let mut settings = toml::Table::try_from(&self.settings).map_err(S::Error::custom)?;
+        // The node's device path is the testbed's to choose; `device` here is the
+        // emulated device.
+        settings.remove("device");
+        let mut m = s.serialize_map(Some(4 + settings.len()))?;
+        m.serialize_entry("count", &self.count)?;
+        m.serialize_entry("device", &self.device)?;
+        m.serialize_entry("pin", &self.pin)?;
+        m.serialize_entry("secure", &self.secure)?;
+        for (k, v) in &settings {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
 }
 
 /// `[nodes]`: the testbed's own keys taken out, the rest a node's settings (an

@@ -148,3 +148,28 @@ fn nodes_take_a_nodes_own_settings_and_refuse_the_testbeds() {
     let e = err(&BASE.replace("count = 2", "count = 2\nqueue_target_ms = -1"));
     assert!(e.contains("nodes") && e.contains("queue"), "{e}");
 }
+
+#[test]
+fn a_scenario_reads_back_from_its_report_json() {
+    let text = BASE.replace(
+        "count = 2",
+        "count = 2\nmemory = \"512MiB\"\nqueue_target_ms = 20.0",
+    );
+    let s = Scenario::parse(&text).expect("valid");
+    let json = serde_json::to_value(&s).expect("serializes");
+    let nodes = json["nodes"].to_string();
+    assert!(
+        !nodes.contains("null"),
+        "unset settings are left out: {nodes}"
+    );
+    assert!(nodes.contains("latency_us"), "the emulated device: {nodes}");
+    let json = json.to_string();
+    let back: Scenario = serde_json::from_str(&json).expect("reads back");
+    assert_eq!(back.nodes.count, 2);
+    assert_eq!(back.nodes.settings.memory, s.nodes.settings.memory);
+    assert_eq!(back.nodes.settings.queue_target_ms, 20.0);
+    assert_eq!(
+        toml::Table::try_from(&back.nodes.settings).unwrap(),
+        toml::Table::try_from(&s.nodes.settings).unwrap()
+    );
+}
