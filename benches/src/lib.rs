@@ -50,6 +50,24 @@ pub fn node_url(child: &mut std::process::Child) -> String {
         .to_string()
 }
 
+/// A figure of `/proc/PID/status` in bytes (`VmRSS:`, `VmHWM:`; kB there).
+pub fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb << 10)
+}
+
+/// A result's rows as text, sorted: answers compared by value, whatever the order.
+pub fn canonical_rows(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
+    let text = arrow::util::pretty::pretty_format_batches(batches)
+        .expect("format")
+        .to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
 /// Megabytes (10^6 bytes) per second.
 pub fn mbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow::util::pretty::pretty_format_batches;
 use clap::Parser;
 use csd_benches::{default_json_path, write_json};
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
@@ -93,13 +92,6 @@ struct Run {
     node_queue_delay_max_ms: f64,
 }
 
-fn rss_of(pid: u32, key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb << 10)
-}
-
 fn spawn_node(args: &Args, policy: &str, dir: &std::path::Path) -> (std::process::Child, String) {
     let csd = csd_benches::csd_binary();
     let capacity = (args.rows / 3_000_000 + 1) * 1024;
@@ -122,14 +114,6 @@ fn spawn_node(args: &Args, policy: &str, dir: &std::path::Path) -> (std::process
         });
     let url = csd_benches::node_url(&mut child);
     (child, url)
-}
-
-/// The rows of a result, sorted, as text (results are compared by value).
-fn canonical(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
-    let text = pretty_format_batches(batches).expect("format").to_string();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    lines.sort();
-    lines
 }
 
 /// Lineitem's partitions: schema and batches of each.
@@ -165,14 +149,14 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
     // Let the load's buffers settle, then start the high-water mark afresh.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
-    let idle = rss_of(pid, "VmRSS:").unwrap_or(0);
+    let idle = csd_benches::proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
     let peak = Arc::new(AtomicU64::new(idle));
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (peak, done) = (peak.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                if let Some(r) = rss_of(pid, "VmRSS:") {
+                if let Some(r) = csd_benches::proc_status_bytes(pid, "VmRSS:") {
                     peak.fetch_max(r, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(5));
@@ -224,7 +208,7 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
         match r {
             Ok(r) => {
                 run.answered += 1;
-                if canonical(&r.batches) != expected[q] {
+                if csd_benches::canonical_rows(&r.batches) != expected[q] {
                     run.mismatched += 1;
                 }
                 for e in &r.node_runs {
@@ -253,7 +237,7 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
     let _ = poller.await;
     run.peak_pool_bytes = pool_peak.load(Ordering::Relaxed);
     run.peak_rss_bytes = peak.load(Ordering::Relaxed);
-    run.peak_hwm_bytes = rss_of(pid, "VmHWM:");
+    run.peak_hwm_bytes = csd_benches::proc_status_bytes(pid, "VmHWM:");
     if let Ok(stats) = client.stats().await {
         let stats: NodeStats = stats;
         run.node_queue_delay_max_ms = stats.admission.counters.queue_delay_us_max as f64 / 1e3;
@@ -280,7 +264,7 @@ async fn main() {
     let mut expected = Vec::new();
     for q in QUERIES {
         let b = ctx.sql(q).await.expect("sql").collect().await.expect("run");
-        expected.push(canonical(&b));
+        expected.push(csd_benches::canonical_rows(&b));
     }
     drop(ctx);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow::util::pretty::pretty_format_batches;
 use clap::Parser;
 use csd_benches::{default_json_path, write_json};
 use csd_query_pushdown::{Cluster, SessionOptions};
@@ -91,13 +90,6 @@ struct Figures {
     survived: u64,
 }
 
-fn status_of(pid: u32, key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb << 10)
-}
-
 fn spawn_node(args: &Args, device: &Path, format: bool) -> (Child, String) {
     let csd = csd_benches::csd_binary();
     let mut cmd = Command::new(&csd);
@@ -121,13 +113,6 @@ fn spawn_node(args: &Args, device: &Path, format: bool) -> (Child, String) {
     });
     let url = csd_benches::node_url(&mut child);
     (child, url)
-}
-
-fn canonical(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
-    let text = pretty_format_batches(batches).expect("format").to_string();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    lines.sort();
-    lines
 }
 
 fn refused(e: &csd_runtime::node_client::Error) -> bool {
@@ -171,7 +156,7 @@ async fn main() {
             .run(tpch::query(q).expect("query"))
             .await
             .expect("no pushdown");
-        expected.insert(q, canonical(&r.batches));
+        expected.insert(q, csd_benches::canonical_rows(&r.batches));
     }
     let expected = Arc::new(expected);
     // A writer's table: a slice of orders, 50,000 rows.
@@ -179,7 +164,7 @@ async fn main() {
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
-    let idle = status_of(pid, "VmRSS:").unwrap_or(0);
+    let idle = csd_benches::proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
     let figures = Arc::new(Mutex::new(Figures {
         budget_bytes: args.memory.0,
         idle_rss_bytes: idle,
@@ -191,7 +176,7 @@ async fn main() {
         let (peak, done) = (peak.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                if let Some(r) = status_of(pid, "VmRSS:") {
+                if let Some(r) = csd_benches::proc_status_bytes(pid, "VmRSS:") {
                     peak.fetch_max(r, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(5));
@@ -218,7 +203,7 @@ async fn main() {
                         f.queries += 1;
                         f.fragments_pushed_back +=
                             r.node_runs.iter().filter(|n| n.work_pushed_back()).count() as u64;
-                        if canonical(&r.batches) != expected[&q] {
+                        if csd_benches::canonical_rows(&r.batches) != expected[&q] {
                             f.queries_wrong += 1;
                         }
                     }
@@ -318,7 +303,7 @@ async fn main() {
     }
     done.store(true, Ordering::Relaxed);
     sampler.join().expect("sampler");
-    let hwm = status_of(pid, "VmHWM:");
+    let hwm = csd_benches::proc_status_bytes(pid, "VmHWM:");
 
     // SIGKILL, restart on the same device, and check what writers were told.
     {
