@@ -58,6 +58,47 @@ pub fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
     Some(kb << 10)
 }
 
+/// The highest resident memory of a process, sampled every 5 ms on a thread of its
+/// own from [`RssPeak::start`] to [`RssPeak::stop`].
+pub struct RssPeak {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<()>,
+}
+
+impl RssPeak {
+    /// Starts sampling `pid`'s `VmRSS`, from `floor` bytes.
+    pub fn start(pid: u32, floor: u64) -> RssPeak {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let peak = std::sync::Arc::new(AtomicU64::new(floor));
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let sampler = std::thread::spawn({
+            let (peak, done) = (peak.clone(), done.clone());
+            move || {
+                while !done.load(Ordering::Relaxed) {
+                    if let Some(r) = proc_status_bytes(pid, "VmRSS:") {
+                        peak.fetch_max(r, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        });
+        RssPeak {
+            peak,
+            done,
+            sampler,
+        }
+    }
+
+    /// Stops sampling; the highest sample.
+    pub fn stop(self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.done.store(true, Ordering::Relaxed);
+        self.sampler.join().expect("the RSS sampler");
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
 /// A result's rows as text, sorted: answers compared by value, whatever the order.
 pub fn canonical_rows(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
     let text = arrow::util::pretty::pretty_format_batches(batches)

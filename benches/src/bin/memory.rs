@@ -150,19 +150,8 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
     let idle = csd_benches::proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
-    let peak = Arc::new(AtomicU64::new(idle));
+    let rss = csd_benches::RssPeak::start(pid, idle);
     let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, done) = (peak.clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                if let Some(r) = csd_benches::proc_status_bytes(pid, "VmRSS:") {
-                    peak.fetch_max(r, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
     let pool_peak = Arc::new(AtomicU64::new(0));
     let poller = {
         let (client, pool_peak, done) = (client.clone(), pool_peak.clone(), done.clone());
@@ -233,10 +222,10 @@ async fn run_policy(args: &Args, policy: &str, parts: &Parts, expected: &[Vec<St
     }
     run.wall_s = t0.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    sampler.join().expect("sampler");
+    let peak_rss = rss.stop();
     let _ = poller.await;
     run.peak_pool_bytes = pool_peak.load(Ordering::Relaxed);
-    run.peak_rss_bytes = peak.load(Ordering::Relaxed);
+    run.peak_rss_bytes = peak_rss;
     run.peak_hwm_bytes = csd_benches::proc_status_bytes(pid, "VmHWM:");
     if let Ok(stats) = client.stats().await {
         let stats: NodeStats = stats;

@@ -14,7 +14,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,19 +169,7 @@ async fn main() {
         idle_rss_bytes: idle,
         ..Figures::default()
     }));
-    let peak = Arc::new(AtomicU64::new(idle));
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, done) = (peak.clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                if let Some(r) = csd_benches::proc_status_bytes(pid, "VmRSS:") {
-                    peak.fetch_max(r, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let rss = csd_benches::RssPeak::start(pid, idle);
     let until = Instant::now() + Duration::from_secs(args.secs);
     eprintln!(
         "{} query clients, {} writers, {} scanners for {} s against --memory {}",
@@ -301,8 +288,7 @@ async fn main() {
     for t in tasks {
         t.await.expect("task");
     }
-    done.store(true, Ordering::Relaxed);
-    sampler.join().expect("sampler");
+    let peak_rss = rss.stop();
     let hwm = csd_benches::proc_status_bytes(pid, "VmHWM:");
 
     // SIGKILL, restart on the same device, and check what writers were told.
@@ -324,7 +310,7 @@ async fn main() {
         .expect("tasks done")
         .into_inner()
         .expect("figures");
-    f.peak_rss_bytes = peak.load(Ordering::Relaxed);
+    f.peak_rss_bytes = peak_rss;
     f.peak_hwm_bytes = hwm;
     for (name, rows) in stored.lock().expect("stored").iter() {
         match tables.get(name) {

@@ -40,16 +40,14 @@ impl HostCores {
         HostCores { host, cpus }
     }
 
-    /// Whether a process on `other` runs on this host's cores only, all of them ones
-    /// this process may use too: work moved there runs on the cores it left.
-    pub fn within(&self, other: &HostCores) -> bool {
+    /// Whether a process on `host` that may use `cpus` runs on this host's cores
+    /// only, all of them ones this process may use too: work moved there runs on
+    /// the cores it left.
+    pub fn within(&self, host: &str, cpus: &[u32]) -> bool {
         !self.host.is_empty()
-            && self.host == other.host
-            && !other.cpus.is_empty()
-            && other
-                .cpus
-                .iter()
-                .all(|c| self.cpus.binary_search(c).is_ok())
+            && self.host == host
+            && !cpus.is_empty()
+            && cpus.iter().all(|c| self.cpus.binary_search(c).is_ok())
     }
 }
 
@@ -188,10 +186,10 @@ mod tests {
             host: "boot-b".into(),
             cpus: vec![0, 1],
         };
-        assert!(node.within(&same));
-        assert!(!node.within(&pinned_apart));
-        assert!(!node.within(&elsewhere));
-        assert!(!HostCores::default().within(&HostCores::default()));
+        assert!(node.within(&same.host, &same.cpus));
+        assert!(!node.within(&pinned_apart.host, &pinned_apart.cpus));
+        assert!(!node.within(&elsewhere.host, &elsewhere.cpus));
+        assert!(!HostCores::default().within("", &[]));
     }
 
     #[test]
@@ -199,7 +197,7 @@ mod tests {
         let me = HostCores::this();
         if cfg!(target_os = "linux") {
             assert!(!me.host.is_empty() && !me.cpus.is_empty());
-            assert!(me.within(&me));
+            assert!(me.within(&me.host, &me.cpus));
         }
         for _ in 0..3 {
             let b = busy_fraction();

@@ -91,6 +91,13 @@ fn handing_back_is_priced_by_the_askers_link_and_load() {
 
 #[test]
 fn an_asker_on_the_nodes_own_cores_is_not_handed_work_back() {
+    let shared = || Ask {
+        asker: Asker {
+            shares_cores: true,
+            ..Asker::default()
+        },
+        ..ask("x", 20_000_000)
+    };
     let mut c = Controller::new(cfg(1));
     let t = Duration::ZERO;
     for _ in 0..3 {
@@ -101,14 +108,7 @@ fn an_asker_on_the_nodes_own_cores_is_not_handed_work_back() {
         c.offer(ask("x", 20_000_000), t),
         Offer::PushBack(_)
     ));
-    let shared = Ask {
-        asker: Asker {
-            shares_cores: true,
-            ..Asker::default()
-        },
-        ..ask("x", 20_000_000)
-    };
-    assert!(matches!(c.offer(shared, t), Offer::Queued(_)));
+    assert!(matches!(c.offer(shared(), t), Offer::Queued(_)));
     assert_eq!(c.last_offer.kept, Some(Kept::SharedCores));
     let s = c.stats().counters;
     assert_eq!((s.kept_shared_cores, s.pushed_back), (1, 1));
@@ -119,14 +119,7 @@ fn an_asker_on_the_nodes_own_cores_is_not_handed_work_back() {
     });
     id(&c.offer(ask("x", 20_000_000), t));
     id(&c.offer(ask("x", 20_000_000), t));
-    let shared = Ask {
-        asker: Asker {
-            shares_cores: true,
-            ..Asker::default()
-        },
-        ..ask("x", 20_000_000)
-    };
-    assert!(matches!(c.offer(shared, t), Offer::PushBack(_)));
+    assert!(matches!(c.offer(shared(), t), Offer::PushBack(_)));
 }
 
 #[test]

@@ -28,7 +28,6 @@ use crate::link::LinkMeter;
 use crate::operator::{
     CancelOnDrop, Estimate, OperatorContext, OperatorRequest, RequestMetrics, wire_pieces,
 };
-use crate::protocol::host::HostCores;
 use crate::protocol::{AdmissionReport, AskerFigures, Compression, OperatorReport};
 
 /// One operator request as the service received it (a `DoGet` ticket, or the
@@ -164,12 +163,7 @@ impl FlightNode {
             // On this host, on cores the node's workers keep busy (as many workers
             // as the node may use cores): work handed back would run behind them.
             shares_cores: self.state.node.pool.threads() >= self.state.host.cpus.len()
-                && figures.is_some_and(|a| {
-                    self.state.host.within(&HostCores {
-                        host: a.host.clone(),
-                        cpus: a.cpus.clone(),
-                    })
-                }),
+                && figures.is_some_and(|a| self.state.host.within(&a.host, &a.cpus)),
         };
         (asker, meter)
     }

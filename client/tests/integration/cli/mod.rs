@@ -247,14 +247,11 @@ async fn a_secure_node_from_the_command_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csd_run_ships_a_module_and_prints_what_sql_prints() {
-    let Some(module) = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")))
-        .map(|t| t.join("wasm/filter_map.wasm"))
-        .filter(|p| p.exists())
-    else {
-        panic!("build the example guests first: scripts/build-wasm-examples.sh");
-    };
+    let module = crate::wasm::guest_path("filter_map");
+    assert!(
+        module.exists(),
+        "build the example guests first: scripts/build-wasm-examples.sh"
+    );
     let node = sql_node().await;
     let dir = tempfile::tempdir().unwrap();
     let part = csd_client::demo::lineitem(0.01, 1, 1).unwrap();

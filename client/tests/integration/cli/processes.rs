@@ -133,14 +133,11 @@ async fn references_outlive_a_kill_9_and_expired_ones_are_gone_after_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csd_lease_and_invoke_call_a_function_on_a_leased_slot() {
-    let Some(module) = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")))
-        .map(|t| t.join("wasm/functions.wasm"))
-        .filter(|p| p.exists())
-    else {
-        panic!("build the example guests first: scripts/build-wasm-examples.sh");
-    };
+    let module = crate::wasm::guest_path("functions");
+    assert!(
+        module.exists(),
+        "build the example guests first: scripts/build-wasm-examples.sh"
+    );
     let node = sql_node().await;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("args.arrow");

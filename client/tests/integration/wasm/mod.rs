@@ -16,7 +16,8 @@ use csd_runtime::node::{self, RunningNode};
 use csd_runtime::node_client::NodeClient;
 use csd_runtime::{Error, StatusCode};
 
-fn guest_path(name: &str) -> PathBuf {
+/// Where an example guest is built (scripts/build-wasm-examples.sh).
+pub fn guest_path(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
