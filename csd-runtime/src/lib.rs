@@ -25,6 +25,7 @@
 #![warn(unreachable_pub)]
 
 pub mod admission;
+pub mod attachments;
 pub mod auth;
 pub mod config;
 pub mod device;

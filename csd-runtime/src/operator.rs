@@ -90,6 +90,8 @@ pub struct NodeResources {
     pub memory: Arc<crate::memory::MemoryLedger>,
     /// Where shipped code (WebAssembly) runs: its engine, limits and module cache.
     pub sandbox: Arc<crate::sandbox::Sandbox>,
+    /// Bytes several requests share, sent once (`put_attachment`).
+    pub attachments: Arc<crate::attachments::Attachments>,
 }
 
 /// What an operator sees of its node and request.

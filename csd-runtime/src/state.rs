@@ -76,6 +76,7 @@ impl NodeState {
             memory.clone(),
             Some(tables.object_store().clone()),
         )?);
+        let attachments = Arc::new(crate::attachments::Attachments::new(memory.clone()));
         let host = workers_host(&pool);
         Ok(NodeState {
             admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
@@ -85,6 +86,7 @@ impl NodeState {
                 memory_budget,
                 memory,
                 sandbox,
+                attachments,
             }),
             location,
             counters: ServiceCounters::default(),
@@ -179,6 +181,7 @@ impl NodeState {
             sandbox: self.node.sandbox.stats(),
             refs: self.refs.stats(),
             leases: self.leases.stats(),
+            attachments: self.node.attachments.stats(),
         }
     }
 }

@@ -9,7 +9,9 @@ use crate::digest::{BadDigest, ModuleDigest};
 use crate::messages::PushBack;
 use crate::text::cut;
 pub use crate::text::{chain, truncated};
-use crate::{MISSING_MODULE_METADATA, PUSHBACK_METADATA, RETRY_AFTER_METADATA};
+use crate::{
+    MISSING_ATTACHMENT_METADATA, MISSING_MODULE_METADATA, PUSHBACK_METADATA, RETRY_AFTER_METADATA,
+};
 
 /// A boxed error from a library, kept as the cause of ours.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -168,6 +170,13 @@ pub enum Error {
         "not found: wasm module not at this node: {0} (send its bytes: the put_module action, or in the request)"
     )]
     ModuleMissing(ModuleDigest),
+    /// The request names an attachment this node does not keep (never sent, or let
+    /// go of since): send it again (the `put_attachment` action) and ask again (gRPC
+    /// `NOT_FOUND` with the digest in the `csd-missing-attachment` metadata).
+    #[error(
+        "not found: attachment {0} is not at this node (never sent, or let go of since: send it again with put_attachment)"
+    )]
+    AttachmentMissing(ModuleDigest),
     /// Not even raw reads can be served now (gRPC `RESOURCE_EXHAUSTED` with
     /// `retry-after-ms` metadata).
     #[error("node overloaded, retry in {} ms: {reason}", .retry_after.as_millis())]
@@ -208,7 +217,9 @@ impl Error {
     pub fn status_code(&self) -> StatusCode {
         match self {
             Error::InvalidArgument(_) => StatusCode::InvalidArgument,
-            Error::NotFound(_) | Error::ModuleMissing(_) => StatusCode::NotFound,
+            Error::NotFound(_) | Error::ModuleMissing(_) | Error::AttachmentMissing(_) => {
+                StatusCode::NotFound
+            }
             Error::AlreadyExists(_) => StatusCode::AlreadyExists,
             Error::FailedPrecondition(_) => StatusCode::FailedPrecondition,
             Error::Corrupt(_) => StatusCode::DataLoss,
@@ -255,6 +266,7 @@ impl Error {
                 Some((RETRY_AFTER_METADATA, retry_after.as_millis().to_string()))
             }
             Error::ModuleMissing(d) => Some((MISSING_MODULE_METADATA, d.to_string())),
+            Error::AttachmentMissing(d) => Some((MISSING_ATTACHMENT_METADATA, d.to_string())),
             _ => None,
         };
         if let Some((key, value)) = detail
@@ -276,6 +288,7 @@ impl Error {
                 retry_after,
             },
             Some(StatusDetail::ModuleMissing(d)) => Error::ModuleMissing(d),
+            Some(StatusDetail::AttachmentMissing(d)) => Error::AttachmentMissing(d),
             None => Error::external(
                 StatusCode::from_tonic(status.code()),
                 context,
@@ -296,6 +309,8 @@ pub enum StatusDetail {
     RetryAfter(Duration),
     /// `NOT_FOUND`: the node lacks this shipped module; send its bytes.
     ModuleMissing(ModuleDigest),
+    /// `NOT_FOUND`: the node does not keep this attachment; send it again.
+    AttachmentMissing(ModuleDigest),
 }
 
 impl StatusDetail {
@@ -310,9 +325,14 @@ impl StatusDetail {
             Code::ResourceExhausted => meta(RETRY_AFTER_METADATA)
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|ms| StatusDetail::RetryAfter(Duration::from_millis(ms))),
-            Code::NotFound => meta(MISSING_MODULE_METADATA)
-                .and_then(|d| ModuleDigest::parse(d.as_bytes()).ok())
-                .map(StatusDetail::ModuleMissing),
+            Code::NotFound => {
+                let digest = |k| meta(k).and_then(|d| ModuleDigest::parse(d.as_bytes()).ok());
+                digest(MISSING_MODULE_METADATA)
+                    .map(StatusDetail::ModuleMissing)
+                    .or_else(|| {
+                        digest(MISSING_ATTACHMENT_METADATA).map(StatusDetail::AttachmentMissing)
+                    })
+            }
             _ => None,
         }
     }

@@ -73,6 +73,8 @@ pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
 /// Metadata key naming the module (`sha256:` and 64 hex digits) a node answered
 /// `NOT_FOUND` for: the client sends the module's bytes and asks again.
 pub const MISSING_MODULE_METADATA: &str = "csd-missing-module";
+/// Metadata key of a `NOT_FOUND` for a missing attachment: its digest.
+pub const MISSING_ATTACHMENT_METADATA: &str = "csd-missing-attachment";
 
 /// `app_metadata` of a DoPut's first message by which the client promises to close
 /// its upload with [`PUT_END`]. A stream that then ends without it was abandoned (a

@@ -53,6 +53,9 @@ pub struct NodeStats {
     /// Leased slots.
     #[serde(default)]
     pub leases: LeaseStats,
+    /// Bytes several requests share (key filters), kept by digest.
+    #[serde(default)]
+    pub attachments: AttachmentStats,
 }
 
 /// Device part of [`NodeStats`].
@@ -321,6 +324,21 @@ pub struct SandboxStats {
     pub traps: u64,
     /// Linear memory live instances hold now (taken from the node's budget).
     pub memory_held: u64,
+}
+
+/// Attachments (`put_attachment`), in `stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttachmentStats {
+    /// Attachments kept now.
+    pub kept: usize,
+    /// Their bytes (held in the memory budget).
+    pub bytes: u64,
+    /// Attachments received and kept, since start (one sent again counts again).
+    pub received: u64,
+    /// Requests that found the attachment they named.
+    pub used: u64,
+    /// Requests refused because the attachment they named was not kept.
+    pub missing: u64,
 }
 
 /// Kept results, in `stats`.

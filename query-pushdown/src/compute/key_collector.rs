@@ -4,6 +4,7 @@
 //! nodes as a [`Bloom`]. Where such filters apply is decided by
 //! [`KeyFilterRule`](crate::compute::key_filter_rule::KeyFilterRule).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +28,8 @@ use futures::Stream;
 use tokio::sync::{OnceCell, watch};
 
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
+use csd_protocol::ModuleDigest;
+use csd_protocol::node_client::NodeClient;
 
 /// Where one collector's keys meet when its build side and a scan it filters run
 /// in different stages: a key board's worker and the set's name there.
@@ -101,6 +104,9 @@ pub(crate) struct KeyCollector {
     task: OnceLock<(usize, usize)>,
     published: AtomicBool,
     fetched: OnceCell<Option<Arc<Bloom>>>,
+    /// The filter's digest at each node it was sent to by attachment (by the node's
+    /// URL; `None`: that node would not keep it, so it travels inline).
+    attached: Mutex<HashMap<String, Arc<OnceCell<Option<ModuleDigest>>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -151,6 +157,7 @@ impl KeyCollector {
             task: OnceLock::new(),
             published: AtomicBool::new(false),
             fetched: OnceCell::new(),
+            attached: Mutex::new(HashMap::new()),
         }
     }
 
@@ -331,6 +338,44 @@ impl KeyCollector {
                 Bloom::with_bits_per_key(&h, self.bits_per_key).map(Arc::new)
             })
             .clone()
+    }
+
+    /// The digest by which the node `client` talks to keeps this filter's `blocks`
+    /// (the wire form of [`wait`](Self::wait)'s filter), sent there once per query
+    /// however many of the scan's fragments that node runs; `None` if the node
+    /// would not keep it (an earlier node, or one short of memory): then the
+    /// filter travels inline in each fragment, as it always did.
+    pub(crate) async fn attachment_at(
+        &self,
+        client: &NodeClient,
+        blocks: &[u8],
+    ) -> Option<ModuleDigest> {
+        let cell = match self.attached.lock() {
+            Ok(mut m) => m.entry(client.url().to_string()).or_default().clone(),
+            Err(_) => return None,
+        };
+        *cell
+            .get_or_init(|| async {
+                let digest = ModuleDigest::of(blocks);
+                match client.put_attachment(blocks).await {
+                    Ok(r) if ModuleDigest::parse(r.digest.as_bytes()).ok() == Some(digest) => {
+                        Some(digest)
+                    }
+                    Ok(r) => {
+                        tracing::warn!(
+                            "{} kept a key filter as {}, not its digest {digest}: sent inline",
+                            client.url(),
+                            r.digest
+                        );
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!("key filter sent inline to {}: {e}", client.url());
+                        None
+                    }
+                }
+            })
+            .await
     }
 
     /// Its id within the plan.

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use csd_protocol::{Error, PushBack, Result};
+use csd_runtime::attachments::Attachments;
 use csd_runtime::operator::{Estimate, OperatorContext, OperatorRequest, OperatorStream};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -130,6 +131,7 @@ impl OperatorRequest for SqlRequest {
             plan,
             ..
         } = *self;
+        let frag = with_attachments(frag, &ctx.node.attachments)?;
         let (schema, objects) = objects_of(&ctx, &frag)?;
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(op.pool(&ctx.node.memory))
@@ -181,6 +183,19 @@ impl OperatorRequest for SqlRequest {
         let batches = stream.map(|b| b.map_err(to_runtime)).chain(done).boxed();
         Ok(OperatorStream { schema, batches })
     }
+}
+
+/// `frag` with the blocks of each key filter it names by attachment in place: an
+/// attachment the node no longer keeps is `NOT_FOUND` naming it, for the asker to
+/// send again.
+fn with_attachments(mut frag: SqlFragment, attachments: &Attachments) -> Result<SqlFragment> {
+    for k in &mut frag.key_filters {
+        if let Some(d) = k.attached().map_err(Error::InvalidArgument)? {
+            k.blocks = attachments.get(&d)?.to_vec();
+            k.attachment = None;
+        }
+    }
+    Ok(frag)
 }
 
 /// A fragment's cost shape (see [`SqlRequest::estimate`](OperatorRequest::estimate)).

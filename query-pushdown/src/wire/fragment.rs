@@ -176,6 +176,9 @@ impl SqlFragment {
                 f.key_filters.len()
             )));
         }
+        for k in &f.key_filters {
+            k.attached().map_err(invalid)?;
+        }
         if let Some(d) = f.direct_above
             && !(0.0..=1.0).contains(&d)
         {

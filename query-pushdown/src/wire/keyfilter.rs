@@ -23,16 +23,21 @@
 //!   repeated uint32 columns = 1;  // output columns of the fragment, hashed together
 //!   reserved 2, 3;                // the classic bloom of earlier builds, refused
 //!   bytes blocks = 4;             // 32-byte blocks of eight little-endian u32 words
+//!   optional bytes attachment = 5; // or: the SHA-256 of those blocks, sent before
 //! }
 //! ```
 //!
-//! A node refuses a filter without blocks (one from an earlier build, which a node of
-//! this build cannot read) rather than guess; an earlier node refuses this one for its
-//! empty bit array.
+//! A filter carries its blocks, or names them by `attachment`: the compute tier sends
+//! a filter that several fragments at one node apply once (the `put_attachment`
+//! action) and names it in each, and the node substitutes the blocks it keeps
+//! ([`KeyFilterMsg::attached`]) before anything reads them. A node refuses a filter
+//! with neither (one from an earlier build, which a node of this build cannot read)
+//! rather than guess; an earlier node refuses this one for its empty bit array.
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, downcast_integer};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::DataType;
+use csd_protocol::ModuleDigest;
 
 /// Largest bit array accepted on the wire and built here (2 MiB: 16 Mbit).
 pub const MAX_FILTER_BYTES: usize = 2 << 20;
@@ -297,6 +302,7 @@ impl Bloom {
                 .flatten()
                 .flat_map(|w| w.to_le_bytes())
                 .collect(),
+            attachment: None,
         }
     }
 }
@@ -332,6 +338,35 @@ pub struct KeyFilterMsg {
     /// The blocks: 32 bytes each, eight little-endian u32 words.
     #[prost(bytes = "vec", tag = "4")]
     pub blocks: Vec<u8>,
+    /// Or the blocks' SHA-256, naming what the node was sent with `put_attachment`.
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub attachment: Option<Vec<u8>>,
+}
+
+impl KeyFilterMsg {
+    /// This filter naming its blocks by their digest instead of carrying them.
+    pub fn by_attachment(&self, digest: &ModuleDigest) -> KeyFilterMsg {
+        KeyFilterMsg {
+            columns: self.columns.clone(),
+            blocks: Vec::new(),
+            attachment: Some(digest.0.to_vec()),
+        }
+    }
+
+    /// The attachment the filter names instead of carrying its blocks (checked:
+    /// one or the other, and a well-formed digest), if any.
+    pub fn attached(&self) -> Result<Option<ModuleDigest>, String> {
+        match &self.attachment {
+            None => Ok(None),
+            Some(_) if !self.blocks.is_empty() => Err(
+                "a key filter carries its blocks and names an attachment: send one or the other"
+                    .into(),
+            ),
+            Some(d) => ModuleDigest::parse(d)
+                .map(Some)
+                .map_err(|e| format!("key filter attachment: {e}")),
+        }
+    }
 }
 
 /// A checked key filter, ready to apply.
@@ -372,9 +407,9 @@ impl KeyFilter {
         }
         if m.blocks.is_empty() {
             return Err(
-                "key filter without split-block bloom blocks (field 4): a client of an \
-                 earlier build sends a filter this node cannot read; use a client of the \
-                 node's version"
+                "key filter without split-block bloom blocks (field 4) or an attachment \
+                 (field 5): a client of an earlier build sends a filter this node cannot \
+                 read; use a client of the node's version"
                     .into(),
             );
         }
@@ -551,7 +586,7 @@ mod tests {
                 keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
             ));
             let batch = RecordBatch::try_from_iter([("k", col.clone()), ("s", names)]).unwrap();
-            let msg = KeyFilterMsg { columns, blocks };
+            let msg = KeyFilterMsg { columns, blocks, attachment: None };
             if let Ok(f) = KeyFilter::from_msg(&msg, &types) {
                 proptest::prop_assert!(f.apply(&batch).unwrap().num_rows() <= keys.len());
             }

@@ -377,6 +377,21 @@ async fn hostile_fragments_are_refused() {
         with_filter(keys.to_msg(&[0]), Some(7.0)),
         "fraction",
     ));
+    let mut both = keys.to_msg(&[0]);
+    both.attachment = Some(vec![7; 32]);
+    cases.push((
+        "key filter with blocks and an attachment",
+        with_filter(both, None),
+        "one or the other",
+    ));
+    let mut bad_digest = keys.to_msg(&[0]);
+    bad_digest.blocks.clear();
+    bad_digest.attachment = Some(vec![7; 5]);
+    cases.push((
+        "key filter attachment digest",
+        with_filter(bad_digest, None),
+        "32 bytes",
+    ));
 
     for (what, args, why) in cases {
         let (code, msg) = refused(c, args).await;
@@ -406,6 +421,29 @@ async fn hostile_fragments_are_refused() {
     };
     let keep = Bloom::with_keys(&hashes(&[901, 950, 5])).unwrap();
     assert_eq!(rows(c, with_filter(keep.to_msg(&[0]), None)).await, 2);
+    // The same filter by attachment: refused naming it until sent, then the same rows.
+    let blocks = keep.to_msg(&[0]).blocks;
+    let digest = csd_protocol::ModuleDigest::of(&blocks);
+    let by_ref = || with_filter(keep.to_msg(&[0]).by_attachment(&digest), None);
+    let e = c
+        .operator(OPERATOR_NAME, by_ref(), Compression::None)
+        .await
+        .err()
+        .expect("a filter the node was never sent is refused");
+    assert!(
+        matches!(e, csd_protocol::node_client::Error::AttachmentMissing(d) if d == digest),
+        "{e:?}"
+    );
+    let put = c.put_attachment(&blocks).await.unwrap();
+    assert_eq!(put.digest, digest.to_string());
+    assert_eq!(rows(c, by_ref()).await, 2);
+    assert_eq!(rows(c, by_ref()).await, 2);
+    let a = c.stats().await.unwrap().attachments;
+    assert_eq!(
+        (a.kept, a.received, a.used, a.missing),
+        (1, 1, 2, 1),
+        "{a:?}"
+    );
     let agg = plan_of("select s, count(*), avg(a) from t where a < 10 group by s").await;
     assert_eq!(rows(c, fragment(&agg, Mode::Complete)).await, 10);
     assert!(rows(c, fragment(&agg, Mode::PartialAggregate)).await >= 10);

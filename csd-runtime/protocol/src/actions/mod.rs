@@ -134,6 +134,25 @@ pub struct PutModuleResponse {
     pub compiled: bool,
 }
 
+/// `put_attachment`: the action whose body is bytes several requests of one job
+/// share (a join's key filter, sent once to a node instead of with each of its
+/// fragments). The node keeps them, named by their SHA-256, within its memory
+/// budget for a while after their last use ([`PutAttachmentResponse::kept_secs`]);
+/// a request naming one the node no longer keeps gets `NOT_FOUND` with the digest
+/// in `csd-missing-attachment` metadata. Any authenticated principal may send one.
+pub const PUT_ATTACHMENT: &str = "put_attachment";
+
+/// The answer to [`PUT_ATTACHMENT`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PutAttachmentResponse {
+    /// `sha256:` and the 64 hex digits requests name it by.
+    pub digest: String,
+    /// Its size.
+    pub bytes: u64,
+    /// How long the node keeps it after its last use, in seconds.
+    pub kept_secs: u64,
+}
+
 /// `invoke`: the action calling a function on a lease.
 pub const INVOKE: &str = "invoke";
 
@@ -145,13 +164,17 @@ pub const RENEW_FLIGHT_ENDPOINT: &str = "RenewFlightEndpoint";
 pub const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
 
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub const ACTIONS: [(&str, &str); 14] = [
+pub const ACTIONS: [(&str, &str); 15] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
     (
         PUT_MODULE,
         "compile and keep a WebAssembly module (body: its bytes); needs 'code'",
+    ),
+    (
+        PUT_ATTACHMENT,
+        "keep bytes several requests share, named by their SHA-256 (body: the bytes)",
     ),
     (RefsRequest::TYPE, RefsRequest::DESCRIPTION),
     (ReleaseRequest::TYPE, ReleaseRequest::DESCRIPTION),

@@ -57,6 +57,11 @@ pub enum Error {
     /// ([`NodeClient::put_module`](super::NodeClient::put_module)) and ask again.
     #[error("the node does not have wasm module {0}: send its bytes")]
     ModuleMissing(ModuleDigest),
+    /// The node does not keep the attachment the request names: send it again
+    /// ([`NodeClient::put_attachment`](super::NodeClient::put_attachment)) and ask
+    /// again.
+    #[error("the node does not keep attachment {0}: send it again")]
+    AttachmentMissing(ModuleDigest),
     /// The node's admission control handed the request back: evaluate it here.
     #[error("pushed back by the storage node: {}", .0.reason)]
     PushedBack(PushBack),
@@ -86,6 +91,7 @@ impl From<tonic::Status> for Error {
                 retry_after,
             },
             Some(StatusDetail::ModuleMissing(d)) => Error::ModuleMissing(d),
+            Some(StatusDetail::AttachmentMissing(d)) => Error::AttachmentMissing(d),
             None => Error::Rpc {
                 code: s.code(),
                 message: s.message().to_string(),
@@ -121,7 +127,7 @@ impl Error {
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Error::Rpc { code, .. } => Some(*code),
-            Error::ModuleMissing(_) => Some(tonic::Code::NotFound),
+            Error::ModuleMissing(_) | Error::AttachmentMissing(_) => Some(tonic::Code::NotFound),
             Error::PushedBack(_) => Some(tonic::Code::Unavailable),
             Error::Busy { .. } => Some(tonic::Code::ResourceExhausted),
             _ => None,
@@ -132,7 +138,7 @@ impl Error {
     pub fn status_code(&self) -> StatusCode {
         match self {
             Error::Rpc { code, .. } => StatusCode::from_tonic(*code),
-            Error::ModuleMissing(_) => StatusCode::NotFound,
+            Error::ModuleMissing(_) | Error::AttachmentMissing(_) => StatusCode::NotFound,
             Error::Connect { .. } | Error::PushedBack(_) => StatusCode::Unavailable,
             Error::InvalidInput(_) | Error::Arrow(_) => StatusCode::InvalidArgument,
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {

@@ -33,7 +33,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::actions::{
-    ActionRequest, DeleteRequest, ObjectsRequest, PUT_MODULE, PutModuleResponse, StatsRequest,
+    ActionRequest, DeleteRequest, ObjectsRequest, PUT_ATTACHMENT, PUT_MODULE,
+    PutAttachmentResponse, PutModuleResponse, StatsRequest,
 };
 use crate::error::chain;
 use crate::host::{self, HostCores};
@@ -427,6 +428,19 @@ impl NodeClient {
             .ok_or_else(|| Error::Protocol("put_module returned nothing".into()))?;
         serde_json::from_slice(&r)
             .map_err(|e| Error::Protocol(format!("the answer to put_module: {e}")))
+    }
+
+    /// Sends bytes several requests share (the `put_attachment` action): the node
+    /// keeps them for requests that name their digest.
+    pub async fn put_attachment(&self, bytes: &[u8]) -> Result<PutAttachmentResponse> {
+        let action = arrow_flight::Action::new(PUT_ATTACHMENT, Bytes::copy_from_slice(bytes));
+        let mut results = self.flight().do_action(action).await?;
+        let r = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol("put_attachment returned nothing".into()))?;
+        serde_json::from_slice(&r)
+            .map_err(|e| Error::Protocol(format!("the answer to put_attachment: {e}")))
     }
 
     /// Node, device, store, admission and request figures.

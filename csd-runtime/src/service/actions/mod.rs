@@ -2,6 +2,7 @@
 //! and their typed bodies are [`crate::protocol::actions`]; a body is decoded once,
 //! by the handler, into its request type.
 
+mod attachments;
 mod leases;
 mod modules;
 mod node;
@@ -14,7 +15,7 @@ use crate::auth::Principal;
 use crate::error::{Error, Result, truncated};
 use crate::protocol::actions::{
     ACTIONS, ActionRequest, CANCEL_FLIGHT_INFO, DeleteRequest, GrantRequest, INVOKE, LeaseRequest,
-    LeasesRequest, ObjectsRequest, PUT_MODULE, RENEW_FLIGHT_ENDPOINT, RefsRequest,
+    LeasesRequest, ObjectsRequest, PUT_ATTACHMENT, PUT_MODULE, RENEW_FLIGHT_ENDPOINT, RefsRequest,
     ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
 };
 
@@ -31,6 +32,7 @@ impl FlightNode {
             DeleteRequest::TYPE => self.delete(who, DeleteRequest::decode(&body)?).await,
             ObjectsRequest::TYPE => self.objects(who, ObjectsRequest::decode(&body)?),
             PUT_MODULE => self.put_module(who, body).await,
+            PUT_ATTACHMENT => self.put_attachment(who, body).await,
             RENEW_FLIGHT_ENDPOINT => self.renew(who, &body).await,
             CANCEL_FLIGHT_INFO => self.cancel(who, &body).await,
             ReleaseRequest::TYPE => self.release(who, ReleaseRequest::decode(&body)?).await,

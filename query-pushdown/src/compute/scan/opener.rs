@@ -55,9 +55,11 @@ impl EndpointOpener {
     /// Opens the endpoint (see the module docs).
     pub(super) async fn open(self) -> Result<Opened> {
         let mut frag = self.fragment.clone();
+        let mut collectors = Vec::new();
         for (collector, cols) in &self.key_filters {
             if let Some(bloom) = collector.wait().await {
                 frag.key_filters.push(bloom.to_msg(cols));
+                collectors.push(collector);
             }
         }
         let args = frag.to_bytes();
@@ -68,7 +70,23 @@ impl EndpointOpener {
                 pushed_back: None,
             });
         }
-        match self.ask_node(&args).await? {
+        // Filters the node's other fragments of this scan apply too go there once.
+        let mut attached = Vec::new();
+        let node_args = match self.shares_node() && !collectors.is_empty() {
+            false => args.clone(),
+            true => {
+                let mut to_node = frag.clone();
+                for (msg, collector) in to_node.key_filters.iter_mut().zip(&collectors) {
+                    let client = &self.endpoint.client;
+                    if let Some(d) = collector.attachment_at(client, &msg.blocks).await {
+                        attached.push((d, std::mem::take(&mut msg.blocks)));
+                        *msg = msg.by_attachment(&d);
+                    }
+                }
+                to_node.to_bytes()
+            }
+        };
+        match self.ask_node(&node_args, &attached).await? {
             Ok(opened) => Ok(opened),
             Err(why) => {
                 // A direct scan handed back reads as it would have without a filter:
@@ -82,9 +100,26 @@ impl EndpointOpener {
         }
     }
 
+    /// Whether another endpoint of the table is at this endpoint's node.
+    fn shares_node(&self) -> bool {
+        let node = self.endpoint.node;
+        self.table
+            .endpoints()
+            .iter()
+            .filter(|e| e.node == node)
+            .nth(1)
+            .is_some()
+    }
+
     /// Sends the fragment to the node: its answer, or why it handed the fragment
-    /// back (pushed back, or out of memory before its first batch).
-    async fn ask_node(&self, args: &[u8]) -> Result<Result<Opened, String>> {
+    /// back (pushed back, or out of memory before its first batch). `attached`:
+    /// the key filters' blocks the fragment names by digest, to send again if the
+    /// node no longer keeps them.
+    async fn ask_node(
+        &self,
+        args: &[u8],
+        attached: &[(ModuleDigest, Vec<u8>)],
+    ) -> Result<Result<Opened, String>> {
         let client = &self.endpoint.client;
         let compression = self.table.compression();
         // Saturated here too: ask the node to queue it instead of handing it back
@@ -117,6 +152,19 @@ impl EndpointOpener {
                         break Err(ClientError::ModuleMissing(d));
                     };
                     client.put_module(&bytes).await.map_err(to_datafusion)?;
+                    sent.push(d);
+                }
+                // A node that let go of a key filter sent by attachment (its memory
+                // ran short, or it restarted): send it again, once.
+                Err(ClientError::AttachmentMissing(d)) => {
+                    let Some((_, blocks)) = attached
+                        .iter()
+                        .find(|(a, _)| *a == d)
+                        .filter(|_| !sent.contains(&d))
+                    else {
+                        break Err(ClientError::AttachmentMissing(d));
+                    };
+                    client.put_attachment(blocks).await.map_err(to_datafusion)?;
                     sent.push(d);
                 }
                 r => break r,
