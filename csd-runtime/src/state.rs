@@ -71,6 +71,10 @@ impl NodeState {
         refs: Arc<crate::refs::RefStore>,
     ) -> crate::Result<Self> {
         let memory = MemoryLedger::new(memory_budget);
+        // Idle DMA buffers are resident too: at most 1/32 of the budget of them.
+        crate::device::limit_idle_buffers(
+            usize::try_from(memory_budget / 32).unwrap_or(usize::MAX),
+        );
         let sandbox = Arc::new(crate::sandbox::Sandbox::new(
             sandbox,
             memory.clone(),

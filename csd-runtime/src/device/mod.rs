@@ -46,8 +46,43 @@ unsafe impl Sync for DmaBuf {}
 
 /// Buffers of at most this size are recycled through [`BUF_POOL`].
 const POOL_MAX_BUF: usize = 4 << 20;
-/// Bytes the pool may hold idle.
+/// Bytes the pool may hold idle, at most (a node lowers it to fit its budget:
+/// [`limit_idle_buffers`]).
 const POOL_MAX_BYTES: usize = 64 << 20;
+
+/// Bytes the pool may hold idle now.
+static POOL_LIMIT: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(POOL_MAX_BYTES);
+
+/// Lets the pool of idle DMA buffers hold at most `bytes` (never more than it
+/// allowed before: a process's nodes share the pool, and the smallest budget's
+/// share bounds it), freeing what it holds beyond that now.
+pub fn limit_idle_buffers(bytes: usize) {
+    POOL_LIMIT.fetch_min(bytes, std::sync::atomic::Ordering::Relaxed);
+    release_idle_buffers_above(POOL_LIMIT.load(std::sync::atomic::Ordering::Relaxed));
+}
+
+/// Frees idle DMA buffers until the pool keeps at most `keep` bytes.
+fn release_idle_buffers_above(keep: usize) {
+    let mut freed = Vec::new();
+    {
+        let mut pool = BUF_POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(p) = pool.as_mut() else { return };
+        for (&len, addrs) in p.idle.iter_mut() {
+            while p.bytes > keep
+                && let Some(addr) = addrs.pop()
+            {
+                p.bytes -= len;
+                freed.push((addr, len));
+            }
+        }
+    }
+    for (addr, len) in freed {
+        // SAFETY: the pool owned this allocation of exactly `len` bytes (taken over
+        // from a DmaBuf in Drop) and has just given it up.
+        unsafe { std::alloc::dealloc(addr as *mut u8, DmaBuf::layout(len)) }
+    }
+}
 
 /// Recycled DMA buffers by size, like SPDK's DMA-safe mempools: reads allocate a buffer
 /// per command, and fresh allocations of this size are mmap + page faults + zeroing.
@@ -129,7 +164,7 @@ impl Drop for DmaBuf {
                 idle: Default::default(),
                 bytes: 0,
             });
-            if p.bytes + self.len <= POOL_MAX_BYTES {
+            if p.bytes + self.len <= POOL_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
                 p.bytes += self.len;
                 p.idle
                     .entry(self.len)

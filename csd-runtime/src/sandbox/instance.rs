@@ -540,7 +540,7 @@ fn refused(
         .memory_refused
         .fetch_add(1, Ordering::Relaxed);
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-    Some(Error::ResourcesExhausted(format!(
+    let reason = format!(
         "wasm module {digest:?} asked for {:.1} MiB of memory in {func}; it may have {:.1} MiB (--wasm-memory) and the node's memory budget had {:.1} MiB free",
         mib(desired),
         mib(limits.max),
@@ -548,7 +548,17 @@ fn refused(
             .ledger
             .operator_limit()
             .saturating_sub(limits.ledger.pooled())),
-    )))
+    );
+    Some(if desired > limits.max {
+        // More than any instance may have: asking again will not help.
+        Error::ResourcesExhausted(reason)
+    } else {
+        // The node's budget was in use: it may have room later.
+        Error::Busy {
+            reason,
+            retry_after: std::time::Duration::from_secs(1),
+        }
+    })
 }
 
 /// The request's error for a failed call.
@@ -569,10 +579,13 @@ fn classify(
     if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
         .is_some()
     {
-        return Error::ResourcesExhausted(format!(
-            "no Wasm instance slot free for module {digest:?} ({func}): all {} are in use (--wasm-pool)",
-            sandbox.limits.pool
-        ));
+        return Error::Busy {
+            reason: format!(
+                "no Wasm instance slot free for module {digest:?} ({func}): all {} are in use (--wasm-pool)",
+                sandbox.limits.pool
+            ),
+            retry_after: std::time::Duration::from_millis(200),
+        };
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) if store.data().cancel.load(Ordering::Relaxed) => Error::Cancelled(
