@@ -13,7 +13,10 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
@@ -82,60 +85,100 @@ pub(crate) fn apply_all(
     arrow::compute::filter_record_batch(&batch, &mask).map_err(|e| e.to_string())
 }
 
-/// Moves `filters` (over the output of `plan`, a planned fragment) below its partial
+/// Moves `filters` (over the output of `plan`, a planned fragment) below its
 /// aggregate when they filter plain group columns: a group's rows all share its key,
 /// so dropping rows before aggregating leaves exactly the groups the filters would
 /// keep, with the same states, and the node aggregates only the rows that can
-/// match (Q17 aggregates 1 in 100 `lineitem` rows). Returns the plan and the
-/// filters still to apply to its output.
+/// match (Q17 aggregates 1 in 100 `lineitem` rows). A filter follows its columns
+/// down through projections that pass them on unchanged, partitioning and
+/// coalescing, and a final aggregate to its partial one (whose group columns come
+/// first, in the same order), so a whole aggregate (a `COMPLETE` fragment under a
+/// projection) is filtered before it aggregates as a partial one is. Returns the
+/// plan and the filters still to apply to its output.
 pub(crate) fn below_aggregate(
-    plan: Arc<dyn ExecutionPlan>,
+    mut plan: Arc<dyn ExecutionPlan>,
     filters: Vec<KeyFilter>,
 ) -> DfResult<(Arc<dyn ExecutionPlan>, Vec<KeyFilter>)> {
-    if filters.is_empty() {
-        return Ok((plan, filters));
+    let mut rest = Vec::new();
+    for f in filters {
+        match place(&plan, &f.columns, &f)? {
+            Some(p) => plan = p,
+            None => rest.push(f),
+        }
+    }
+    Ok((plan, rest))
+}
+
+/// `plan` with `filter` applied under its aggregate to the input columns that
+/// `columns` (of `plan`'s output) come from; `None` where it cannot go there.
+fn place(
+    plan: &Arc<dyn ExecutionPlan>,
+    columns: &[usize],
+    filter: &KeyFilter,
+) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+    let below = |child: &Arc<dyn ExecutionPlan>, columns: &[usize]| -> DfResult<_> {
+        Ok(match place(child, columns, filter)? {
+            Some(c) => Some(plan.clone().replace_children(vec![c], recompute())?),
+            None => None,
+        })
+    };
+    if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
+        let inner: Option<Vec<usize>> = columns
+            .iter()
+            .map(|&c| {
+                p.expr()
+                    .get(c)
+                    .and_then(|e| e.expr.downcast_ref::<Column>())
+                    .map(Column::index)
+            })
+            .collect();
+        return match inner {
+            Some(inner) => below(p.input(), &inner),
+            None => Ok(None),
+        };
+    }
+    if plan.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || plan.downcast_ref::<RepartitionExec>().is_some()
+    {
+        let [child] = plan.children()[..] else {
+            return Ok(None);
+        };
+        return below(child, columns);
     }
     let Some(agg) = plan.downcast_ref::<AggregateExec>() else {
-        return Ok((plan, filters));
+        return Ok(None);
     };
+    if !agg.group_expr().is_single() {
+        return Ok(None);
+    }
     match agg.mode() {
-        // Several streams merged at the node: PartialReduce ← Coalesce ← Partial.
-        // Its group columns are the partial's output columns, in the same order.
-        AggregateMode::PartialReduce => {
-            let coalesce = agg.input().clone();
-            let [partial] = coalesce.children()[..] else {
-                return Ok((plan, filters));
-            };
-            let (partial, rest) = below_aggregate(partial.clone(), filters)?;
-            let coalesce = coalesce.replace_children(vec![partial], recompute())?;
-            Ok((plan.replace_children(vec![coalesce], recompute())?, rest))
+        // Merging states: the group columns of its input (partial states) are the
+        // same columns, in the same order.
+        AggregateMode::Final | AggregateMode::FinalPartitioned | AggregateMode::PartialReduce => {
+            below(agg.input(), columns)
         }
-        AggregateMode::Partial if agg.group_expr().is_single() => {
+        AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned => {
             let groups = agg.group_expr().expr();
-            let (mut below, mut rest) = (Vec::new(), Vec::new());
-            for f in filters {
-                let input_columns: Option<Vec<usize>> = f
-                    .columns
-                    .iter()
-                    .map(|&c| {
-                        groups
-                            .get(c)
-                            .and_then(|(e, _)| e.downcast_ref::<Column>())
-                            .map(Column::index)
-                    })
-                    .collect();
-                match input_columns {
-                    Some(columns) => below.push(KeyFilter::new(columns, f.bloom)),
-                    None => rest.push(f),
-                }
-            }
-            if below.is_empty() {
-                return Ok((plan, rest));
-            }
-            let input = Arc::new(KeyFilterExec::new(agg.input().clone(), below));
-            Ok((plan.replace_children(vec![input], recompute())?, rest))
+            let inputs: Option<Vec<usize>> = columns
+                .iter()
+                .map(|&c| {
+                    groups
+                        .get(c)
+                        .and_then(|(e, _)| e.downcast_ref::<Column>())
+                        .map(Column::index)
+                })
+                .collect();
+            let Some(inputs) = inputs else {
+                return Ok(None);
+            };
+            let input = Arc::new(KeyFilterExec::new(
+                agg.input().clone(),
+                vec![KeyFilter::new(inputs, filter.bloom.clone())],
+            ));
+            Ok(Some(
+                plan.clone().replace_children(vec![input], recompute())?,
+            ))
         }
-        _ => Ok((plan, filters)),
     }
 }
 

@@ -404,6 +404,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn key_filters_reach_a_whole_aggregate_under_a_projection() {
+        // A COMPLETE fragment: a projection over the final aggregate; the filter is
+        // on its second output column, the group key.
+        let sql = "SELECT sum(v) * 2 AS s, k FROM t GROUP BY k";
+        let (ctx, physical) = two_streams(sql).await;
+        let filter = filter_on(1, &[3, 7, 11]);
+        let above = collect(physical.clone(), ctx.task_ctx()).await.unwrap();
+        let above: Vec<RecordBatch> = above
+            .into_iter()
+            .map(|b| apply_all(std::slice::from_ref(&filter), b).unwrap())
+            .collect();
+        let (below, rest) = below_aggregate(physical, vec![filter]).unwrap();
+        assert!(rest.is_empty(), "the group key passes the projection");
+        let shown = datafusion::physical_plan::displayable(below.as_ref())
+            .indent(false)
+            .to_string();
+        let filter_at = shown.find("KeyFilterExec").expect("filter node");
+        let last_agg = shown.rfind("AggregateExec").expect("aggregate");
+        assert!(
+            last_agg < filter_at,
+            "the filter runs under every aggregate:\n{shown}"
+        );
+        let got = collect(below, ctx.task_ctx()).await.unwrap();
+        assert_eq!(sorted(&got), sorted(&above));
+        let groups: usize = got.iter().map(RecordBatch::num_rows).sum();
+        assert!((3..10).contains(&groups), "{groups} groups");
+    }
+
+    #[tokio::test]
     async fn key_filters_on_computed_group_columns_stay_on_the_output() {
         let (_, physical) = two_streams("SELECT k + 1 AS j, sum(v) FROM t GROUP BY k + 1").await;
         let states = partial_of(physical).unwrap();
