@@ -420,27 +420,29 @@ impl NodeClient {
     /// Sends a WebAssembly module's bytes (the `put_module` action): the node checks
     /// and compiles it once and keeps it for requests that name its digest.
     pub async fn put_module(&self, bytes: &[u8]) -> Result<PutModuleResponse> {
-        let action = arrow_flight::Action::new(PUT_MODULE, Bytes::copy_from_slice(bytes));
-        let mut results = self.flight().do_action(action).await?;
-        let r = results
-            .try_next()
-            .await?
-            .ok_or_else(|| Error::Protocol("put_module returned nothing".into()))?;
-        serde_json::from_slice(&r)
-            .map_err(|e| Error::Protocol(format!("the answer to put_module: {e}")))
+        self.put_bytes(PUT_MODULE, bytes).await
     }
 
     /// Sends bytes several requests share (the `put_attachment` action): the node
     /// keeps them for requests that name their digest.
     pub async fn put_attachment(&self, bytes: &[u8]) -> Result<PutAttachmentResponse> {
-        let action = arrow_flight::Action::new(PUT_ATTACHMENT, Bytes::copy_from_slice(bytes));
+        self.put_bytes(PUT_ATTACHMENT, bytes).await
+    }
+
+    /// An action whose body is raw bytes and whose answer is JSON.
+    async fn put_bytes<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<T> {
+        let action = arrow_flight::Action::new(name, Bytes::copy_from_slice(bytes));
         let mut results = self.flight().do_action(action).await?;
         let r = results
             .try_next()
             .await?
-            .ok_or_else(|| Error::Protocol("put_attachment returned nothing".into()))?;
+            .ok_or_else(|| Error::Protocol(format!("{name} returned nothing")))?;
         serde_json::from_slice(&r)
-            .map_err(|e| Error::Protocol(format!("the answer to put_attachment: {e}")))
+            .map_err(|e| Error::Protocol(format!("the answer to {name}: {e}")))
     }
 
     /// Node, device, store, admission and request figures.
