@@ -190,7 +190,8 @@ impl RefStore {
     /// `tenant` living `ttl`: partition `ID` of table `csd_ref_GROUP` (`group`, or a
     /// new one). A group belongs to the tenant that made it. `room` is how many
     /// bytes it may take (its tenant's quota left); past it nothing is kept and the
-    /// call is `RESOURCE_EXHAUSTED`.
+    /// call is `RESOURCE_EXHAUSTED`. Writing it takes at most `memory` bytes (what
+    /// its caller holds of the node's budget).
     #[allow(clippy::too_many_arguments)]
     pub async fn keep<S>(
         &self,
@@ -200,6 +201,7 @@ impl RefStore {
         group: Option<&str>,
         ttl: Duration,
         room: Option<u64>,
+        memory: u64,
         schema: arrow::datatypes::SchemaRef,
         batches: S,
     ) -> Result<RefInfo>
@@ -222,7 +224,7 @@ impl RefStore {
             })?;
         let id = new_group();
         let put = tables
-            .append_transient(&table, &id, schema, batches)
+            .append_transient(&table, &id, schema, batches, memory)
             .await?;
         let now = now_unix_ms();
         let info = RefInfo {

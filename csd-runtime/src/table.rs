@@ -351,13 +351,15 @@ impl TableStore {
     }
 
     /// Like [`Self::append`], encoded for the CPU rather than for space (LZ4_RAW
-    /// pages): for short-lived data written and read soon, such as kept results.
+    /// pages): for short-lived data written and read soon, such as kept results;
+    /// within `memory` bytes as [`Self::append_within`].
     pub async fn append_transient<S>(
         &self,
         table: &str,
         partition: &str,
         schema: SchemaRef,
         batches: S,
+        memory: u64,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
@@ -368,7 +370,8 @@ impl TableStore {
             .into_builder()
             .set_compression(Compression::LZ4_RAW)
             .build();
-        self.append_with(table, partition, schema, batches, props, None)
+        let flush_at = (memory / 3).max(1 << 20) as usize;
+        self.append_with(table, partition, schema, batches, props, Some(flush_at))
             .await
     }
 

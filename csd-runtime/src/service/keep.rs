@@ -13,6 +13,7 @@ use futures::StreamExt;
 
 use super::FlightNode;
 use super::operator::OperatorCall;
+use super::put::{UPLOAD_PATIENCE, upload_memory};
 use crate::auth::Principal;
 use crate::error::{Error, Result};
 use crate::protocol::Ticket;
@@ -57,6 +58,16 @@ impl FlightNode {
             }
             None => None,
         };
+        // Writing the answer as a table holds memory as an upload does, before the
+        // operator runs (waiting, then refused with a retry hint, like an upload).
+        let memory = &self.state.node.memory;
+        let held = memory
+            .hold(
+                upload_memory(memory.budget()),
+                "keeping a result",
+                UPLOAD_PATIENCE,
+            )
+            .await?;
         // A kept result cannot be finished by the asker: it queues rather than being
         // handed back for queueing delay (memory still hands it back).
         let answer = self
@@ -128,10 +139,12 @@ impl FlightNode {
                 keep_group.as_deref(),
                 ttl,
                 room,
+                held.bytes(),
                 schema.clone(),
                 batches,
             )
             .await?;
+        drop(held);
         tracing::info!(id = %kept.id, table = %kept.table, tenant = %kept.tenant, rows = kept.rows, bytes = kept.bytes, "result kept");
         let report = report.lock().ok().and_then(|mut r| r.take());
         let info = FlightInfo::new()

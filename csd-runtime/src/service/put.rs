@@ -37,11 +37,11 @@ struct Upload {
 }
 
 /// How long an upload waits for memory before it is refused.
-const UPLOAD_PATIENCE: Duration = Duration::from_secs(30);
+pub(super) const UPLOAD_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Memory an upload holds: a sixteenth of the budget, between 4 and 64 MiB (its row
 /// groups are cut to fit, see [`crate::table::TableStore::append_within`]).
-fn upload_memory(budget: u64) -> u64 {
+pub(super) fn upload_memory(budget: u64) -> u64 {
     (budget / 16).clamp(4 << 20, 64 << 20)
 }
 

@@ -525,3 +525,51 @@ async fn the_read_cache_lives_inside_the_memory_budget() {
     store.read_range("t/p/x", 0, mib).await.unwrap();
     assert_eq!(ledger.held(), mib, "kept again once there is room");
 }
+
+/// A kept result (a transient table) is written within the memory its writer holds:
+/// its row groups end once their pages reach a third of it.
+#[tokio::test]
+async fn a_kept_result_is_written_within_its_memory() {
+    use arrow::array::{ArrayRef, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use csd_runtime::table::{ParquetOptions, TableStore};
+
+    let dev = mem_device(256 << 20);
+    // Row groups as large as the whole result, but for the memory bound.
+    let options = ParquetOptions {
+        row_group_rows: 1 << 20,
+        ..ParquetOptions::default()
+    };
+    let tables = TableStore::open(open(&dev).await, &options).await.unwrap();
+    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+    // 8 MiB of distinct values: incompressible enough that LZ4 keeps most of it.
+    let batches = |n: i64| {
+        let schema = schema.clone();
+        futures::stream::iter((0..n).map(move |i| {
+            let v: Vec<i64> = (0..65_536)
+                .map(|j| (i * 65_536 + j).wrapping_mul(0x1E37_79B9_7F4A_7C15))
+                .collect();
+            Ok(RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(v)) as ArrayRef],
+            )
+            .unwrap())
+        }))
+    };
+    let tight = tables
+        .append_transient("csd_ref_t", "a", schema.clone(), batches(16), 3 << 20)
+        .await
+        .unwrap();
+    let roomy = tables
+        .append_transient("csd_ref_t", "b", schema.clone(), batches(16), 1 << 30)
+        .await
+        .unwrap();
+    assert_eq!((tight.rows, roomy.rows), (1 << 20, 1 << 20));
+    assert!(
+        tight.row_groups >= 4 && roomy.row_groups == 1,
+        "row groups within 3 MiB: {}, within 1 GiB: {}",
+        tight.row_groups,
+        roomy.row_groups
+    );
+}
