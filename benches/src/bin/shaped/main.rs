@@ -303,7 +303,9 @@ fn main() {
     sh(Command::new("bash")
         .arg(root.join("scripts/setup-shaped-bench.sh"))
         .arg(&venv));
-    let data = target.join("shaped-data");
+    // Written once and kept for later runs: under --dir when given (nginx serves it,
+    // so it must be readable by nginx's user: not under /root), else the target dir.
+    let data = args.dir.as_ref().unwrap_or(&target).join("shaped-data");
     let mut layouts = args.layouts.clone();
     layouts.dedup();
     let mut files: Vec<usize> = layouts.iter().map(|l| l.files).chain([1]).collect();
