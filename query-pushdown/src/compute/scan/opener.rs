@@ -86,7 +86,7 @@ impl EndpointOpener {
                 to_node.to_bytes()
             }
         };
-        match self.ask_node(&node_args, &attached).await? {
+        match self.ask_node(&node_args, &args, &attached).await? {
             Ok(opened) => Ok(opened),
             Err(why) => {
                 // A direct scan handed back reads as it would have without a filter:
@@ -113,13 +113,16 @@ impl EndpointOpener {
 
     /// Sends the fragment to the node: its answer, or why it handed the fragment
     /// back (pushed back, or out of memory before its first batch). `attached`:
-    /// the key filters' blocks the fragment names by digest, to send again if the
-    /// node no longer keeps them.
+    /// the key filters' blocks `args` names by digest, to send again if the node
+    /// no longer keeps them; `inline`: the same fragment carrying them, sent
+    /// instead if the node cannot keep them.
     async fn ask_node(
         &self,
         args: &[u8],
+        inline: &[u8],
         attached: &[(ModuleDigest, Vec<u8>)],
     ) -> Result<Result<Opened, String>> {
+        let mut args = args;
         let client = &self.endpoint.client;
         let compression = self.table.compression();
         // Saturated here too: ask the node to queue it instead of handing it back
@@ -155,17 +158,19 @@ impl EndpointOpener {
                     sent.push(d);
                 }
                 // A node that let go of a key filter sent by attachment (its memory
-                // ran short, or it restarted): send it again, once.
-                Err(ClientError::AttachmentMissing(d)) => {
-                    let Some((_, blocks)) = attached
+                // ran short, or it restarted): send it again, once; if it will not
+                // keep it, send the fragment with its filters inline.
+                Err(ClientError::AttachmentMissing(d)) if args != inline => {
+                    let again = attached
                         .iter()
                         .find(|(a, _)| *a == d)
-                        .filter(|_| !sent.contains(&d))
-                    else {
-                        break Err(ClientError::AttachmentMissing(d));
-                    };
-                    client.put_attachment(blocks).await.map_err(to_datafusion)?;
-                    sent.push(d);
+                        .filter(|_| !sent.contains(&d));
+                    match again {
+                        Some((_, blocks)) if client.put_attachment(blocks).await.is_ok() => {
+                            sent.push(d);
+                        }
+                        _ => args = inline,
+                    }
                 }
                 r => break r,
             }
