@@ -44,9 +44,14 @@ pub fn parse_authorization(value: &[u8]) -> Result<Credential> {
     }
     if scheme.eq_ignore_ascii_case("basic") {
         use base64::Engine;
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(rest)
-            .map_err(|_| malformed())?;
+        use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+        // With or without `=` padding: Go's Flight SQL client (under ADBC) sends
+        // none.
+        const BASIC: GeneralPurpose = GeneralPurpose::new(
+            &base64::alphabet::STANDARD,
+            GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+        );
+        let raw = BASIC.decode(rest).map_err(|_| malformed())?;
         let raw = String::from_utf8(raw).map_err(|_| malformed())?;
         let (user, password) = raw.split_once(':').ok_or_else(malformed)?;
         if user.is_empty() || !visible(password) {
