@@ -338,14 +338,13 @@ impl TableStore {
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        let flush_at = (memory / 3).max(1 << 20) as usize;
         self.append_with(
             table,
             partition,
             schema,
             batches,
             self.props.clone(),
-            Some(flush_at),
+            Some(memory),
         )
         .await
     }
@@ -370,8 +369,7 @@ impl TableStore {
             .into_builder()
             .set_compression(Compression::LZ4_RAW)
             .build();
-        let flush_at = (memory / 3).max(1 << 20) as usize;
-        self.append_with(table, partition, schema, batches, props, Some(flush_at))
+        self.append_with(table, partition, schema, batches, props, Some(memory))
             .await
     }
 
@@ -382,11 +380,13 @@ impl TableStore {
         schema: SchemaRef,
         mut batches: S,
         props: WriterProperties,
-        flush_at: Option<usize>,
+        within: Option<u64>,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
+        // Within a memory bound, a row group ends once its pages reach a third of it.
+        let flush_at = within.map(|m| (m / 3).max(1 << 20) as usize);
         validate_table_name(table)?;
         validate_partition_name(partition)?;
         if let Ok(t) = self.table(table) {

@@ -17,7 +17,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 
@@ -51,15 +51,14 @@ const POOL_MAX_BUF: usize = 4 << 20;
 const POOL_MAX_BYTES: usize = 64 << 20;
 
 /// Bytes the pool may hold idle now.
-static POOL_LIMIT: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(POOL_MAX_BYTES);
+static POOL_LIMIT: AtomicUsize = AtomicUsize::new(POOL_MAX_BYTES);
 
 /// Lets the pool of idle DMA buffers hold at most `bytes` (never more than it
 /// allowed before: a process's nodes share the pool, and the smallest budget's
 /// share bounds it), freeing what it holds beyond that now.
 pub fn limit_idle_buffers(bytes: usize) {
-    POOL_LIMIT.fetch_min(bytes, std::sync::atomic::Ordering::Relaxed);
-    release_idle_buffers_above(POOL_LIMIT.load(std::sync::atomic::Ordering::Relaxed));
+    POOL_LIMIT.fetch_min(bytes, Ordering::Relaxed);
+    release_idle_buffers_above(POOL_LIMIT.load(Ordering::Relaxed));
 }
 
 /// Frees idle DMA buffers until the pool keeps at most `keep` bytes.
@@ -164,7 +163,7 @@ impl Drop for DmaBuf {
                 idle: Default::default(),
                 bytes: 0,
             });
-            if p.bytes + self.len <= POOL_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+            if p.bytes + self.len <= POOL_LIMIT.load(Ordering::Relaxed) {
                 p.bytes += self.len;
                 p.idle
                     .entry(self.len)

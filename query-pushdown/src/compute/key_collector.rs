@@ -356,17 +356,12 @@ impl KeyCollector {
         };
         *cell
             .get_or_init(|| async {
-                let digest = ModuleDigest::of(blocks);
-                match client.put_attachment(blocks).await {
-                    Ok(r) if ModuleDigest::parse(r.digest.as_bytes()).ok() == Some(digest) => {
-                        Some(digest)
-                    }
-                    Ok(r) => {
-                        tracing::warn!(
-                            "{} kept a key filter as {}, not its digest {digest}: sent inline",
-                            client.url(),
-                            r.digest
-                        );
+                // The node names it by the digest it computed of what it received.
+                let put = client.put_attachment(blocks).await;
+                match put.map(|r| ModuleDigest::parse(r.digest.as_bytes())) {
+                    Ok(Ok(digest)) => Some(digest),
+                    Ok(Err(e)) => {
+                        tracing::warn!("{} named a key filter badly: {e}", client.url());
                         None
                     }
                     Err(e) => {

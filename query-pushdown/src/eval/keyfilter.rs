@@ -123,16 +123,7 @@ fn place(
         })
     };
     if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
-        let inner: Option<Vec<usize>> = columns
-            .iter()
-            .map(|&c| {
-                p.expr()
-                    .get(c)
-                    .and_then(|e| e.expr.downcast_ref::<Column>())
-                    .map(Column::index)
-            })
-            .collect();
-        return match inner {
+        return match plain(columns, |c| p.expr().get(c).map(|e| &e.expr)) {
             Some(inner) => below(p.input(), &inner),
             None => Ok(None),
         };
@@ -159,27 +150,37 @@ fn place(
         }
         AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned => {
             let groups = agg.group_expr().expr();
-            let inputs: Option<Vec<usize>> = columns
-                .iter()
-                .map(|&c| {
-                    groups
-                        .get(c)
-                        .and_then(|(e, _)| e.downcast_ref::<Column>())
-                        .map(Column::index)
-                })
-                .collect();
-            let Some(inputs) = inputs else {
+            let Some(inputs) = plain(columns, |c| groups.get(c).map(|(e, _)| e)) else {
                 return Ok(None);
             };
-            let input = Arc::new(KeyFilterExec::new(
-                agg.input().clone(),
-                vec![KeyFilter::new(inputs, filter.bloom.clone())],
-            ));
+            let filter = KeyFilter::new(inputs, filter.bloom.clone());
+            // Filters under one aggregate share one node: one pass over each batch.
+            let input = match agg.input().downcast_ref::<KeyFilterExec>() {
+                Some(k) => {
+                    let mut filters = k.filters.clone();
+                    filters.push(filter);
+                    KeyFilterExec::new(k.input.clone(), filters)
+                }
+                None => KeyFilterExec::new(agg.input().clone(), vec![filter]),
+            };
             Ok(Some(
-                plan.clone().replace_children(vec![input], recompute())?,
+                plan.clone()
+                    .replace_children(vec![Arc::new(input)], recompute())?,
             ))
         }
     }
+}
+
+/// The input columns `columns` are, where each is a plain column reference
+/// (`expr_at(c)`: what computes output column `c`); `None` if any is computed.
+fn plain<'a>(
+    columns: &[usize],
+    expr_at: impl Fn(usize) -> Option<&'a Arc<dyn PhysicalExpr>>,
+) -> Option<Vec<usize>> {
+    columns
+        .iter()
+        .map(|&c| expr_at(c)?.downcast_ref::<Column>().map(Column::index))
+        .collect()
 }
 
 fn recompute() -> ReplaceChildrenOptions {

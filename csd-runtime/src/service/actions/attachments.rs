@@ -18,7 +18,14 @@ impl FlightNode {
     ) -> Result<arrow_flight::Result> {
         who.check_any(Permission::Read, "send attachments (put_attachment)")?;
         let bytes = body.len() as u64;
-        let digest = self.state.node.attachments.put(body).await?;
+        // Hashing up to 4 MiB is CPU work: on the pool, never on the RPC threads.
+        let attachments = self.state.node.attachments.clone();
+        let digest = self
+            .state
+            .node
+            .pool
+            .spawn(async move { attachments.put(body).await })
+            .await?;
         json_result(&PutAttachmentResponse {
             digest: digest.to_string(),
             bytes,

@@ -122,7 +122,7 @@ impl EndpointOpener {
         inline: &[u8],
         attached: &[(ModuleDigest, Vec<u8>)],
     ) -> Result<Result<Opened, String>> {
-        let mut args = args;
+        let (mut args, mut inline_now) = (args, false);
         let client = &self.endpoint.client;
         let compression = self.table.compression();
         // Saturated here too: ask the node to queue it instead of handing it back
@@ -160,7 +160,7 @@ impl EndpointOpener {
                 // A node that let go of a key filter sent by attachment (its memory
                 // ran short, or it restarted): send it again, once; if it will not
                 // keep it, send the fragment with its filters inline.
-                Err(ClientError::AttachmentMissing(d)) if args != inline => {
+                Err(ClientError::AttachmentMissing(d)) if !inline_now => {
                     let again = attached
                         .iter()
                         .find(|(a, _)| *a == d)
@@ -169,7 +169,7 @@ impl EndpointOpener {
                         Some((_, blocks)) if client.put_attachment(blocks).await.is_ok() => {
                             sent.push(d);
                         }
-                        _ => args = inline,
+                        _ => (args, inline_now) = (inline, true),
                     }
                 }
                 r => break r,
