@@ -64,6 +64,10 @@ enum Command {
     /// runs the stages of pushdown plans, with its own connections to the storage
     /// nodes (made with its own token and TLS settings).
     Worker(commands::worker::WorkerArgs),
+    /// Serve Arrow Flight SQL in front of the nodes, for ADBC (Python, pandas,
+    /// polars), JDBC and BI tools: queries plan as with `csd sql`, pushdown
+    /// included; each caller asks the nodes with its own token.
+    Gateway(commands::gateway::GatewayArgs),
     /// Run a WebAssembly module (a guest built with csd-guest, or any module speaking
     /// its ABI) over a table at the nodes that hold it; print the union of its outputs
     /// (or its merged aggregate) on stdout.
@@ -100,6 +104,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
         Command::Auth(cmd) => commands::auth::run(cmd),
         Command::Sql(args) => commands::sql::run(args).await,
         Command::Worker(args) => commands::worker::run(args).await,
+        Command::Gateway(args) => commands::gateway::run(args).await,
         Command::Run(args) => commands::run::run(args).await,
         Command::Demo(args) => commands::demo::run(args).await,
         Command::Testbed(args) => commands::testbed::run(args).await,

@@ -8,6 +8,7 @@
 //! | `node` | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
 //! | `compute::distributed` | the compute tier's workers | running pushdown plans on `datafusion-distributed` workers (`csd worker`): the codec of our plan nodes, placing scan tasks beside their nodes, the worker's session ([`Cluster::distributed_session`], [`WorkerEnv`]) |
 //! | `eval` | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
+//! | `compute::gateway` | the compute tier (`csd gateway`) | an Arrow Flight SQL server over the cluster ([`serve_gateway_on`]): ADBC, JDBC and BI tools query with the same pushdown |
 //! | [`wire`] | both (the protocol) | the fragment message and its limits, the join-key filter as it travels, the functions a node may evaluate |
 //!
 //! **Compute side.** [`Cluster::session`] gives a DataFusion session whose tables live
@@ -51,6 +52,7 @@ pub use compute::distributed::{
     CsdCodec, Placement, WorkerEnv, WorkerSessions, Workers, serve_worker_on, worker_sessions,
 };
 pub use compute::gate::LocalGate;
+pub use compute::gateway::{GatewayOptions, GatewayTls, serve_gateway_on};
 pub use compute::provider::CsdTable;
 pub use compute::provider::Encoded;
 pub use compute::pushable::pushable;

@@ -5,6 +5,7 @@
 pub(crate) mod auth;
 pub(crate) mod demo;
 pub(crate) mod features;
+pub(crate) mod gateway;
 pub(crate) mod get;
 pub(crate) mod grant;
 pub(crate) mod invoke;

@@ -18,6 +18,8 @@
 //! * [`link`]: a link's throughput learned from its transfers (both sides price
 //!   handing work back with it); [`host`]: which host and cores a process runs on,
 //!   and how busy they are (askers send it).
+//! * [`credential`]: the `authorization` metadata a request carries (bearer or Basic),
+//!   parsed the one way the nodes and the Flight SQL gateway both accept.
 //! * [`digest`], [`size`], [`names`]: module digests, sizes as people write them,
 //!   and what tables and partitions may be called.
 //! * The gRPC metadata keys and message limits below.
@@ -28,6 +30,7 @@
 #![warn(unreachable_pub)]
 
 pub mod actions;
+pub mod credential;
 pub mod digest;
 pub mod error;
 pub mod host;
@@ -43,9 +46,10 @@ mod text;
 pub mod ticket;
 
 pub use actions::{
-    ActionRequest, DeleteRequest, DeleteResponse, INVOKE, InvokeAnswer, InvokeRequest, LeaseInfo,
-    LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE, PutModuleResponse, RefDescription,
-    RefsRequest, ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
+    ActionRequest, DeleteRequest, DeleteResponse, GatewayStatsRequest, INVOKE, InvokeAnswer,
+    InvokeRequest, LeaseInfo, LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE,
+    PutModuleResponse, RefDescription, RefsRequest, ReleaseLeaseRequest, ReleaseRequest,
+    StatsRequest, TouchLeaseRequest,
 };
 pub use digest::ModuleDigest;
 pub use error::{Error, Result, StatusCode};
@@ -54,7 +58,7 @@ pub use messages::{
     PushBack, PutSummary, TableDescription,
 };
 pub use size::ByteSize;
-pub use stats::NodeStats;
+pub use stats::{GatewayStats, NodeStats};
 pub use ticket::{AskerFigures, Compression, Ticket};
 
 /// Metadata key of the `authorization` header (a bearer token, or Basic for Flight's

@@ -369,3 +369,30 @@ pub struct LeaseStats {
     #[serde(default)]
     pub runs: u64,
 }
+
+/// A Flight SQL gateway's figures (`csd gateway`; `DoAction gateway_stats`, `csd
+/// stats --gateway`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GatewayStats {
+    /// Distinct callers (bearer tokens, or none) seen since start.
+    pub sessions: u64,
+    /// Flight `Handshake`s answered (basic credentials turned into a bearer token).
+    pub handshakes: u64,
+    /// Statements planned (`GetFlightInfo` of a query or a prepared statement).
+    pub statements: u64,
+    /// Prepared statements created.
+    pub prepared: u64,
+    /// Queries whose answer was streamed (`DoGet`), begun.
+    pub queries: u64,
+    /// Of those, ended by an error.
+    pub queries_failed: u64,
+    /// Of those, stopped by `CancelFlightInfo` / `CancelQuery` or the client going
+    /// away.
+    pub queries_cancelled: u64,
+    /// Streaming now.
+    pub running: u64,
+    /// Rows sent to clients.
+    pub rows_sent: u64,
+    /// Requests refused for their credentials.
+    pub unauthenticated: u64,
+}

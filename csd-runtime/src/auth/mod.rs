@@ -39,14 +39,13 @@ use subtle::ConstantTimeEq;
 use crate::admission::TenantShare;
 use crate::error::{Error, Result};
 
-mod credential;
 mod principal;
 mod tenants;
 #[cfg(test)]
 mod tests;
 mod ticket_key;
 
-pub use credential::{Credential, parse_authorization};
+pub use csd_protocol::credential::{Credential, parse_authorization};
 pub use principal::{Principal, RequestSlot};
 pub use tenants::{Tenant, TenantSpec, new_token, parse_tenants, token_digest};
 pub use ticket_key::{TICKET_KEY_OBJECT, TicketKey};

@@ -7,6 +7,7 @@ mod admission;
 mod distributed;
 mod edge;
 mod explain;
+mod gateway;
 mod holdout;
 mod hostile;
 mod plans;

@@ -77,6 +77,18 @@ impl ActionRequest for StatsRequest {
     type Response = NodeStats;
 }
 
+/// `gateway_stats`: a Flight SQL gateway's figures (served by `csd gateway`, not
+/// by nodes).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayStatsRequest {}
+
+impl ActionRequest for GatewayStatsRequest {
+    const TYPE: &'static str = "gateway_stats";
+    const DESCRIPTION: &'static str = "a Flight SQL gateway's figures as JSON";
+    type Response = crate::stats::GatewayStats;
+}
+
 /// `delete`: a table, or one partition of it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -43,6 +43,16 @@ use crate::stats::NodeStats;
 use crate::ticket::{AskerFigures, Compression, Ticket};
 use reply::reply_of;
 
+/// `Bearer <token>` as metadata (marked sensitive: never logged).
+fn bearer(token: &str) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+    let mut v: tonic::metadata::MetadataValue<_> =
+        format!("Bearer {token}").parse().map_err(|_| {
+            Error::InvalidInput("the token must be printable ASCII without spaces".into())
+        })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
 /// Largest message the client accepts.
 const MAX_MESSAGE_BYTES: usize = crate::MAX_MESSAGE_BYTES;
 
@@ -129,19 +139,7 @@ impl NodeClient {
 
     /// A client over `channel` to `url`, sending `credentials`' token and leases.
     fn over(url: &str, channel: Channel, credentials: &Credentials) -> Result<Self> {
-        let authorization = match &credentials.token {
-            Some(t) => {
-                let mut v: tonic::metadata::MetadataValue<_> =
-                    format!("Bearer {t}").parse().map_err(|_| {
-                        Error::InvalidInput(
-                            "the token must be printable ASCII without spaces".into(),
-                        )
-                    })?;
-                v.set_sensitive(true);
-                Some(v)
-            }
-            None => None,
-        };
+        let authorization = credentials.token.as_deref().map(bearer).transpose()?;
         let raw = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -168,6 +166,14 @@ impl NodeClient {
             .parse()
             .map_err(|_| Error::InvalidInput(format!("tenant {tenant:?} is not ASCII")))?;
         self.tenant = Some(v);
+        Ok(self)
+    }
+
+    /// The same connection, sending `token` as its bearer token instead (`None`: no
+    /// token): a front end that serves many users over one connection per node
+    /// (`csd gateway`) asks as each user.
+    pub fn with_token(mut self, token: Option<&str>) -> Result<Self> {
+        self.authorization = token.map(bearer).transpose()?;
         Ok(self)
     }
 

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 
 /// Longest token accepted.
-pub(super) const MAX_TOKEN_BYTES: usize = 4096;
+pub const MAX_TOKEN_BYTES: usize = 4096;
 
 /// Credentials a request carries in its `authorization` metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
