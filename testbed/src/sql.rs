@@ -195,6 +195,18 @@ fn check(
 pub(crate) fn canonical_hash(
     batches: &[RecordBatch],
 ) -> std::result::Result<u64, arrow::error::ArrowError> {
+    let rows = canonical_rows(batches)?;
+    let mut h = std::hash::DefaultHasher::new();
+    rows.hash(&mut h);
+    Ok(h.finish())
+}
+
+/// The answer's rows as text, sorted; floats rounded to 9 significant digits
+/// (partial aggregates add in another order), so two correct executions of one
+/// query compare equal.
+pub fn canonical_rows(
+    batches: &[RecordBatch],
+) -> std::result::Result<Vec<String>, arrow::error::ArrowError> {
     let opts = FormatOptions::default().with_null("NULL");
     let mut rows: Vec<String> = Vec::new();
     for b in batches {
@@ -237,9 +249,7 @@ pub(crate) fn canonical_hash(
         }
     }
     rows.sort_unstable();
-    let mut h = std::hash::DefaultHasher::new();
-    rows.hash(&mut h);
-    Ok(h.finish())
+    Ok(rows)
 }
 
 /// Exponential inter-arrival times from a splitmix64 stream: Poisson arrivals at

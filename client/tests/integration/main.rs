@@ -1,6 +1,7 @@
 //! csd-client integration tests: real nodes on 127.0.0.1:0, real Flight clients.
 #![allow(clippy::unwrap_used)]
 
+mod adbc;
 mod careless;
 mod cli;
 mod flight;
@@ -23,6 +24,23 @@ pub fn pyarrow_python() -> Option<std::path::PathBuf> {
     if !has {
         eprintln!(
             "skipping: no pyarrow in {} (scripts/setup-ml.sh installs it)",
+            python.display()
+        );
+    }
+    has.then_some(python)
+}
+
+/// The ML venv's Python if it has the ADBC Flight SQL driver (scripts/setup-ml.sh
+/// installs it with pyarrow and pandas); `None` (and a line saying so) otherwise.
+pub fn adbc_python() -> Option<std::path::PathBuf> {
+    let python = pyarrow_python()?;
+    let has = std::process::Command::new(&python)
+        .args(["-c", "import adbc_driver_flightsql.dbapi, pandas"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!(
+            "skipping: no adbc-driver-flightsql in {} (scripts/setup-ml.sh installs it)",
             python.display()
         );
     }

@@ -341,7 +341,7 @@ impl FlightSqlService for Gateway {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         self.metadata_info(query, &schema, request)
     }
 
@@ -398,7 +398,7 @@ impl FlightSqlService for Gateway {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         self.metadata_info(query, &schema, request)
     }
 
@@ -439,7 +439,7 @@ impl FlightSqlService for Gateway {
         query: CommandGetXdbcTypeInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(metadata::xdbc_info()?).schema();
+        let schema = query.into_builder(metadata::xdbc_info()?).schema();
         self.metadata_info(query, &schema, request)
     }
 
