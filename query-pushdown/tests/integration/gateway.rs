@@ -202,7 +202,7 @@ async fn prepared_statements_bind_values_and_handles_are_stateless() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metadata_answers_with_and_without_a_catalog() {
-    let (nodes, _) = loaded(1).await;
+    let (nodes, clients) = loaded(1).await;
     let g = gateway(&nodes, true, None).await;
     let mut c = client(&g.url).await;
     let info = c.get_catalogs().await.unwrap();
@@ -282,6 +282,24 @@ async fn metadata_answers_with_and_without_a_catalog() {
     let advertised: Schema = info.clone().try_decode_schema().unwrap();
     assert_eq!(schema, advertised);
     fetch(&mut c, info).await;
+    // A table stored now is listed and queried once the caller's session is renewed
+    // (sessions are reused for 2 s).
+    let (schema, batches) = tpch::generate("region", 0.01, 1, 1).unwrap();
+    clients[0]
+        .put(
+            "late_region",
+            "p0",
+            schema,
+            futures::stream::iter(batches.into_iter().map(Ok)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let info = c
+        .execute("SELECT count(*) FROM late_region".into(), None)
+        .await
+        .unwrap();
+    assert_eq!(canonical(&fetch(&mut c, info).await), ["5"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,6 +18,9 @@ pub(crate) struct Run {
     /// run time summed over fragments, less queueing).
     pub(crate) inner_ms: Option<f64>,
     pub(crate) handed_back: Option<u64>,
+    /// The query's own time as the client reported it (`csd sql`: "N rows in X
+    /// ms", after connecting and listing tables; ADBC: execute to the last batch).
+    pub(crate) query_ms: Option<f64>,
     #[serde(skip)]
     pub(crate) stdout: String,
 }
@@ -43,11 +46,13 @@ pub(crate) fn run_process(mut cmd: Command, net: &Net) -> Run {
             .and_then(|l| parse_after(l, "ms"))
     });
     let handed_back = parse_after(&stderr, "handed back").map(|h| h as u64);
+    let query_ms = parse_after(&stderr, "ms;");
     Run {
         secs,
         bytes,
         inner_ms,
         handed_back,
+        query_ms,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
     }
 }
@@ -72,6 +77,7 @@ pub(crate) struct QueryFigures {
     pub(crate) bytes: f64,
     pub(crate) inner_ms: Option<f64>,
     pub(crate) handed_back: Option<f64>,
+    pub(crate) query_ms: Option<f64>,
     pub(crate) runs: Vec<Run>,
 }
 
@@ -84,6 +90,8 @@ pub(crate) struct SystemFigures {
     pub(crate) total_secs: f64,
     pub(crate) total_bytes: f64,
     pub(crate) total_inner_ms: Option<f64>,
+    /// Sum of the queries' own times ([`Run::query_ms`]) where every query has one.
+    pub(crate) total_query_ms: Option<f64>,
     pub(crate) queries: Vec<QueryFigures>,
 }
 
@@ -94,6 +102,9 @@ pub(crate) struct Report {
     pub(crate) measured_mbit: BTreeMap<String, f64>,
     pub(crate) sequential: Vec<SystemFigures>,
     pub(crate) concurrent: Vec<ConcurrentFigures>,
+    /// `SELECT *` of a large table through ADBC against a direct `DoGet` (system
+    /// `adbc`).
+    pub(crate) large: Vec<crate::adbc::LargeFigures>,
     pub(crate) mismatches: Vec<String>,
 }
 
@@ -156,6 +167,7 @@ pub(crate) fn print_report(r: &Report) {
         );
     }
     print_judgement(r);
+    print_gateway(r);
     if r.mismatches.is_empty() {
         println!("answers: every system agrees on every query, on every layout");
     } else {
@@ -178,6 +190,65 @@ impl Report {
         self.sequential
             .iter()
             .find(|s| s.layout == layout && s.system == system && s.rate_mbit == rate)
+    }
+}
+
+/// The gateway (ADBC on one connection, `adbc`) against `csd sql` processes on the
+/// same node defaults (`adaptive`): total time (process wall and the time each
+/// query reported), bytes from the nodes; the large-result rates.
+fn print_gateway(r: &Report) {
+    let mut lines = Vec::new();
+    for g in r.sequential.iter().filter(|s| s.system == "adbc") {
+        let Some(a) = r.find(&g.layout, "adaptive", g.rate_mbit) else {
+            continue;
+        };
+        let mut line = format!(
+            "{:<6} {:>10}: ADBC {:.2} s vs csd sql {:.2} s ({:+.1}%)",
+            g.layout,
+            link(g.rate_mbit),
+            g.total_secs,
+            a.total_secs,
+            (g.total_secs / a.total_secs - 1.0) * 100.0
+        );
+        if let Some(own) = a.total_query_ms {
+            line += &format!(
+                "; csd sql's own query time {:.2} s ({:+.1}%)",
+                own / 1e3,
+                (g.total_secs / (own / 1e3) - 1.0) * 100.0
+            );
+        }
+        line += &format!(
+            "; {:.1} MB from the nodes vs {:.1} MB",
+            g.total_bytes / 1e6,
+            a.total_bytes / 1e6
+        );
+        lines.push(line);
+    }
+    for l in &r.large {
+        lines.push(format!(
+            "{:<6} {:>10}: SELECT * FROM {} ({} rows): ADBC {:.0} rows/s ({:.2} s, {:.1} MB on the veth), direct DoGet {:.0} rows/s ({:.2} s, {:.1} MB): {:.2}x",
+            l.layout,
+            link(l.rate_mbit),
+            l.table,
+            l.rows,
+            l.rows as f64 / l.adbc_secs,
+            l.adbc_secs,
+            l.adbc_bytes as f64 / 1e6,
+            l.rows as f64 / l.doget_secs,
+            l.doget_secs,
+            l.doget_bytes as f64 / 1e6,
+            l.doget_secs / l.adbc_secs
+        ));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!(
+        "
+Flight SQL gateway (ADBC DBAPI, one connection) against csd sql:"
+    );
+    for l in lines {
+        println!("  {l}");
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::Instant;
 use clap::Parser;
 use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
 
+mod adbc;
 mod answers;
 mod figures;
 mod layout;
@@ -48,8 +49,10 @@ struct Args {
     /// Queries (default: all 22).
     #[arg(long, value_delimiter = ',')]
     queries: Vec<u32>,
-    /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown, and
-    /// secure / secure-no-pushdown (adaptive with TLS and a tenant's token).
+    /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown,
+    /// secure / secure-no-pushdown (adaptive with TLS and a tenant's token), and
+    /// adbc (adaptive through `csd gateway`, ADBC's DBAPI on one connection, plus
+    /// `SELECT * FROM orders` against a direct DoGet; not in the concurrent part).
     #[arg(
         long,
         value_delimiter = ',',
@@ -92,7 +95,8 @@ struct Args {
     pipeline: bool,
 }
 
-const SYSTEMS: [&str; 7] = [
+const SYSTEMS: [&str; 8] = [
+    "adbc",
     "duckdb",
     "adaptive",
     "always",
@@ -114,7 +118,7 @@ fn with_node<T>(
 ) -> T {
     let policy = match system {
         "adaptive" | "always" | "never" => Some(system),
-        "no-pushdown" | "secure" | "secure-no-pushdown" => Some("adaptive"),
+        "no-pushdown" | "secure" | "secure-no-pushdown" | "adbc" => Some("adaptive"),
         _ => None,
     };
     if let Some(policy) = policy {
@@ -191,9 +195,13 @@ fn run_system(
     args: &Args,
 ) -> SystemFigures {
     let mut queries = Vec::new();
+    let mut adbc = (system == "adbc").then(|| adbc::Adbc::start(ctx));
     for &q in &query_list(args) {
         let runs: Vec<Run> = (0..args.runs)
-            .map(|_| run_process(command(ctx, system, q), net))
+            .map(|_| match &mut adbc {
+                Some(client) => client.run(&ctx.queries_dir.join(format!("q{q}.sql")), net),
+                None => run_process(command(ctx, system, q), net),
+            })
             .collect();
         let med = |f: &dyn Fn(&Run) -> Option<f64>| {
             let v: Vec<f64> = runs.iter().filter_map(f).collect();
@@ -204,6 +212,7 @@ fn run_system(
             secs: median(runs.iter().map(|r| r.secs).collect()),
             bytes: median(runs.iter().map(|r| r.bytes as f64).collect()),
             inner_ms: med(&|r| r.inner_ms),
+            query_ms: med(&|r| r.query_ms),
             handed_back: med(&|r| r.handed_back.map(|h| h as f64)),
             runs,
         };
@@ -226,6 +235,7 @@ fn run_system(
         total_secs: queries.iter().map(|q| q.secs).sum(),
         total_bytes: queries.iter().map(|q| q.bytes).sum(),
         total_inner_ms: (total_inner.len() == queries.len()).then(|| total_inner.iter().sum()),
+        total_query_ms: queries.iter().map(|q| q.query_ms).sum::<Option<f64>>(),
         queries,
     }
 }
@@ -264,6 +274,39 @@ fn run_concurrent(ctx: &Ctx, net: &Net, system: &str, clients: usize, args: &Arg
         h.join().expect("client thread");
     }
     (started.elapsed().as_secs_f64(), net.bytes() - before)
+}
+
+/// `SELECT * FROM orders` through ADBC against a direct `DoGet`, medians of
+/// `--runs`.
+fn large_result(
+    ctx: &Ctx,
+    net: &Net,
+    rate: f64,
+    layout: Layout,
+    args: &Args,
+) -> adbc::LargeFigures {
+    let mut client = adbc::Adbc::start(ctx);
+    let runs: Vec<_> = (0..args.runs)
+        .map(|_| client.large("orders", ctx, net))
+        .collect();
+    let med = |i: usize, f: &dyn Fn(&(f64, u64)) -> f64| {
+        median(runs.iter().map(|r| f(&r.1[i])).collect())
+    };
+    let figures = adbc::LargeFigures {
+        table: "orders".into(),
+        layout: layout.to_string(),
+        rate_mbit: rate,
+        rows: runs[0].0,
+        adbc_secs: med(0, &|r| r.0),
+        doget_secs: med(1, &|r| r.0),
+        adbc_bytes: med(0, &|r| r.1 as f64) as u64,
+        doget_bytes: med(1, &|r| r.1 as f64) as u64,
+    };
+    eprintln!(
+        "  {layout} SELECT * FROM orders: ADBC {:.2} s, DoGet {:.2} s",
+        figures.adbc_secs, figures.doget_secs
+    );
+    figures
 }
 
 /// Achieved Mbit/s of one HTTP GET of lineitem (one file) through the link.
@@ -366,6 +409,7 @@ fn main() {
         measured_mbit: BTreeMap::new(),
         sequential: Vec::new(),
         concurrent: Vec::new(),
+        large: Vec::new(),
         mismatches: Vec::new(),
     };
     if !args.no_local {
@@ -385,10 +429,15 @@ fn main() {
         for (l, devs) in &devices {
             set_layout(&mut ctx, *l);
             for system in &args.systems {
-                let figures = with_node(&mut net, &mut ctx, devs, system, &args, |ctx, net| {
-                    run_system(ctx, net, system, rate, *l, &args)
-                });
+                let (figures, large) =
+                    with_node(&mut net, &mut ctx, devs, system, &args, |ctx, net| {
+                        let figures = run_system(ctx, net, system, rate, *l, &args);
+                        let large =
+                            (system == "adbc").then(|| large_result(ctx, net, rate, *l, &args));
+                        (figures, large)
+                    });
                 report.sequential.push(figures);
+                report.large.extend(large);
             }
         }
     }
@@ -396,7 +445,7 @@ fn main() {
         net.shape(args.concurrent_rate);
         for (l, devs) in &devices {
             set_layout(&mut ctx, *l);
-            for system in &args.systems {
+            for system in args.systems.iter().filter(|s| *s != "adbc") {
                 let walls: Vec<(f64, u64)> =
                     with_node(&mut net, &mut ctx, devs, system, &args, |ctx, net| {
                         (0..args.concurrent_runs.max(1))

@@ -8,7 +8,8 @@
 //! replica answers any step. Answers stream batch by batch from the nodes to the
 //! client; cancelling or going away stops the nodes' work (`running.rs`).
 //!
-//! Inside: `handle`, `params`, `auth`, `stats`, `running` < `metadata` < `service`
+//! Inside: `handle`, `params`, `auth`, `stats`, `running`, `sessions` < `metadata` <
+//! `service`
 //! < `server` < this module.
 
 mod auth;
@@ -18,6 +19,7 @@ mod params;
 mod running;
 mod server;
 mod service;
+mod sessions;
 mod stats;
 
 use std::sync::Arc;
@@ -30,6 +32,7 @@ use crate::compute::session::{Cluster, CsdSession, SessionOptions};
 use crate::error::to_runtime;
 use auth::Caller;
 use running::Running;
+use sessions::Sessions;
 use stats::{Counters, bump};
 
 /// The gateway port's TLS: its certificate and key, and the CA client certificates
@@ -65,6 +68,7 @@ pub(crate) struct Gateway {
     session: SessionOptions,
     counters: Arc<Counters>,
     running: Arc<Running>,
+    sessions: Sessions,
 }
 
 impl Gateway {
@@ -76,8 +80,19 @@ impl Gateway {
     }
 
     /// A session over the cluster asking the nodes as `caller` (the nodes check its
-    /// token against their tenants).
-    pub(crate) async fn session(&self, caller: &Caller) -> Result<CsdSession, Error> {
+    /// token against their tenants); one made in the last moments is reused.
+    pub(crate) async fn session(&self, caller: &Caller) -> Result<Arc<CsdSession>, Error> {
+        let key = caller.digest();
+        if let Some(s) = self.sessions.get(&key) {
+            return Ok(s);
+        }
+        let session = Arc::new(self.new_session(caller).await?);
+        self.sessions.put(key, session.clone());
+        Ok(session)
+    }
+
+    /// A new session for `caller` (its tables listed by the nodes now).
+    pub(crate) async fn new_session(&self, caller: &Caller) -> Result<CsdSession, Error> {
         let nodes = self
             .nodes
             .iter()
@@ -133,6 +148,7 @@ pub async fn serve_gateway_on(
         session: options.session,
         counters: Arc::default(),
         running: Arc::default(),
+        sessions: Sessions::default(),
     };
     // Without TCP_NODELAY a small write after a large one waits for the peer's
     // delayed ACK (see the node's server).

@@ -28,6 +28,7 @@ use arrow_flight::{
 };
 use csd_protocol::ipc::{check_message, next_decoded};
 use csd_protocol::{AUTHORIZATION, ActionRequest, Error, GatewayStatsRequest};
+use datafusion::logical_expr::LogicalPlan;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,6 +39,7 @@ use super::handle::Statement;
 use super::metadata;
 use super::params;
 use super::stats::bump;
+use crate::compute::session::CsdSession;
 use crate::error::to_runtime;
 
 type DoGetStream = <Gateway as FlightService>::DoGetStream;
@@ -107,14 +109,7 @@ impl Gateway {
         &self,
         caller: &Caller,
         statement: &Statement,
-    ) -> Result<
-        (
-            crate::CsdSession,
-            datafusion::logical_expr::LogicalPlan,
-            SchemaRef,
-        ),
-        Error,
-    > {
+    ) -> Result<(Arc<CsdSession>, LogicalPlan, SchemaRef), Error> {
         let session = self.session(caller).await?;
         let plan = params::plan(&session.ctx, statement).await?;
         let schema = wire_schema(plan.schema().as_arrow())?;
@@ -173,8 +168,9 @@ impl FlightSqlService for Gateway {
         Status,
     > {
         let caller = self.caller(request.metadata())?;
-        // The nodes accept the token (else UNAUTHENTICATED here, not at the first query).
-        self.session(&caller).await?;
+        // The nodes accept the token now (else UNAUTHENTICATED here, not at the
+        // first query).
+        self.new_session(&caller).await?;
         bump(&self.counters.handshakes);
         let answer = HandshakeResponse {
             protocol_version: 0,
