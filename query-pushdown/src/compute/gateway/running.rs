@@ -58,6 +58,7 @@ impl Running {
             counters,
             ended: false,
             counted: false,
+            registered: true,
         };
         futures::stream::unfold(
             (batches.boxed(), rx, guard),
@@ -88,10 +89,12 @@ impl Running {
                             &guard.counters.queries_failed
                         });
                         guard.counted = true;
+                        guard.unregister();
                     }
                     None => {
                         guard.ended = true;
                         guard.counted = true;
+                        guard.unregister();
                     }
                 }
                 next.map(|n| (n, (batches, rx, guard)))
@@ -107,16 +110,28 @@ struct Guard {
     counters: Arc<Counters>,
     ended: bool,
     counted: bool,
+    registered: bool,
+}
+
+impl Guard {
+    /// No longer running (once its end or error is sent: a cancel after that finds
+    /// nothing to stop).
+    fn unregister(&mut self) {
+        if self.registered {
+            self.registered = false;
+            self.running
+                .answers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.id);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.running
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
-        self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        self.unregister();
         if !self.counted {
             bump(&self.counters.queries_cancelled);
         }
