@@ -299,20 +299,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let (stop, stopped) = oneshot::channel::<()>();
-    // Without TCP_NODELAY a small write after a large one (an answer's gRPC trailers,
-    // a short range) waits for the peer's delayed ACK, up to 40 ms per request on a
-    // quiet connection. `serve_with_incoming` does not set it, so set it here.
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |conn| {
-            if let Ok(c) = &conn
-                && let Err(e) = c.set_nodelay(true)
-            {
-                tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
-            }
-            conn
-        },
-    );
+    let incoming = csd_protocol::tcp::incoming(listener);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use csd_client::{Error, Result};
 
-use super::{ClientCreds, announce};
+use super::{ClientCreds, announce, stop_signal};
 
 #[derive(clap::Args)]
 pub(crate) struct GatewayArgs {
@@ -81,14 +81,7 @@ pub(crate) async fn run(args: GatewayArgs) -> Result<()> {
         "csd gateway (Flight SQL) listening on {scheme}://{addr} for {} node(s)",
         args.nodes.len()
     ));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::io("waiting for SIGTERM", e))?;
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
+    let stop = stop_signal()?;
     csd_query_pushdown::serve_gateway_on(options, listener, stop).await?;
     Ok(())
 }

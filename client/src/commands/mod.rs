@@ -78,6 +78,19 @@ impl ClientCreds {
     }
 }
 
+/// Resolves on Ctrl-C or SIGTERM: when a long-running command (`csd worker`, `csd
+/// gateway`) stops serving.
+pub(crate) fn stop_signal() -> Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::io("waiting for SIGTERM", e))?;
+    Ok(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    })
+}
+
 /// `90s`, `10m`, `2h`, `1d` or plain seconds.
 pub(crate) fn parse_ttl(s: &str) -> std::result::Result<std::time::Duration, String> {
     let s = s.trim();

@@ -3,7 +3,7 @@
 
 use csd_client::{Error, Result};
 
-use super::{ClientCreds, announce};
+use super::{ClientCreds, announce, stop_signal};
 
 #[derive(clap::Args)]
 pub(crate) struct WorkerArgs {
@@ -32,14 +32,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<()> {
         .local_addr()
         .map_err(|e| Error::io("the worker's address", e))?;
     announce(format_args!("csd worker listening on grpc://{addr}"));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::io("waiting for SIGTERM", e))?;
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
+    let stop = stop_signal()?;
     csd_query_pushdown::serve_worker_on(env, listener, stop).await?;
     Ok(())
 }

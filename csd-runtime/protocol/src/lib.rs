@@ -42,6 +42,7 @@ pub mod node_client;
 pub mod refs;
 pub mod size;
 pub mod stats;
+pub mod tcp;
 mod text;
 pub mod ticket;
 

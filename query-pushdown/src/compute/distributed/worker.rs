@@ -74,9 +74,8 @@ pub async fn serve_worker_on(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = csd_protocol::tcp::incoming(listener);
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(env.worker().into_worker_server())
         .add_service(WorkerActions(env.board.clone()).into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -150,19 +150,7 @@ pub async fn serve_gateway_on(
         running: Arc::default(),
         sessions: Sessions::default(),
     };
-    // Without TCP_NODELAY a small write after a large one waits for the peer's
-    // delayed ACK (see the node's server).
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |conn| {
-            if let Ok(c) = &conn
-                && let Err(e) = c.set_nodelay(true)
-            {
-                tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
-            }
-            conn
-        },
-    );
+    let incoming = csd_protocol::tcp::incoming(listener);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &options.tls {
         builder = builder.tls_config(tls_config(tls)).map_err(|e| {

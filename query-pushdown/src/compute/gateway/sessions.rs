@@ -16,9 +16,12 @@ pub(crate) const FRESH_FOR: Duration = Duration::from_secs(2);
 /// Most callers' sessions kept at once.
 const MAX_KEPT: usize = 1024;
 
+/// A session and when it was made.
+type Kept = (Instant, Arc<CsdSession>);
+
 #[derive(Default)]
 pub(crate) struct Sessions {
-    kept: Mutex<HashMap<[u8; 32], (Instant, Arc<CsdSession>)>>,
+    kept: Mutex<HashMap<[u8; 32], Kept>>,
 }
 
 impl Sessions {
