@@ -116,11 +116,16 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if !matches!(
         cli.command,
-        Command::Serve(_) | Command::Demo(_) | Command::Testbed(_)
+        Command::Serve(_)
+            | Command::Demo(_)
+            | Command::Testbed(_)
+            | Command::Gateway(_)
+            | Command::Worker(_)
     ) {
         // Pure client commands behave like other Unix tools under `csd ls | head`: end
-        // quietly on a closed pipe instead of panicking in println!. Not where a node is
-        // hosted: a peer closing its socket would then kill the node.
+        // quietly on a closed pipe instead of panicking in println!. Not where a server
+        // runs (a node, a gateway, a worker): a peer closing its socket would then kill
+        // it.
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }

@@ -106,7 +106,7 @@ can = ["read"]
         .arg("--listen-tls-key")
         .arg(path("gw.key"))
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(path("gateway.log")).unwrap())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -147,9 +147,10 @@ can = ["read"]
     };
     assert!(
         out.status.success(),
-        "{}{}",
+        "{}{}\ngateway's stderr:\n{}",
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(path("gateway.log")).unwrap_or_default()
     );
     let ctx = local();
     let mut nonempty = 0;
