@@ -26,6 +26,10 @@ pub struct Endpoint {
     pub objects: Vec<ObjectDescription>,
     /// The node's index in the cluster (its paths in [`NodeRangeStore`]).
     pub node: usize,
+    /// When this endpoint stands for several of the node's partitions read as one
+    /// (see [`TableEndpoints::per_node`]), their names (`partition` is then their
+    /// names joined for display); empty for one partition.
+    pub merged: Vec<String>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -79,6 +83,39 @@ impl TableEndpoints {
             ranges: self.ranges.clone(),
             local: self.local.clone(),
         }
+    }
+
+    /// The same table with each node's partitions as one endpoint: a partial
+    /// aggregate at a node then merges its partitions' states there and answers one
+    /// state per group, instead of one per group and partition (and one request and
+    /// answer per node instead of per partition).
+    pub(crate) fn per_node(&self) -> Self {
+        let mut nodes: Vec<usize> = self.endpoints.iter().map(|e| e.node).collect();
+        nodes.dedup();
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for n in nodes {
+            if !seen.insert(n) {
+                continue;
+            }
+            let group: Vec<&Endpoint> = self.endpoints.iter().filter(|e| e.node == n).collect();
+            match group.as_slice() {
+                [one] => out.push((*one).clone()),
+                many => {
+                    let names: Vec<String> = many.iter().map(|e| e.partition.clone()).collect();
+                    out.push(Endpoint {
+                        client: many[0].client.clone(),
+                        partition: names.join("+"),
+                        rows: many.iter().map(|e| e.rows).sum(),
+                        bytes: many.iter().map(|e| e.bytes).sum(),
+                        objects: many.iter().flat_map(|e| e.objects.clone()).collect(),
+                        node: n,
+                        merged: names,
+                    });
+                }
+            }
+        }
+        self.with_endpoints(out)
     }
 
     /// Table name.

@@ -325,7 +325,7 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                         replaced += 1;
                         let scan: Arc<dyn ExecutionPlan> = Arc::new(
                             CsdScanExec::new(
-                                table.at().clone(),
+                                Arc::new(table.at().per_node()),
                                 a.schema(),
                                 plan.clone(),
                                 Mode::PartialAggregate,

@@ -135,6 +135,7 @@ impl Cluster {
                         bytes: p.bytes,
                         objects: p.objects.clone(),
                         node: i,
+                        merged: vec![],
                     });
                     entry.node_of.push(i);
                 }

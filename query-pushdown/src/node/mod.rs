@@ -141,7 +141,20 @@ pub(super) fn objects_of(
     ctx: &OperatorContext,
     frag: &SqlFragment,
 ) -> Result<(SchemaRef, Vec<ParquetObject>)> {
-    let (schema, objects) = objects_in(ctx, &frag.table, frag.partition.as_deref())?;
+    let (schema, objects) = if frag.partitions.is_empty() {
+        objects_in(ctx, &frag.table, frag.partition.as_deref())?
+    } else {
+        // Several partitions read as one: each must be there.
+        let mut all = Vec::new();
+        let mut schema = None;
+        for p in &frag.partitions {
+            let (s, objects) = objects_in(ctx, &frag.table, Some(p))?;
+            schema.get_or_insert(s);
+            all.extend(objects);
+        }
+        let schema = schema.ok_or_else(|| Error::Internal("no partitions named".into()))?;
+        (schema, all)
+    };
     if !frag.objects.is_empty() {
         let mut have: Vec<&str> = objects.iter().map(|o| o.object.name.as_str()).collect();
         let mut want: Vec<&str> = frag.objects.iter().map(String::as_str).collect();

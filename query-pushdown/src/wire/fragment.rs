@@ -12,6 +12,7 @@
 //!   optional float direct_above = 6;     // hand back if the filters keep more
 //!   repeated string objects = 7;         // run only on exactly these objects
 //!   repeated WasmFunction functions = 8; // Wasm SQL functions the plan calls
+//!   repeated string partitions = 9;      // several partitions read as one
 //! }
 //! ```
 //!
@@ -132,6 +133,11 @@ pub struct SqlFragment {
     /// Wasm SQL functions the plan calls.
     #[prost(message, repeated, tag = "8")]
     pub functions: Vec<WasmFunctionMsg>,
+    /// Several of the node's partitions, read as one (with `partition` absent): a
+    /// partial aggregate then answers one merged state for all of them instead of
+    /// one per partition.
+    #[prost(string, repeated, tag = "9")]
+    pub partitions: Vec<String>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).
@@ -141,6 +147,9 @@ fn short(s: &str) -> String {
         None => s.to_string(),
     }
 }
+
+/// Most partitions one fragment reads as one.
+pub const MAX_PARTITIONS: usize = 4096;
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
@@ -185,6 +194,24 @@ impl SqlFragment {
             return Err(invalid(format!(
                 "direct_above must be a fraction between 0 and 1, not {d}"
             )));
+        }
+        if !f.partitions.is_empty() {
+            if f.partition.is_some() {
+                return Err(invalid(
+                    "SQL fragment names a partition and a list of partitions: give one or the other",
+                ));
+            }
+            if f.partitions.len() > MAX_PARTITIONS {
+                return Err(invalid(format!(
+                    "SQL fragment names {} partitions, at most {MAX_PARTITIONS} allowed",
+                    f.partitions.len()
+                )));
+            }
+            let distinct: std::collections::HashSet<&str> =
+                f.partitions.iter().map(String::as_str).collect();
+            if distinct.len() != f.partitions.len() {
+                return Err(invalid("SQL fragment names a partition twice"));
+            }
         }
         check_functions(&f.functions)?;
         let mode = Mode::try_from(f.mode)

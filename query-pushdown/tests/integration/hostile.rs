@@ -349,9 +349,29 @@ async fn hostile_fragments_are_refused() {
             direct_above,
             objects: vec![],
             functions: vec![],
+            partitions: vec![],
         }
         .to_bytes()
     };
+    // Several partitions read as one: named with a single partition too, twice, or
+    // one the node does not hold.
+    let over = |partition: Option<&str>, partitions: &[&str]| {
+        SqlFragment {
+            table: "t".into(),
+            partition: partition.map(Into::into),
+            plan: good.encode_to_vec(),
+            partitions: partitions.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
+        }
+        .to_bytes()
+    };
+    cases.push((
+        "partition and partitions",
+        over(Some("p0"), &["p0", "p1"]),
+        "one or the other",
+    ));
+    cases.push(("a partition twice", over(None, &["p0", "p0"]), "twice"));
+    let lacking = over(None, &["no_such_partition"]);
     let keys = Bloom::with_keys(&[1, 2, 3]).unwrap();
     cases.push((
         "key filter column",
@@ -403,6 +423,9 @@ async fn hostile_fragments_are_refused() {
         assert_eq!(code, Code::Unimplemented, "{what}: {msg}");
         assert!(msg.contains(why), "{what}: {msg:?} should mention {why:?}");
     }
+    let (code, msg) = refused(c, lacking).await;
+    assert_eq!(code, Code::NotFound, "{msg}");
+    assert!(msg.contains("no_such_partition"), "{msg}");
     // An operator the node does not have.
     let e = c
         .operator("nope", vec![], Compression::None)
@@ -498,6 +521,7 @@ async fn write_fuzz_seeds() {
         direct_above: Some(0.3),
         objects: vec![],
         functions: vec![],
+        partitions: vec![],
     };
     std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }

@@ -251,6 +251,7 @@ mod tests {
                             })
                             .collect(),
                         node,
+                        merged: vec![],
                     }
                 })
                 .collect();
@@ -342,6 +343,7 @@ mod tests {
                 bytes: 1,
                 objects: vec![],
                 node,
+                merged: vec![],
             }],
             Compression::None,
             env.ranges().clone(),

@@ -110,6 +110,9 @@ pub(crate) struct EndpointMsg {
     /// Its Parquet objects (`ObjectDescription`s as JSON, as the node lists them).
     #[prost(string, tag = "5")]
     pub(crate) objects: String,
+    /// The partitions it stands for when several (see `Endpoint::merged`).
+    #[prost(string, repeated, tag = "6")]
+    pub(crate) merged: Vec<String>,
 }
 
 /// A join-key filter a scan waits on.
@@ -164,6 +167,7 @@ impl CsdScanExec {
                     bytes: e.bytes,
                     objects: serde_json::to_string(&e.objects)
                         .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                    merged: e.merged.clone(),
                 })
             })
             .collect::<Result<_>>()?;
@@ -228,6 +232,7 @@ impl CsdScanExec {
                 bytes: e.bytes,
                 objects,
                 node,
+                merged: e.merged,
             });
         }
         let compression =

@@ -175,7 +175,10 @@ impl CsdScanExec {
         let options = CsdOptions::of(context.session_config().options());
         let fragment = SqlFragment {
             table: self.table.name().to_string(),
-            partition: Some(endpoint.partition.clone()),
+            partition: endpoint
+                .merged
+                .is_empty()
+                .then(|| endpoint.partition.clone()),
             plan: self.plan.as_ref().clone(),
             mode: self.mode as i32,
             key_filters: vec![],
@@ -186,6 +189,7 @@ impl CsdScanExec {
                 vec![]
             },
             functions: self.functions.iter().map(|f| f.to_msg()).collect(),
+            partitions: endpoint.merged.clone(),
         };
         EndpointOpener {
             table: self.table.clone(),
