@@ -8,9 +8,8 @@
 //! replica answers any step. Answers stream batch by batch from the nodes to the
 //! client; cancelling or going away stops the nodes' work (`running.rs`).
 //!
-//! Inside: `handle`, `params`, `auth`, `stats`, `running`, `sessions` < `metadata` <
-//! `service`
-//! < `server` < this module.
+//! Inside: `handle`, `params`, `auth`, `stats`, `running`, `sessions` < `metadata`
+//! < `service` < `server` < this module.
 
 mod auth;
 mod handle;
