@@ -90,14 +90,15 @@ impl TableEndpoints {
     /// state per group, instead of one per group and partition (and one request and
     /// answer per node instead of per partition).
     pub(crate) fn per_node(&self) -> Self {
-        let mut nodes: Vec<usize> = self.endpoints.iter().map(|e| e.node).collect();
-        nodes.dedup();
-        let mut seen = std::collections::HashSet::new();
+        // Nodes in the order their first partition comes.
+        let mut nodes: Vec<usize> = Vec::new();
+        for e in &self.endpoints {
+            if !nodes.contains(&e.node) {
+                nodes.push(e.node);
+            }
+        }
         let mut out = Vec::new();
         for n in nodes {
-            if !seen.insert(n) {
-                continue;
-            }
             let group: Vec<&Endpoint> = self.endpoints.iter().filter(|e| e.node == n).collect();
             match group.as_slice() {
                 [one] => out.push((*one).clone()),

@@ -90,6 +90,35 @@ async fn fetch(c: &mut FlightSqlServiceClient<Channel>, info: FlightInfo) -> Vec
     out
 }
 
+/// The first result body of the action `kind` with `body`.
+async fn action(
+    c: &mut FlightSqlServiceClient<Channel>,
+    kind: &str,
+    body: Vec<u8>,
+) -> bytes::Bytes {
+    c.do_action(Action::new(kind.to_string(), body))
+        .await
+        .unwrap()
+        .try_next()
+        .await
+        .unwrap()
+        .unwrap()
+        .body
+}
+
+/// A `CancelFlightInfoResult` with `status`, encoded.
+fn encoded(status: arrow_flight::CancelStatus) -> bytes::Bytes {
+    arrow_flight::CancelFlightInfoResult::new(status)
+        .encode_to_vec()
+        .into()
+}
+
+/// `sql`'s answer through `c`, as sorted rows.
+async fn answer(c: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Vec<String> {
+    let info = c.execute(sql.to_string(), None).await.unwrap();
+    canonical(&fetch(c, info).await)
+}
+
 async fn loaded(n: usize) -> (Vec<RunningNode>, Vec<NodeClient>) {
     let (nodes, clients) = nodes(n).await;
     tpch::load(&clients, 0.01, 2, |_, _| {}).await.unwrap();
@@ -143,18 +172,8 @@ async fn tpch_through_flight_sql_equals_local() {
         .to_string();
     assert!(text.contains("CsdScanExec"), "{text}");
     // The counters saw it.
-    let stats: csd_protocol::GatewayStats = serde_json::from_slice(
-        &c_on
-            .do_action(Action::new("gateway_stats", ""))
-            .await
-            .unwrap()
-            .try_next()
-            .await
-            .unwrap()
-            .unwrap()
-            .body,
-    )
-    .unwrap();
+    let stats: csd_protocol::GatewayStats =
+        serde_json::from_slice(&action(&mut c_on, "gateway_stats", Vec::new()).await).unwrap();
     assert_eq!(stats.queries, 23, "{stats:?}");
     assert_eq!((stats.queries_failed, stats.running), (0, 0), "{stats:?}");
     assert!(stats.rows_sent > 0 && stats.sessions == 1, "{stats:?}");
@@ -313,11 +332,10 @@ async fn metadata_answers_with_and_without_a_catalog() {
         .await
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
-    let info = c
-        .execute("SELECT count(*) FROM late_region".into(), None)
-        .await
-        .unwrap();
-    assert_eq!(canonical(&fetch(&mut c, info).await), ["5"]);
+    assert_eq!(
+        answer(&mut c, "SELECT count(*) FROM late_region").await,
+        ["5"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -399,11 +417,7 @@ async fn bad_input_gets_clear_statuses_never_internal() {
         .to_string();
     assert!(e.contains("queries only"), "{e}");
     // Still serving.
-    let info = c
-        .execute("SELECT count(*) FROM region".into(), None)
-        .await
-        .unwrap();
-    assert_eq!(canonical(&fetch(&mut c, info).await), ["5"]);
+    assert_eq!(answer(&mut c, "SELECT count(*) FROM region").await, ["5"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -424,18 +438,15 @@ async fn cancelling_stops_a_streaming_answer() {
         .await
         .unwrap();
     assert!(stream.try_next().await.unwrap().is_some());
-    let body = CancelFlightInfoRequest::new(info.clone()).encode_to_vec();
-    let answer = c
-        .do_action(Action::new("CancelFlightInfo", body))
-        .await
-        .unwrap()
-        .try_next()
-        .await
-        .unwrap()
-        .unwrap()
-        .body;
-    let result = arrow_flight::CancelFlightInfoResult::decode(answer).unwrap();
-    assert_eq!(result.status, arrow_flight::CancelStatus::Cancelled as i32);
+    assert_eq!(
+        action(
+            &mut c,
+            "CancelFlightInfo",
+            CancelFlightInfoRequest::new(info.clone()).encode_to_vec()
+        )
+        .await,
+        encoded(arrow_flight::CancelStatus::Cancelled)
+    );
     let e = loop {
         match stream.try_next().await {
             Ok(Some(_)) => continue,
@@ -445,20 +456,14 @@ async fn cancelling_stops_a_streaming_answer() {
     };
     assert!(e.contains("cancelled"), "{e}");
     // Cancelling again finds nothing to stop.
-    let body = CancelFlightInfoRequest::new(info).encode_to_vec();
-    let answer = c
-        .do_action(Action::new("CancelFlightInfo", body))
-        .await
-        .unwrap()
-        .try_next()
-        .await
-        .unwrap()
-        .unwrap()
-        .body;
-    let result = arrow_flight::CancelFlightInfoResult::decode(answer).unwrap();
     assert_eq!(
-        result.status,
-        arrow_flight::CancelStatus::NotCancellable as i32
+        action(
+            &mut c,
+            "CancelFlightInfo",
+            CancelFlightInfoRequest::new(info).encode_to_vec()
+        )
+        .await,
+        encoded(arrow_flight::CancelStatus::NotCancellable)
     );
     // Nothing of it runs on at the node.
     let mut running = usize::MAX;
