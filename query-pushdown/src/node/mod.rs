@@ -116,45 +116,44 @@ impl SqlOperator {
     }
 }
 
-/// The objects of `table` (or of its `partition`) at this node.
+/// The objects of `table` at this node: of the named `partitions` (each must be
+/// there), or of all of them when none is named.
 pub(super) fn objects_in(
     ctx: &OperatorContext,
     table: &str,
-    partition: Option<&str>,
+    partitions: &[&str],
 ) -> Result<(SchemaRef, Vec<ParquetObject>)> {
     let t = ctx.node.tables.table(table)?;
-    let objects: Vec<ParquetObject> = match partition {
-        Some(p) => t.partitions.get(p).cloned().ok_or_else(|| {
-            Error::NotFound(format!(
-                "partition {} of table {}",
-                truncated(p),
-                truncated(table)
-            ))
-        })?,
-        None => t.partitions.values().flatten().cloned().collect(),
+    let objects: Vec<ParquetObject> = if partitions.is_empty() {
+        t.partitions.values().flatten().cloned().collect()
+    } else {
+        let mut objects = Vec::new();
+        for p in partitions {
+            let of = t.partitions.get(*p).ok_or_else(|| {
+                Error::NotFound(format!(
+                    "partition {} of table {}",
+                    truncated(p),
+                    truncated(table)
+                ))
+            })?;
+            objects.extend(of.iter().cloned());
+        }
+        objects
     };
     Ok((t.schema.clone(), objects))
 }
 
-/// The objects of `frag`'s table (or partition) at this node.
+/// The objects of `frag`'s table (its partition, its partitions, or all) at this
+/// node.
 pub(super) fn objects_of(
     ctx: &OperatorContext,
     frag: &SqlFragment,
 ) -> Result<(SchemaRef, Vec<ParquetObject>)> {
-    let (schema, objects) = if frag.partitions.is_empty() {
-        objects_in(ctx, &frag.table, frag.partition.as_deref())?
-    } else {
-        // Several partitions read as one: each must be there.
-        let mut all = Vec::new();
-        let mut schema = None;
-        for p in &frag.partitions {
-            let (s, objects) = objects_in(ctx, &frag.table, Some(p))?;
-            schema.get_or_insert(s);
-            all.extend(objects);
-        }
-        let schema = schema.ok_or_else(|| Error::Internal("no partitions named".into()))?;
-        (schema, all)
+    let named: Vec<&str> = match &frag.partition {
+        Some(p) => vec![p.as_str()],
+        None => frag.partitions.iter().map(String::as_str).collect(),
     };
+    let (schema, objects) = objects_in(ctx, &frag.table, &named)?;
     if !frag.objects.is_empty() {
         let mut have: Vec<&str> = objects.iter().map(|o| o.object.name.as_str()).collect();
         let mut want: Vec<&str> = frag.objects.iter().map(String::as_str).collect();

@@ -106,7 +106,7 @@ impl OperatorRequest for WasmCall {
         let module = sandbox.module(&digest, request.module.as_deref()).await?;
         let (_, objects) = match &scan {
             Some(s) => objects_of(&ctx, s.fragment())?,
-            None => objects_in(&ctx, &table, partition.as_deref())?,
+            None => objects_in(&ctx, &table, partition.as_deref().as_slice())?,
         };
         let objects: Vec<String> = objects.iter().map(|o| o.object.name.clone()).collect();
         let has_rows = scan.is_some();

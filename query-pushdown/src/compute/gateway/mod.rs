@@ -81,17 +81,21 @@ impl Gateway {
     /// A session over the cluster asking the nodes as `caller` (the nodes check its
     /// token against their tenants); one made in the last moments is reused.
     pub(crate) async fn session(&self, caller: &Caller) -> Result<Arc<CsdSession>, Error> {
-        let key = caller.digest();
-        if let Some(s) = self.sessions.get(&key) {
-            return Ok(s);
+        match self.sessions.get(&caller.digest()) {
+            Some(s) => Ok(s),
+            None => self.new_session(caller).await,
         }
-        let session = Arc::new(self.new_session(caller).await?);
-        self.sessions.put(key, session.clone());
+    }
+
+    /// A new session for `caller` (its tables listed by the nodes now, its token
+    /// checked by them), kept for its next calls.
+    pub(crate) async fn new_session(&self, caller: &Caller) -> Result<Arc<CsdSession>, Error> {
+        let session = Arc::new(self.listed(caller).await?);
+        self.sessions.put(caller.digest(), session.clone());
         Ok(session)
     }
 
-    /// A new session for `caller` (its tables listed by the nodes now).
-    pub(crate) async fn new_session(&self, caller: &Caller) -> Result<CsdSession, Error> {
+    async fn listed(&self, caller: &Caller) -> Result<CsdSession, Error> {
         let nodes = self
             .nodes
             .iter()

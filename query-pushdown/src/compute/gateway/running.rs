@@ -57,8 +57,6 @@ impl Running {
             id,
             counters,
             ended: false,
-            counted: false,
-            registered: true,
         };
         futures::stream::unfold(
             (batches.boxed(), rx, guard),
@@ -88,12 +86,10 @@ impl Running {
                         } else {
                             &guard.counters.queries_failed
                         });
-                        guard.counted = true;
                         guard.unregister();
                     }
                     None => {
                         guard.ended = true;
-                        guard.counted = true;
                         guard.unregister();
                     }
                 }
@@ -108,31 +104,28 @@ struct Guard {
     running: Arc<Running>,
     id: u64,
     counters: Arc<Counters>,
+    /// Its end or error was sent (and counted).
     ended: bool,
-    counted: bool,
-    registered: bool,
 }
 
 impl Guard {
     /// No longer running (once its end or error is sent: a cancel after that finds
-    /// nothing to stop).
+    /// nothing to stop). Called once: at its end, or when dropped before it.
     fn unregister(&mut self) {
-        if self.registered {
-            self.registered = false;
-            self.running
-                .answers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.id);
-            self.counters.running.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.running
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        self.counters.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.unregister();
-        if !self.counted {
+        // Dropped before its end: its client went away.
+        if !self.ended {
+            self.unregister();
             bump(&self.counters.queries_cancelled);
         }
     }

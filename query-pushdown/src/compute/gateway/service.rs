@@ -202,7 +202,7 @@ impl FlightSqlService for Gateway {
     > {
         let caller = self.caller(request.metadata())?;
         // The nodes accept the token now (else UNAUTHENTICATED here, not at the
-        // first query).
+        // first query); the session is the first query's.
         self.new_session(&caller).await?;
         bump(&self.counters.handshakes);
         let answer = HandshakeResponse {
