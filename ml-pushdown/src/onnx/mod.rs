@@ -1,0 +1,203 @@
+//! Users' own models: any ONNX graph, cut where few tensors cross, its head run at
+//! the storage node and its tail at the compute tier, both on onnxruntime.
+//!
+//! | file | what |
+//! |---|---|
+//! | [`wire`] | protobuf's wire format, field by field (unknown fields kept) |
+//! | [`graph`] | a model as surgery sees it: nodes, initializers, inputs, outputs, types |
+//! | [`split`] | cut points; the head and tail models of a cut |
+//! | [`runtime`] | onnxruntime through `ort`, loaded at run time |
+//!
+//! [`Analysis`] puts them together: a model's cut points with the type, shape and
+//! size per sample of what each sends, learned from one onnxruntime run.
+
+pub mod graph;
+pub mod runtime;
+pub mod split;
+mod wire;
+
+use std::collections::HashMap;
+
+pub use graph::{Dim, OnnxModel, TensorType};
+pub use runtime::{FloatTensor, OnnxSession};
+pub use split::{CutPoint, MAX_CUT_TENSORS};
+
+use crate::{Error, Result};
+
+/// A cut point with what it sends per sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cut {
+    /// Where the graph is cut.
+    pub point: CutPoint,
+    /// Per-sample shape of each tensor sent (without the batch dimension).
+    pub shapes: Vec<Vec<usize>>,
+}
+
+impl Cut {
+    /// Floats sent per sample.
+    pub fn elems(&self) -> usize {
+        self.shapes.iter().map(|s| s.iter().product::<usize>()).sum()
+    }
+}
+
+/// A model ready to split: its graph, its cut points (only those sending float
+/// tensors with a batch dimension: what a feature column can carry), and the types
+/// onnxruntime inferred for the tensors they send.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    /// The model.
+    pub model: OnnxModel,
+    /// Cut points; the first sends the model's inputs, the last its outputs.
+    pub cuts: Vec<Cut>,
+    types: split::Types,
+}
+
+impl Analysis {
+    /// Decodes `bytes`, finds the cut points and runs the model once on `sample`
+    /// (one sample's inputs, batch dimension 1; zeros when `None`) with every cut
+    /// tensor as an output, to learn each one's type and size.
+    pub fn new(bytes: &[u8], sample: Option<Vec<FloatTensor>>) -> Result<Analysis> {
+        let model = OnnxModel::parse(bytes)?;
+        let points = split::cut_points(&model);
+        let mut wanted: Vec<String> = points.iter().flat_map(|c| c.tensors.clone()).collect();
+        wanted.sort();
+        wanted.dedup();
+        let probe = OnnxSession::new(&split::with_outputs(&model, &wanted), 1)?;
+        let inputs = match sample {
+            Some(s) => s,
+            None => probe
+                .inputs
+                .iter()
+                .map(|i| zeros(i))
+                .collect::<Result<_>>()?,
+        };
+        let fed: HashMap<&str, &FloatTensor> = probe
+            .inputs
+            .iter()
+            .map(|i| i.name.as_str())
+            .zip(&inputs)
+            .collect();
+        let fed: HashMap<String, FloatTensor> =
+            fed.into_iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        if probe.inputs.iter().any(|i| i.elem != graph::FLOAT) {
+            return Err(Error::InvalidArgument(format!(
+                "the model's inputs must be float tensors ({})",
+                probe
+                    .inputs
+                    .iter()
+                    .map(|i| format!("{}: element type {}", i.name, i.elem))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        // Every output must be float to be read back; cut tensors that are not
+        // (shapes, indices) disqualify their cut and are left out of the probe.
+        let float_outputs: Vec<String> = probe
+            .outputs
+            .iter()
+            .filter(|o| o.elem == graph::FLOAT)
+            .map(|o| o.name.clone())
+            .collect();
+        let probe = if float_outputs.len() == probe.outputs.len() {
+            probe
+        } else {
+            OnnxSession::new(&split::with_outputs(&model, &float_outputs), 1)?
+        };
+        let outs = probe.run(&inputs)?;
+        let mut found: HashMap<String, FloatTensor> = fed;
+        let mut types = split::Types::new();
+        for (io, t) in probe.outputs.iter().zip(outs) {
+            types.insert(
+                io.name.clone(),
+                TensorType {
+                    elem: io.elem,
+                    dims: Some(
+                        io.dims
+                            .iter()
+                            .enumerate()
+                            .map(|(i, d)| match *d {
+                                // The batch dimension stays open, whatever the probe ran.
+                                _ if i == 0 => Dim::Unknown,
+                                d if d >= 0 => Dim::Fixed(d),
+                                _ => Dim::Unknown,
+                            })
+                            .collect(),
+                    ),
+                },
+            );
+            found.insert(io.name.clone(), t);
+        }
+        let cuts = points
+            .into_iter()
+            .filter_map(|point| {
+                let shapes: Option<Vec<Vec<usize>>> = point
+                    .tensors
+                    .iter()
+                    .map(|t| {
+                        let t = found.get(t)?;
+                        // A batch of one in, a batch of one out: the first dimension is
+                        // the batch.
+                        (t.dims.first() == Some(&1))
+                            .then(|| t.dims[1..].iter().map(|d| *d as usize).collect())
+                    })
+                    .collect();
+                Some(Cut {
+                    point,
+                    shapes: shapes?,
+                })
+            })
+            .collect();
+        Ok(Analysis {
+            model,
+            cuts,
+            types,
+        })
+    }
+
+    /// The head model of cut `i` (what the node runs).
+    pub fn head(&self, i: usize) -> Result<Vec<u8>> {
+        split::head(&self.model, &self.cut(i)?.point, &self.types)
+    }
+
+    /// The tail model of cut `i` (what the compute tier runs); `None` for the last.
+    pub fn tail(&self, i: usize) -> Result<Option<Vec<u8>>> {
+        split::tail(&self.model, &self.cut(i)?.point, &self.types)
+    }
+
+    /// Cut `i`.
+    pub fn cut(&self, i: usize) -> Result<&Cut> {
+        self.cuts.get(i).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "split {i} is out of range: the model has cut points 0..={}",
+                self.cuts.len().saturating_sub(1)
+            ))
+        })
+    }
+
+    /// The cut a user named: its number, or a tensor it sends.
+    pub fn find(&self, name: &str) -> Result<usize> {
+        let points: Vec<CutPoint> = self.cuts.iter().map(|c| c.point.clone()).collect();
+        let found = split::find_cut(&points, name)?;
+        Ok(points.iter().position(|p| p == found).unwrap_or(0))
+    }
+}
+
+/// Zeros of input `io`'s shape with a batch of one (open dimensions: 1).
+fn zeros(io: &runtime::Io) -> Result<FloatTensor> {
+    let dims: Vec<i64> = io
+        .dims
+        .iter()
+        .map(|d| if *d > 0 { *d } else { 1 })
+        .collect();
+    let n: i64 = dims.iter().product();
+    if n > 1 << 28 {
+        return Err(Error::InvalidArgument(format!(
+            "input {} of shape {:?} is too large to probe",
+            io.name, io.dims
+        )));
+    }
+    Ok(FloatTensor {
+        data: vec![0.0; n as usize],
+        dims,
+    })
+}
