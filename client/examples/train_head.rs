@@ -113,6 +113,7 @@ async fn main() -> Result<(), Error> {
         pool: None,
         skip_bad_samples: false,
         keep: keep.clone(),
+        pixels: None,
     };
     let stages = Arch::EfficientNetLite0.stages();
     let features = stages.last().map(|s| s.out_elems());

@@ -21,9 +21,9 @@ mod compute;
 pub mod dataset;
 pub mod features;
 pub mod model;
-pub mod onnx;
 #[cfg(feature = "node")]
 pub mod node;
+pub mod onnx;
 pub mod preprocess;
 pub mod profile;
 pub mod request;

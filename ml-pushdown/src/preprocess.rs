@@ -37,10 +37,113 @@ impl ImageSpec {
     }
 }
 
+/// How an ONNX model takes images: its input's layout and size, and the
+/// normalisation the user gives (`--mean`, `--std`; defaults 0 and 1).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TensorImage {
+    /// Channels first (`N,3,H,W`) or last (`N,H,W,3`).
+    pub channels_last: bool,
+    /// Height.
+    pub height: u32,
+    /// Width.
+    pub width: u32,
+    /// Per-channel mean (RGB), subtracted after scaling to [0, 1].
+    pub mean: [f32; 3],
+    /// Per-channel standard deviation (RGB).
+    pub std: [f32; 3],
+}
+
+impl TensorImage {
+    /// Per-sample input shape (without the batch dimension).
+    pub fn shape(&self) -> Vec<usize> {
+        let (h, w) = (self.height as usize, self.width as usize);
+        if self.channels_last {
+            vec![h, w, 3]
+        } else {
+            vec![3, h, w]
+        }
+    }
+}
+
 /// Largest image side we decode (a guard against decompression bombs).
 pub(crate) const MAX_IMAGE_SIDE: u32 = 16_384;
 /// Most memory one image may decode into.
 pub(crate) const MAX_IMAGE_ALLOC: u64 = 256 << 20;
+
+/// Decodes a JPEG or PNG for an ONNX model: resized (bilinear) only when its size
+/// differs from the input's, scaled to [0, 1], normalised per channel, written in the
+/// input's layout into `out`.
+pub(crate) fn tensor_image_into(bytes: &[u8], spec: &TensorImage, out: &mut [f32]) -> Result<()> {
+    let (w, h) = (spec.width as usize, spec.height as usize);
+    if out.len() != 3 * w * h {
+        return Err(Error::InvalidArgument(format!(
+            "preprocess: output holds {} floats, need {}",
+            out.len(),
+            3 * w * h
+        )));
+    }
+    let img = decode_rgb(bytes)?;
+    let img = if img.dimensions() == (spec.width, spec.height) {
+        img
+    } else {
+        image::imageops::resize(&img, spec.width, spec.height, FilterType::Triangle)
+    };
+    let plane = w * h;
+    for (i, p) in img.pixels().enumerate() {
+        for c in 0..3 {
+            let v = (p.0[c] as f32 / 255.0 - spec.mean[c]) / spec.std[c];
+            if spec.channels_last {
+                out[i * 3 + c] = v;
+            } else {
+                out[c * plane + i] = v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a batch of images for an ONNX model into one `[N, ...]` tensor (see
+/// [`tensor_image_into`]), in parallel on the current rayon pool.
+pub fn tensor_images(samples: &[&[u8]], spec: &TensorImage, device: &Device) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let shape = spec.shape();
+    let per: usize = shape.iter().product();
+    let mut buf = vec![0f32; samples.len() * per];
+    buf.par_chunks_mut(per)
+        .zip(samples.par_iter())
+        .enumerate()
+        .try_for_each(|(i, (out, bytes))| {
+            tensor_image_into(bytes, spec, out).map_err(|e| match e {
+                Error::InvalidArgument(m) => {
+                    Error::InvalidArgument(format!("sample {i} of the batch: {m}"))
+                }
+                other => other,
+            })
+        })?;
+    let mut dims = vec![samples.len()];
+    dims.extend(shape);
+    Ok(Tensor::from_vec(buf, dims, device)?)
+}
+
+/// Decodes a JPEG or PNG to RGB within the decoding limits.
+fn decode_rgb(bytes: &[u8]) -> Result<image::RgbImage> {
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE);
+    limits.max_alloc = Some(MAX_IMAGE_ALLOC);
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| Error::InvalidArgument(format!("cannot read image: {e}")))?;
+    reader.limits(limits);
+    let img = reader
+        .decode()
+        .map_err(|e| Error::InvalidArgument(format!("cannot decode image: {e}")))?
+        .into_rgb8();
+    if img.width() == 0 || img.height() == 0 {
+        return Err(Error::InvalidArgument("image is empty".into()));
+    }
+    Ok(img)
+}
 
 /// Decodes a JPEG or PNG and applies `spec`: resize the shorter side (bilinear),
 /// center crop, scale to [0, 1], normalise; writes `3 × crop × crop` floats (CHW)
@@ -54,22 +157,8 @@ pub(crate) fn image_into(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Res
             3 * side * side
         )));
     }
-    let mut limits = Limits::default();
-    limits.max_image_width = Some(MAX_IMAGE_SIDE);
-    limits.max_image_height = Some(MAX_IMAGE_SIDE);
-    limits.max_alloc = Some(MAX_IMAGE_ALLOC);
-    let mut reader = ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| Error::InvalidArgument(format!("cannot read image: {e}")))?;
-    reader.limits(limits);
-    let img = reader
-        .decode()
-        .map_err(|e| Error::InvalidArgument(format!("cannot decode image: {e}")))?
-        .into_rgb8();
+    let img = decode_rgb(bytes)?;
     let (w, h) = img.dimensions();
-    if w == 0 || h == 0 {
-        return Err(Error::InvalidArgument("image is empty".into()));
-    }
     let short = w.min(h) as f64;
     let scale = spec.resize.max(spec.crop) as f64 / short;
     let (nw, nh) = (
@@ -139,6 +228,44 @@ mod tests {
         let blue = (128.0 / 255.0 - 0.5) / 0.5;
         assert!(out[32..].iter().all(|v| (v - blue).abs() < 1e-6));
         assert!(out.iter().all(|v| (-1.0..=1.0).contains(v)));
+    }
+
+    #[test]
+    fn onnx_images_resize_only_when_needed_in_either_layout() {
+        let spec = TensorImage {
+            channels_last: false,
+            height: 4,
+            width: 6,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+        };
+        let mut chw = vec![0f32; 72];
+        tensor_image_into(&png(6, 4), &spec, &mut chw).expect("decodes");
+        // Same size: the pixels as they are (red = x, green = y, blue = 128).
+        assert_eq!(chw[5], 5.0 / 255.0);
+        assert_eq!(chw[24 + 6 * 3], 3.0 / 255.0);
+        assert_eq!(chw[48], 128.0 / 255.0);
+        let mut hwc = vec![0f32; 72];
+        let last = TensorImage {
+            channels_last: true,
+            ..spec
+        };
+        tensor_image_into(&png(6, 4), &last, &mut hwc).expect("decodes");
+        assert_eq!(hwc[(3 * 6 + 5) * 3], 5.0 / 255.0);
+        assert_eq!(hwc[(3 * 6 + 5) * 3 + 1], 3.0 / 255.0);
+        // Another size is resized to the input's; normalisation applies.
+        let norm = TensorImage {
+            mean: [0.5; 3],
+            std: [0.5; 3],
+            ..spec
+        };
+        tensor_image_into(&png(60, 40), &norm, &mut chw).expect("decodes");
+        let blue = (128.0 / 255.0 - 0.5) / 0.5;
+        assert!(chw[48..].iter().all(|v| (v - blue).abs() < 1e-6));
+        let e = tensor_image_into(b"nope", &spec, &mut chw)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("image"), "{e}");
     }
 
     #[test]

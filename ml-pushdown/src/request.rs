@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Arch;
+use crate::model::{Arch, PixelNorm};
 use crate::profile::Profile;
 use crate::{Error, Result};
 
@@ -108,6 +108,9 @@ pub struct FeatureRequest {
     /// `skipped_samples`) instead of failing the request.
     #[serde(default)]
     pub skip_bad_samples: bool,
+    /// An ONNX model's pixel normalisation (default: none, mean 0 and std 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pixels: Option<PixelNorm>,
 }
 
 impl FeatureRequest {
@@ -126,7 +129,11 @@ impl FeatureRequest {
         }
         let r: FeatureRequest = serde_json::from_slice(args)
             .map_err(|e| Error::InvalidArgument(format!("ml request is not valid: {e}")))?;
-        let n = r.model.stages().len();
+        // An ONNX model's stages are known once its file is read (the node checks then).
+        let n = match r.model {
+            Arch::Onnx => usize::MAX,
+            a => a.stages().len(),
+        };
         if r.mode == Mode::Features && !(1..=n).contains(&r.split) {
             return Err(Error::InvalidArgument(format!(
                 "split {} is out of range for {}: the node runs stages [0, split) with 1 ≤ split ≤ {n} \
@@ -164,6 +171,7 @@ mod tests {
             limit: None,
             mode: Mode::Features,
             skip_bad_samples: false,
+            pixels: None,
         }
     }
 

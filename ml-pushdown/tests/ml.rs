@@ -271,6 +271,7 @@ fn features_stream(
         pool: None,
         skip_bad_samples,
         keep: None,
+        pixels: None,
     };
     let src = vec![Source {
         client: client.clone(),
@@ -707,6 +708,7 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
                 pool: None,
                 skip_bad_samples: false,
                 keep: Some(keep),
+                pixels: None,
             };
             let src = vec![Source {
                 client,

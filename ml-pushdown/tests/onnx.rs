@@ -21,7 +21,10 @@ fn models() -> Option<&'static Path> {
         if !py.is_file() || !runtime::available() {
             eprintln!(
                 "SKIPPED: onnxruntime or the ML Python is missing (run scripts/setup-ml.sh): {}",
-                runtime::environment().err().map(|e| e.to_string()).unwrap_or_default()
+                runtime::environment()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
             );
             return None;
         }
@@ -119,7 +122,10 @@ fn composes_at_every_cut(name: &str, min_cuts: usize) {
                 let tail = OnnxSession::new(&tail, 1)
                     .unwrap_or_else(|e| panic!("{name} tail {i} ({:?}): {e}", cut.point));
                 let tail_inputs: Vec<&str> = tail.inputs.iter().map(|o| o.name.as_str()).collect();
-                assert_eq!(tail_inputs, sent, "{name} tail {i} reads only the cut's tensors");
+                assert_eq!(
+                    tail_inputs, sent,
+                    "{name} tail {i} reads only the cut's tensors"
+                );
                 tail.run(&mid).unwrap()
             }
         };
@@ -164,9 +170,7 @@ fn residual_cuts_carry_the_skip_connection() {
     let bytes = std::fs::read(dir.join("residual.onnx")).unwrap();
     let a = Analysis::new(&bytes, None).unwrap();
     assert!(
-        a.cuts
-            .iter()
-            .any(|c| c.point.tensors.len() == 2),
+        a.cuts.iter().any(|c| c.point.tensors.len() == 2),
         "some cut inside a block sends the block's input and its branch: {:?}",
         a.cuts.iter().map(|c| &c.point).collect::<Vec<_>>()
     );
@@ -179,7 +183,11 @@ fn bad_models_are_refused_with_a_reason() {
     for (what, bad, why) in [
         ("empty", vec![], "empty"),
         ("truncated", bytes[..bytes.len() / 2].to_vec(), "truncated"),
-        ("not onnx", b"hello, this is no model at all".to_vec(), "malformed"),
+        (
+            "not onnx",
+            b"hello, this is no model at all".to_vec(),
+            "malformed",
+        ),
     ] {
         let e = OnnxModel::parse(&bad).unwrap_err().to_string();
         assert!(e.contains(why), "{what}: {e}");
@@ -220,4 +228,347 @@ fn bad_models_are_refused_with_a_reason() {
     assert!(e.contains("no tensor"), "{e}");
     let e = a.find("999").unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
+}
+
+// ---- Features through a node: split ONNX models against Python's onnxruntime ----
+
+mod features {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+
+    use csd_ml_pushdown::dataset::image_folder;
+    use csd_ml_pushdown::job::{FeaturesOptions, SplitChoice, features, put_images};
+    use csd_ml_pushdown::model::{OnnxModelStages, PixelNorm};
+    use csd_ml_pushdown::request::FeatureType;
+    use csd_ml_pushdown::stream::KeepFeatures;
+    use csd_ml_pushdown::{Arch, StagedModel};
+    use csd_runtime::config::{ByteSize, NodeConfig};
+    use csd_runtime::node::{self, RunningNode};
+    use csd_runtime::node_client::NodeClient;
+    use csd_runtime::protocol::Compression;
+    use futures::TryStreamExt;
+
+    const NORM: PixelNorm = PixelNorm {
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
+
+    /// `n` PNGs of `side`² in three class folders: gradients, stripes and noise that
+    /// differ per image.
+    fn images(dir: &Path, side: u32, n: usize) {
+        for i in 0..n {
+            let class = dir.join(format!("c{}", i % 3));
+            std::fs::create_dir_all(&class).unwrap();
+            let img = image::RgbImage::from_fn(side, side, |x, y| {
+                let k = i as u32 + 1;
+                let noise = (x.wrapping_mul(7919) ^ y.wrapping_mul(104_729) ^ (k * 31)) % 61;
+                image::Rgb([
+                    ((x * 255 / side + k * 40) % 256) as u8,
+                    (((x + y) * k * 3 + noise) % 256) as u8,
+                    if (y / (k + 1)).is_multiple_of(2) {
+                        200
+                    } else {
+                        noise as u8 * 3
+                    },
+                ])
+            });
+            img.save(class.join(format!("{i}.png"))).unwrap();
+        }
+    }
+
+    /// Python's onnxruntime on the whole model: features by image path.
+    fn reference(model: &Path, dir: &Path) -> HashMap<PathBuf, Vec<f32>> {
+        let py = csd_ml_pushdown::assets_dir().join("venv/bin/python");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/onnx_features.py");
+        let out = dir.with_extension("json");
+        let rgb = |v: [f32; 3]| format!("{},{},{}", v[0], v[1], v[2]);
+        let run = std::process::Command::new(py)
+            .arg(script)
+            .args([model, dir, &out])
+            .args([rgb(NORM.mean), rgb(NORM.std)])
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "onnx_features.py: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let found: HashMap<String, Vec<f32>> =
+            serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        found.into_iter().map(|(k, v)| (dir.join(k), v)).collect()
+    }
+
+    async fn node() -> (RunningNode, NodeClient) {
+        let node = node::start_with(
+            &NodeConfig {
+                device: "emulated:mem".into(),
+                capacity: ByteSize::mib(512),
+                listen: "127.0.0.1:0".into(),
+                memory: "1GiB".parse().unwrap(),
+                cpus: 2,
+                ..NodeConfig::default()
+            },
+            csd_ml_pushdown::registry(),
+        )
+        .await
+        .expect("start node");
+        let client = NodeClient::connect(&node.url).await.unwrap();
+        (node, client)
+    }
+
+    /// Features of every sample by id, through the nodes at `split`.
+    async fn run(
+        clients: &[NodeClient],
+        model: &[u8],
+        split: SplitChoice,
+        keep: Option<KeepFeatures>,
+    ) -> (usize, HashMap<u64, Vec<f32>>) {
+        let opts = FeaturesOptions {
+            dataset: "imgs".into(),
+            arch: Arch::Onnx,
+            split,
+            train_batch: 5,
+            dtype: FeatureType::F32,
+            compression: Compression::Lz4Frame,
+            pool: None,
+            skip_bad_samples: false,
+            keep,
+            pixels: Some(NORM),
+        };
+        let (stream, r) = features(clients, model, &opts, false).await.unwrap();
+        let batches: Vec<_> = stream.try_collect().await.unwrap();
+        let mut out = HashMap::new();
+        for b in batches {
+            let f = b.features.to_vec2::<f32>().unwrap();
+            for (id, row) in b.ids.into_iter().zip(f) {
+                assert!(out.insert(id, row).is_none(), "sample {id} twice");
+            }
+        }
+        (r.split, out)
+    }
+
+    fn assert_close(
+        what: &str,
+        got: &HashMap<u64, Vec<f32>>,
+        want: &HashMap<PathBuf, Vec<f32>>,
+        files: &[(PathBuf, i64)],
+        tol: f32,
+    ) {
+        assert_eq!(got.len(), files.len(), "{what}: every sample once");
+        for (id, (path, _)) in files.iter().enumerate() {
+            let (g, w) = (&got[&(id as u64)], &want[path]);
+            assert_eq!(g.len(), w.len(), "{what}: sample {id}");
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+            let err = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= tol * scale,
+                "{what}: sample {id} off by {err} (scale {scale})"
+            );
+        }
+    }
+
+    async fn dataset(
+        side: u32,
+        n: usize,
+    ) -> (
+        tempfile::TempDir,
+        RunningNode,
+        NodeClient,
+        Vec<(PathBuf, i64)>,
+    ) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("imgs");
+        images(&dir, side, n);
+        let (node, client) = node().await;
+        put_images(
+            std::slice::from_ref(&client),
+            "imgs",
+            &dir,
+            None,
+            2,
+            1,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let files = image_folder(&dir, None).unwrap().samples;
+        (tmp, node, client, files)
+    }
+
+    /// At every cut point of a small residual network, and of the NHWC chain: the
+    /// features equal the unsplit model's in Python.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn features_at_every_cut_equal_onnxruntime_in_python() {
+        let Some(models) = super::models() else {
+            return;
+        };
+        for name in ["residual", "chain_nhwc"] {
+            let path = models.join(format!("{name}.onnx"));
+            let bytes = std::fs::read(&path).unwrap();
+            let (tmp, _node, client, files) = dataset(32, 9).await;
+            let want = reference(&path, &tmp.path().join("imgs"));
+            let cuts = OnnxModelStages::load(&bytes, NORM).unwrap().stages().len();
+            for k in 0..=cuts {
+                let (split, got) = run(
+                    std::slice::from_ref(&client),
+                    &bytes,
+                    SplitChoice::Fixed(k),
+                    None,
+                )
+                .await;
+                assert_eq!(split, k);
+                assert_close(&format!("{name} split {k}"), &got, &want, &files, 1e-4);
+            }
+        }
+    }
+
+    /// EfficientNet-Lite0 (scripts/effnet_lite0_onnx.py, the ImageNet weights) at three
+    /// cut points, one named by its tensor, and with its features kept at the node
+    /// across two epochs; the planner's own choice too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn efficientnet_lite0_at_three_cuts_equals_onnxruntime_in_python() {
+        let Some(_) = super::models() else { return };
+        let home = csd_ml_pushdown::assets_dir();
+        let weights = home.join("efficientnet-lite0.safetensors");
+        if !weights.is_file() {
+            eprintln!("SKIPPED: EfficientNet-Lite0 weights missing (run scripts/setup-ml.sh)");
+            return;
+        }
+        let (tmp, _node, client, files) = dataset(224, 6).await;
+        let path = tmp.path().join("effnet.onnx");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/effnet_lite0_onnx.py");
+        let out = std::process::Command::new(home.join("venv/bin/python"))
+            .arg(script)
+            .args([&weights, &path])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        let want = reference(&path, &tmp.path().join("imgs"));
+        let m = OnnxModelStages::load(&bytes, NORM).unwrap();
+        let n = m.stages().len();
+        let named = m.analysis().cuts[n / 2].point.tensors[0].clone();
+        let clients = std::slice::from_ref(&client);
+        for split in [
+            SplitChoice::Fixed(1),
+            SplitChoice::Tensor(named.clone()),
+            SplitChoice::Fixed(n - 1),
+        ] {
+            let (k, got) = run(clients, &bytes, split.clone(), None).await;
+            assert_close(
+                &format!("effnet {split:?} (split {k})"),
+                &got,
+                &want,
+                &files,
+                1e-3,
+            );
+        }
+        let keep = KeepFeatures::new(std::time::Duration::from_secs(60));
+        for epoch in 0..2 {
+            let (_, got) = run(
+                clients,
+                &bytes,
+                SplitChoice::Fixed(n / 2),
+                Some(keep.clone()),
+            )
+            .await;
+            assert_close(
+                &format!("effnet kept, epoch {epoch}"),
+                &got,
+                &want,
+                &files,
+                1e-3,
+            );
+        }
+        assert_eq!(keep.references().len(), 2, "one kept result per partition");
+        keep.release().await.unwrap();
+        let (k, got) = run(clients, &bytes, SplitChoice::Auto, None).await;
+        assert!(k <= n);
+        assert_close(
+            &format!("effnet auto (split {k})"),
+            &got,
+            &want,
+            &files,
+            1e-3,
+        );
+    }
+
+    /// What the node refuses, with the node still serving afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bad_onnx_requests_are_refused_and_the_node_serves_on() {
+        let Some(models) = super::models() else {
+            return;
+        };
+        let (_tmp, _node, client, files) = dataset(32, 3).await;
+        let clients = std::slice::from_ref(&client);
+        let opts = |split| FeaturesOptions {
+            dataset: "imgs".into(),
+            arch: Arch::Onnx,
+            split,
+            train_batch: 5,
+            dtype: FeatureType::F32,
+            compression: Compression::None,
+            pool: None,
+            skip_bad_samples: false,
+            keep: None,
+            pixels: None,
+        };
+        let refused = |e: csd_ml_pushdown::Error| {
+            assert_eq!(
+                e.status_code(),
+                csd_protocol::StatusCode::InvalidArgument,
+                "{e}"
+            );
+            e.to_string()
+        };
+        for (model, split, why) in [
+            ("transformer", SplitChoice::Fixed(1), "RGB images"),
+            ("two_inputs", SplitChoice::Fixed(1), "2 inputs"),
+            ("chain", SplitChoice::Tensor("no_such".into()), "no tensor"),
+            ("chain", SplitChoice::Fixed(99), "past the last cut point"),
+        ] {
+            let bytes = std::fs::read(models.join(format!("{model}.onnx"))).unwrap();
+            let e = match features(clients, &bytes, &opts(split), false).await {
+                Ok(_) => panic!("{model}: accepted"),
+                Err(e) => refused(e),
+            };
+            assert!(e.contains(why), "{model}: {e}");
+        }
+        let e = match features(clients, b"not a model", &opts(SplitChoice::Fixed(1)), false).await {
+            Ok(_) => panic!("garbage accepted"),
+            Err(e) => refused(e),
+        };
+        assert!(e.contains("malformed"), "{e}");
+        // The node itself refuses a stored file that is no model, by name.
+        let junk = csd_ml_pushdown::weights::ensure(&client, b"junk bytes, no model")
+            .await
+            .unwrap();
+        let req = csd_ml_pushdown::request::FeatureRequest {
+            dataset: "imgs".into(),
+            partition: "0".into(),
+            model: Arch::Onnx,
+            weights: junk,
+            split: 1,
+            dtype: FeatureType::F32,
+            max_batch: None,
+            limit: None,
+            mode: Default::default(),
+            skip_bad_samples: false,
+            pixels: None,
+        };
+        let e = client
+            .operator("ml", req.encode(), Compression::None)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
+        assert!(e.to_string().contains("malformed"), "{e}");
+        let bytes = std::fs::read(models.join("chain.onnx")).unwrap();
+        let (_, got) = run(clients, &bytes, SplitChoice::Fixed(3), None).await;
+        assert_eq!(got.len(), files.len(), "the node still serves");
+    }
 }

@@ -66,6 +66,7 @@ pub(crate) async fn run(
         pool: cluster.compute_pool.clone(),
         skip_bad_samples: false,
         keep: None,
+        pixels: None,
     };
     let clients = links.clients().await?;
     let baseline = policy == s.baseline();

@@ -115,13 +115,14 @@ async fn main() {
         let opts = FeaturesOptions {
             dataset: "epochs".into(),
             arch: Arch::EfficientNetLite0,
-            split,
+            split: split.clone(),
             train_batch: 16,
             dtype: FeatureType::F32,
             compression: Compression::Lz4Frame,
             pool: None,
             skip_bad_samples: false,
             keep: keep.clone(),
+            pixels: None,
         };
         let mut head = MlpHead::new(out, 64, classes.len(), 1e-3).expect("head");
         for epoch in 1..=args.epochs {

@@ -388,6 +388,7 @@ async fn operator_rate(
         pool: None,
         skip_bad_samples: false,
         keep: None,
+        pixels: None,
     };
     let mut best = 0f64;
     // The first pass also loads the model at the node; the second is the figure.

@@ -16,16 +16,31 @@ pub(crate) struct FeaturesArgs {
     /// Dataset table (stored with `csd put --images` or `--text`).
     #[arg(long)]
     dataset: String,
-    /// Model architecture.
+    /// A built-in architecture (efficientnet-lite0, resnet18, resnet50, minilm-l6),
+    /// or an ONNX image model's file (`*.onnx`: uploaded to the nodes once, by
+    /// content; split at its cut points, run on onnxruntime).
     #[arg(long, default_value = "efficientnet-lite0")]
     model: String,
-    /// Model weights (safetensors); uploaded to the nodes once, by content.
+    /// A built-in model's weights (safetensors; required for one); uploaded to the
+    /// nodes once, by content.
     #[arg(long)]
-    weights: PathBuf,
+    weights: Option<PathBuf>,
+    /// An ONNX model: per-channel mean subtracted from pixels scaled to [0, 1]
+    /// (R,G,B; default 0,0,0).
+    #[arg(long, value_parser = parse_rgb)]
+    mean: Option<[f32; 3]>,
+    /// An ONNX model: per-channel standard deviation pixels are divided by (R,G,B;
+    /// default 1,1,1).
+    #[arg(long, value_parser = parse_rgb)]
+    std: Option<[f32; 3]>,
+    /// An ONNX model: print its cut points (what each sends per sample) and exit.
+    #[arg(long)]
+    list_splits: bool,
     /// A text model's tokenizer.json (carried to the nodes inside the weights).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// auto (the planner's choice), N (stages [0, N) at the nodes), none, or full.
+    /// auto (the planner's choice), N (stages [0, N) at the nodes; for an ONNX model
+    /// its cut point N), none, full, or (ONNX) the name of a tensor a cut point sends.
     #[arg(long, default_value = "auto")]
     split: String,
     /// Print the planner's candidate table.
@@ -64,10 +79,42 @@ pub(crate) struct FeaturesArgs {
 
 pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
     use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
-    let arch: csd_ml_pushdown::Arch = args.model.parse().map_err(Error::Ml)?;
+    let onnx = args.model.ends_with(".onnx");
+    let (arch, mut weights) = if onnx {
+        if args.weights.is_some() {
+            return Err(Error::InvalidInput(
+                "an ONNX model carries its weights: leave out --weights".into(),
+            ));
+        }
+        let bytes = std::fs::read(&args.model).map_err(|e| Error::io(&args.model, e))?;
+        (csd_ml_pushdown::Arch::Onnx, bytes)
+    } else {
+        if args.mean.is_some() || args.std.is_some() || args.list_splits {
+            return Err(Error::InvalidInput(
+                "--mean, --std and --list-splits are for ONNX models (--model FILE.onnx)".into(),
+            ));
+        }
+        let arch: csd_ml_pushdown::Arch = args.model.parse().map_err(Error::Ml)?;
+        let path = args
+            .weights
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput(format!("--weights is required for {arch}")))?;
+        (
+            arch,
+            std::fs::read(path).map_err(|e| Error::io(path.display(), e))?,
+        )
+    };
+    let pixels = onnx.then(|| csd_ml_pushdown::model::PixelNorm {
+        mean: args.mean.unwrap_or([0.0; 3]),
+        std: args.std.unwrap_or([1.0; 3]),
+    });
+    if args.list_splits {
+        let m =
+            csd_ml_pushdown::model::OnnxModelStages::load(&weights, pixels.unwrap_or_default())?;
+        print!("{}", list_splits(&m));
+        return Ok(());
+    }
     let split: SplitChoice = args.split.parse()?;
-    let mut weights =
-        std::fs::read(&args.weights).map_err(|e| Error::io(args.weights.display(), e))?;
     if let Some(t) = &args.tokenizer {
         let json = std::fs::read(t).map_err(|e| Error::io(t.display(), e))?;
         weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)?;
@@ -92,6 +139,7 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
         keep: args
             .keep
             .then(|| csd_ml_pushdown::stream::KeepFeatures::new(args.ttl)),
+        pixels,
     };
     let started = std::time::Instant::now();
     let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
@@ -111,7 +159,12 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
     bar.finish_and_clear();
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     eprintln!(
-        "{rows} samples through {arch} with split {} in {:.2} s; {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
+        "{rows} samples through {} with split {} in {:.2} s; {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
+        if onnx {
+            args.model.as_str()
+        } else {
+            arch.name()
+        },
         run.split,
         started.elapsed().as_secs_f64(),
         received(&run.stats),
@@ -124,4 +177,48 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `R,G,B` as three floats.
+fn parse_rgb(s: &str) -> std::result::Result<[f32; 3], String> {
+    let v: Vec<f32> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f32>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| format!("{s:?}: {e}"))?;
+    <[f32; 3]>::try_from(v).map_err(|v| format!("{s:?}: three values (R,G,B), not {}", v.len()))
+}
+
+/// The cut points of an ONNX model, one per line: number, per-sample floats, what
+/// crosses.
+fn list_splits(m: &csd_ml_pushdown::model::OnnxModelStages) -> String {
+    use std::fmt::Write;
+    let a = m.analysis();
+    let last = a.cuts.len() - 1;
+    let mut out = format!(
+        "{:>5}  {:>6}  {:>12}  sends (per-sample shape)\n",
+        "split", "nodes", "floats"
+    );
+    for (i, c) in a.cuts.iter().enumerate() {
+        let what: Vec<String> = c
+            .point
+            .tensors
+            .iter()
+            .zip(&c.shapes)
+            .map(|(t, s)| format!("{t} {s:?}"))
+            .collect();
+        let note = match i {
+            0 => "  (nothing at the node: the images)",
+            i if i == last => "  (the whole model at the node)",
+            _ => "",
+        };
+        let _ = writeln!(
+            out,
+            "{i:>5}  {:>6}  {:>12}  {}{note}",
+            c.point.at,
+            c.elems(),
+            what.join(", ")
+        );
+    }
+    out
 }

@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 
 use crate::dataset::{self, image_folder};
 use crate::features::{blocking, profile};
-use crate::model::StagedModel;
+use crate::model::{OnnxModelStages, PixelNorm, StagedModel};
 use crate::planner::{self, Plan, PlanInputs};
 use crate::profile::{Profile, ProfileCache};
 use crate::request::{
@@ -164,7 +164,7 @@ pub async fn sources(clients: &[NodeClient], dataset: &str) -> Result<(Vec<Sourc
 }
 
 /// How to choose the split.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SplitChoice {
     /// The planner's least predicted epoch time.
     Auto,
@@ -174,6 +174,8 @@ pub enum SplitChoice {
     None,
     /// Every feature stage at the node.
     Full,
+    /// An ONNX model's cut point that sends this tensor.
+    Tensor(String),
 }
 
 impl std::str::FromStr for SplitChoice {
@@ -183,11 +185,17 @@ impl std::str::FromStr for SplitChoice {
             "auto" => SplitChoice::Auto,
             "none" => SplitChoice::None,
             "full" => SplitChoice::Full,
-            n => SplitChoice::Fixed(n.parse().map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "--split must be auto, none, full or a stage number, not {n:?}"
-                ))
-            })?),
+            n => match n.parse() {
+                Ok(k) => SplitChoice::Fixed(k),
+                Err(_) if !n.is_empty() => SplitChoice::Tensor(n.to_string()),
+                Err(_) => {
+                    return Err(Error::InvalidArgument(
+                        "--split must be auto, none, full, a stage number or (for an ONNX \
+                         model) a tensor name"
+                            .into(),
+                    ));
+                }
+            },
         })
     }
 }
@@ -203,6 +211,7 @@ pub async fn plan_inputs(
     dtype: FeatureType,
     pool: Option<Arc<rayon::ThreadPool>>,
 ) -> Result<PlanInputs> {
+    let pixels = model.onnx().map(|m| m.pixels());
     let arch = model.arch();
     // The link first: the profile's samples, then one sample. Each read pays a round
     // trip and the node's start-up besides the transfer; the difference of the two is
@@ -228,6 +237,7 @@ pub async fn plan_inputs(
         limit: None,
         mode: Mode::Profile,
         skip_bad_samples: false,
+        pixels,
     };
     let node = async {
         let reply = src
@@ -276,7 +286,7 @@ pub async fn plan_inputs(
     };
     Ok(PlanInputs {
         samples,
-        stages: arch.stages(),
+        stages: model.stages().to_vec(),
         node,
         node_share: (1.0 - (running + waiting) / slots).max(1.0 / (1.0 + running + waiting)),
         compute,
@@ -371,6 +381,8 @@ pub struct FeaturesOptions {
     pub skip_bad_samples: bool,
     /// Keep the nodes' output between epochs (see [`crate::stream::KeepFeatures`]).
     pub keep: Option<crate::stream::KeepFeatures>,
+    /// An ONNX model's pixel normalisation.
+    pub pixels: Option<PixelNorm>,
 }
 
 /// The outcome of [`features`].
@@ -395,7 +407,13 @@ pub async fn features(
     futures::stream::BoxStream<'static, Result<TrainBatch>>,
     FeaturesRun,
 )> {
-    let model: Arc<dyn StagedModel> = Arc::from(opts.arch.load(weights_bytes, &Device::Cpu)?);
+    let model: Arc<dyn StagedModel> = match opts.arch {
+        Arch::Onnx => Arc::new(OnnxModelStages::load(
+            weights_bytes,
+            opts.pixels.unwrap_or_default(),
+        )?),
+        arch => Arc::from(arch.load(weights_bytes, &Device::Cpu)?),
+    };
     let (srcs, samples) = sources(clients, &opts.dataset).await?;
     let mut table = String::new();
     for c in clients {
@@ -426,14 +444,29 @@ pub async fn features(
     if let Some(p) = &plan {
         tracing::debug!(plan_s, "split plan:\n{}", p.explain());
     }
-    let split = match opts.split {
+    let split = match &opts.split {
         SplitChoice::Auto => plan.as_ref().map(|p| p.split()).unwrap_or(n),
         SplitChoice::None => 0,
         SplitChoice::Full => n,
-        SplitChoice::Fixed(k) if k <= n => k,
+        SplitChoice::Tensor(t) => match model.onnx() {
+            Some(m) => m.analysis().find(t)?,
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "--split {t:?} names a tensor, which only an ONNX model has; {} splits \
+                     at stage numbers 0..={n}",
+                    opts.arch
+                )));
+            }
+        },
+        SplitChoice::Fixed(k) if *k <= n => *k,
         SplitChoice::Fixed(k) => {
             return Err(Error::InvalidArgument(format!(
-                "--split {k} is past the last stage ({n}) of {}",
+                "--split {k} is past the last {} ({n}) of {}",
+                if opts.arch == Arch::Onnx {
+                    "cut point (see --list-splits)"
+                } else {
+                    "stage"
+                },
                 opts.arch
             )));
         }
@@ -451,6 +484,7 @@ pub async fn features(
         pool: opts.pool.clone(),
         skip_bad_samples: opts.skip_bad_samples,
         keep: opts.keep.clone(),
+        pixels: opts.pixels,
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((

@@ -64,6 +64,8 @@ pub struct FeatureJob {
     /// Keep each partition's node output at its node and read it back in later
     /// epochs instead of running the node's stages again (see [`KeepFeatures`]).
     pub keep: Option<KeepFeatures>,
+    /// An ONNX model's pixel normalisation.
+    pub pixels: Option<crate::model::PixelNorm>,
 }
 
 /// Features kept at the nodes between epochs (results by reference, HAPI with
@@ -267,6 +269,7 @@ async fn partition(
         limit: job.limit,
         mode: Mode::Features,
         skip_bad_samples: job.skip_bad_samples,
+        pixels: job.pixels,
     };
     let asked = match &job.keep {
         None => {

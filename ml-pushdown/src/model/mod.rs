@@ -9,6 +9,7 @@
 mod bert;
 mod cpu;
 mod efficientnet;
+mod onnx;
 mod ops;
 mod resnet;
 
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bert::MiniLm;
 pub use efficientnet::EfficientNetLite0;
+pub use onnx::{OnnxModelStages, PixelNorm};
 pub use ops::depthwise_conv2d;
 pub use resnet::ResNet;
 
@@ -42,6 +44,10 @@ pub enum Arch {
     /// all-MiniLM-L6-v2 (text, 128 tokens): embed, 6 BERT layers, mean pool.
     #[serde(rename = "minilm-l6")]
     MiniLmL6,
+    /// A user's ONNX image model (the "weights" are the model file), staged at its
+    /// cut points ([`OnnxModelStages`]).
+    #[serde(rename = "onnx")]
+    Onnx,
 }
 
 impl Arch {
@@ -60,6 +66,7 @@ impl Arch {
             Arch::ResNet18 => "resnet18",
             Arch::ResNet50 => "resnet50",
             Arch::MiniLmL6 => "minilm-l6",
+            Arch::Onnx => "onnx",
         }
     }
 
@@ -70,12 +77,15 @@ impl Arch {
                 InputKind::Image(ImageSpec::IMAGENET_224)
             }
             Arch::MiniLmL6 => InputKind::Text { tokens: bert::SEQ },
+            Arch::Onnx => InputKind::Model,
         }
     }
 
-    /// The stages: shapes, FLOPs and activation sizes per sample (no weights needed).
+    /// The stages: shapes, FLOPs and activation sizes per sample (no weights needed;
+    /// none for an ONNX model, whose file says: [`StagedModel::stages`]).
     pub fn stages(self) -> Vec<StageInfo> {
         match self {
+            Arch::Onnx => vec![],
             Arch::EfficientNetLite0 => efficientnet::layout(),
             Arch::ResNet18 => resnet::layout(resnet::Depth::R18),
             Arch::ResNet50 => resnet::layout(resnet::Depth::R50),
@@ -86,6 +96,12 @@ impl Arch {
     /// Builds the model from safetensors weights (for a text model, with its tokenizer
     /// in the metadata: [`weights::with_tokenizer`](crate::weights::with_tokenizer)).
     pub fn load(self, weights: &[u8], device: &Device) -> Result<Box<dyn StagedModel>> {
+        if self == Arch::Onnx {
+            return Ok(Box::new(OnnxModelStages::load(
+                weights,
+                PixelNorm::default(),
+            )?));
+        }
         let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
             .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
         let w = Weights::new(tensors, self);
@@ -101,6 +117,7 @@ impl Arch {
                 &w,
                 device,
             )?)),
+            Arch::Onnx => unreachable!("loaded above"),
             Arch::MiniLmL6 => {
                 let tokenizer = crate::weights::tokenizer(weights)?.ok_or_else(|| {
                     Error::InvalidArgument(format!(
@@ -147,6 +164,8 @@ pub enum InputKind {
         /// Tokens per sample.
         tokens: usize,
     },
+    /// What the model file declares (an ONNX model's input).
+    Model,
 }
 
 impl InputKind {
@@ -155,6 +174,7 @@ impl InputKind {
         match self {
             InputKind::Image(s) => s.shape().to_vec(),
             InputKind::Text { tokens } => vec![*tokens],
+            InputKind::Model => vec![],
         }
     }
 }
@@ -204,11 +224,21 @@ pub trait StagedModel: Send + Sync {
     fn prepare(&self, samples: &[&[u8]]) -> Result<Tensor> {
         match self.arch().input() {
             InputKind::Image(spec) => crate::preprocess::images(samples, &spec, &Device::Cpu),
-            InputKind::Text { .. } => Err(Error::InvalidArgument(format!(
-                "{} takes text and must tokenise it itself",
+            InputKind::Text { .. } | InputKind::Model => Err(Error::InvalidArgument(format!(
+                "{} must prepare its samples itself",
                 self.arch()
             ))),
         }
+    }
+
+    /// The ONNX model this is, when it is one (its cut points by name).
+    fn onnx(&self) -> Option<&OnnxModelStages> {
+        None
+    }
+
+    /// Per-sample shape of the model's input.
+    fn input_shape(&self) -> Vec<usize> {
+        self.arch().input().shape()
     }
 
     /// Runs stages `[from, to)`.
@@ -223,7 +253,7 @@ pub trait StagedModel: Send + Sync {
     /// Per-sample shape entering stage `i` (`i = 0`: the model input).
     fn shape_before(&self, i: usize) -> Vec<usize> {
         if i == 0 {
-            self.arch().input().shape()
+            self.input_shape()
         } else {
             self.stages()[i - 1].out_shape.clone()
         }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{self, Samples};
 use crate::features::{blocking, decodable, feature_schema, profile, to_batch};
-use crate::model::{Arch, StagedModel};
+use crate::model::{Arch, OnnxModelStages, PixelNorm, StageInfo, StagedModel};
 use crate::profile::ProfileCache;
 use crate::request::{
     DEFAULT_NODE_BATCH, FeatureRequest, MAX_NODE_BATCH, MlDetails, Mode, OPERATOR_NAME,
@@ -59,15 +59,15 @@ pub(crate) struct BatchPlan {
 /// Sizes the node batch: the most samples (≤ `cap`) such that the request fits in half
 /// the node's memory budget; never fewer than one.
 pub(crate) fn batch_plan(
-    arch: Arch,
+    stages: &[StageInfo],
+    input_shape: &[usize],
     split: usize,
     weights_len: u64,
     threads: usize,
     budget: u64,
     cap: usize,
 ) -> BatchPlan {
-    let stages = arch.stages();
-    let input = arch.input().shape().iter().product::<usize>() as u64 * 4;
+    let input = input_shape.iter().product::<usize>() as u64 * 4;
     let split = split.min(stages.len());
     let peak = stages[..split]
         .iter()
@@ -152,8 +152,9 @@ impl MlOperator {
         ctx: &OperatorContext,
         arch: Arch,
         weights: &str,
+        pixels: Option<PixelNorm>,
     ) -> Result<Arc<dyn StagedModel>> {
-        let key = format!("{arch}/{weights}");
+        let key = format!("{arch}/{weights}/{pixels:?}");
         let cached = |models: &Mutex<VecDeque<(String, Arc<dyn StagedModel>)>>| {
             models
                 .lock()
@@ -181,7 +182,10 @@ impl MlOperator {
         )
         .await?;
         let bytes = crate::weights::from_batches(weights, &batches)?;
-        let model: Arc<dyn StagedModel> = Arc::from(arch.load(&bytes, &Device::Cpu)?);
+        let model: Arc<dyn StagedModel> = match arch {
+            Arch::Onnx => Arc::new(OnnxModelStages::load(&bytes, pixels.unwrap_or_default())?),
+            arch => Arc::from(arch.load(&bytes, &Device::Cpu)?),
+        };
         if let Ok(mut m) = self.models.lock() {
             m.push_front((key, model.clone()));
             m.truncate(CACHED_MODELS);
@@ -270,8 +274,9 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// The request with its partition's objects and its batch plan.
-    fn at(&self, ctx: &OperatorContext) -> Result<MlCall> {
+    /// The request with its partition's objects and its batch plan. An ONNX model's
+    /// stages are known once its file is read: it is loaded (and kept) first.
+    async fn at(&self, ctx: &OperatorContext) -> Result<MlCall> {
         let r = &self.request;
         let t = ctx.node.tables.table(&r.dataset)?;
         dataset::check_schema(&r.dataset, &t.schema)?;
@@ -282,10 +287,26 @@ impl Parsed {
                 csd_protocol::error::truncated(&r.dataset)
             )))
         })?;
+        let (stages, input) = match r.model {
+            Arch::Onnx => {
+                let m = self.op.model(ctx, r.model, &r.weights, r.pixels).await?;
+                let n = m.stages().len();
+                if r.mode == Mode::Features && !(1..=n).contains(&r.split) {
+                    return Err(Error::InvalidArgument(format!(
+                        "split {} is out of range for this ONNX model: the node runs cut \
+                         points [1, {n}] (0 means no pushdown: read the dataset instead)",
+                        r.split
+                    )));
+                }
+                (m.stages().to_vec(), m.input_shape())
+            }
+            a => (a.stages(), a.input().shape()),
+        };
         let plan = batch_plan(
-            r.model,
+            &stages,
+            &input,
             if r.mode == Mode::Profile {
-                r.model.stages().len()
+                stages.len()
             } else {
                 r.split
             },
@@ -315,7 +336,7 @@ impl OperatorRequest for Parsed {
             objects,
             plan,
             ..
-        } = self.at(ctx)?;
+        } = self.at(ctx).await?;
         let rows: u64 = objects.iter().map(|o| o.rows()).sum();
         let bytes: u64 = objects.iter().map(|o| o.object.len).sum();
         let bytes = match (r.mode, r.limit) {
@@ -331,7 +352,7 @@ impl OperatorRequest for Parsed {
     }
 
     async fn open(self: Box<Self>, ctx: OperatorContext) -> csd_runtime::Result<OperatorStream> {
-        let call = self.at(&ctx)?;
+        let call = self.at(&ctx).await?;
         Ok(call.open(ctx).await?)
     }
 }
@@ -345,7 +366,7 @@ impl MlCall {
             plan,
         } = self;
         let pool = op.pool(ctx.node.pool.threads(), ctx.node.pool.cores())?;
-        let model = op.model(&ctx, r.model, &r.weights).await?;
+        let model = op.model(&ctx, r.model, &r.weights, r.pixels).await?;
         ctx.metrics.set_details(&MlDetails {
             node_batch: Some(plan.batch),
             memory_reserved: Some(plan.memory),

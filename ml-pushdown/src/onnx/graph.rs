@@ -397,9 +397,7 @@ fn node(msg: &[u8], depth: usize) -> Result<Node> {
 /// The tensors a subgraph reads from the scopes around it.
 fn outer_reads(graph: &[u8], depth: usize) -> Result<Vec<String>> {
     if depth > MAX_DEPTH {
-        return Err(malformed(format!(
-            "subgraphs nest deeper than {MAX_DEPTH}"
-        )));
+        return Err(malformed(format!("subgraphs nest deeper than {MAX_DEPTH}")));
     }
     let mut defined = HashSet::new();
     let mut reads = Vec::new();
@@ -412,7 +410,11 @@ fn outer_reads(graph: &[u8], depth: usize) -> Result<Vec<String>> {
                 defined.extend(n.outputs);
             }
             GRAPH_INITIALIZER => {
-                defined.insert(name_field(f.bytes("initializer")?, TENSOR_NAME, "initializer")?);
+                defined.insert(name_field(
+                    f.bytes("initializer")?,
+                    TENSOR_NAME,
+                    "initializer",
+                )?);
             }
             GRAPH_INPUT => {
                 defined.insert(name_field(f.bytes("input")?, VALUE_INFO_NAME, "input")?);

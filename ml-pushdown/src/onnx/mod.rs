@@ -36,7 +36,10 @@ pub struct Cut {
 impl Cut {
     /// Floats sent per sample.
     pub fn elems(&self) -> usize {
-        self.shapes.iter().map(|s| s.iter().product::<usize>()).sum()
+        self.shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
     }
 }
 
@@ -65,20 +68,15 @@ impl Analysis {
         let probe = OnnxSession::new(&split::with_outputs(&model, &wanted), 1)?;
         let inputs = match sample {
             Some(s) => s,
-            None => probe
-                .inputs
-                .iter()
-                .map(|i| zeros(i))
-                .collect::<Result<_>>()?,
+            None => probe.inputs.iter().map(zeros).collect::<Result<_>>()?,
         };
-        let fed: HashMap<&str, &FloatTensor> = probe
+        // What each tensor of the probe run looks like, the inputs first.
+        let mut found: HashMap<String, FloatTensor> = probe
             .inputs
             .iter()
-            .map(|i| i.name.as_str())
-            .zip(&inputs)
+            .map(|i| i.name.clone())
+            .zip(inputs.iter().cloned())
             .collect();
-        let fed: HashMap<String, FloatTensor> =
-            fed.into_iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
         if probe.inputs.iter().any(|i| i.elem != graph::FLOAT) {
             return Err(Error::InvalidArgument(format!(
                 "the model's inputs must be float tensors ({})",
@@ -104,7 +102,6 @@ impl Analysis {
             OnnxSession::new(&split::with_outputs(&model, &float_outputs), 1)?
         };
         let outs = probe.run(&inputs)?;
-        let mut found: HashMap<String, FloatTensor> = fed;
         let mut types = split::Types::new();
         for (io, t) in probe.outputs.iter().zip(outs) {
             types.insert(
@@ -147,11 +144,7 @@ impl Analysis {
                 })
             })
             .collect();
-        Ok(Analysis {
-            model,
-            cuts,
-            types,
-        })
+        Ok(Analysis { model, cuts, types })
     }
 
     /// The head model of cut `i` (what the node runs).
@@ -162,6 +155,17 @@ impl Analysis {
     /// The tail model of cut `i` (what the compute tier runs); `None` for the last.
     pub fn tail(&self, i: usize) -> Result<Option<Vec<u8>>> {
         split::tail(&self.model, &self.cut(i)?.point, &self.types)
+    }
+
+    /// The model between cuts `from` and `to` (`from < to`): reads what `from`
+    /// sends, writes what `to` sends.
+    pub fn segment(&self, from: usize, to: usize) -> Result<Vec<u8>> {
+        split::segment(
+            &self.model,
+            &self.cut(from)?.point,
+            &self.cut(to)?.point,
+            &self.types,
+        )
     }
 
     /// Cut `i`.

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 
 use ort::environment::Environment;
 use ort::session::Session;
-use ort::session::builder::GraphOptimizationLevel;
+use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 
 use super::graph::FLOAT;
@@ -147,6 +147,17 @@ fn elem_number(ty: TensorElementType) -> i32 {
     }
 }
 
+/// A session builder: `threads` intra-op threads, sequential, no spinning.
+fn builder(env: &Environment, threads: usize) -> ort::Result<SessionBuilder> {
+    Ok(Session::builder(env)?
+        .with_optimization_level(GraphOptimizationLevel::All)?
+        .with_intra_threads(threads.max(1))?
+        .with_inter_threads(1)?
+        .with_parallel_execution(false)?
+        .with_intra_op_spinning(false)?
+        .with_inter_op_spinning(false)?)
+}
+
 impl OnnxSession {
     /// Loads a model from its bytes, with `threads` intra-op threads and no spinning.
     /// A model onnxruntime refuses (malformed, an operator it lacks) is an invalid
@@ -156,16 +167,8 @@ impl OnnxSession {
         let refused = |e: ort::Error| {
             Error::InvalidArgument(format!("onnxruntime refused the model: {}", e.message()))
         };
-        let session = Session::builder(&env)
-            .map_err(refused)?
-            .with_optimization_level(GraphOptimizationLevel::All)
-            .and_then(|b| b.with_intra_threads(threads.max(1)))
-            .and_then(|b| b.with_inter_threads(1))
-            .and_then(|b| b.with_parallel_execution(false))
-            .and_then(|b| b.with_intra_op_spinning(false))
-            .and_then(|b| b.with_inter_op_spinning(false))
-            .map_err(|e| refused(e.into()))?
-            .commit_from_memory(model)
+        let session = builder(&env, threads)
+            .and_then(|mut b| b.commit_from_memory(model))
             .map_err(refused)?;
         let inputs = session
             .inputs()
@@ -204,8 +207,8 @@ impl OnnxSession {
         // may be an input passed through (a cut that sends a model input on).
         let mut feeds = Vec::with_capacity(inputs.len());
         for (spec, t) in self.inputs.iter().zip(inputs) {
-            let value = TensorRef::from_array_view((t.dims.clone(), t.data.as_slice()))
-                .map_err(|e| {
+            let value =
+                TensorRef::from_array_view((t.dims.clone(), t.data.as_slice())).map_err(|e| {
                     Error::InvalidArgument(format!("input {}: {}", spec.name, e.message()))
                 })?;
             feeds.push((spec.name.clone(), value));

@@ -135,16 +135,15 @@ fn value_info_of(m: &OnnxModel, name: &str, types: &Types) -> Vec<u8> {
     }
 }
 
-/// The head of `cut`: the model's first nodes, reading the model inputs they need,
-/// writing the cut's tensors.
+/// The head of `cut`: the model's first nodes, reading the model's inputs, writing
+/// the cut's tensors.
 pub fn head(m: &OnnxModel, cut: &CutPoint, types: &Types) -> Result<Vec<u8>> {
     if cut.at == 0 {
         return Err(Error::InvalidArgument(
             "split 0 runs nothing at the node: read the dataset instead".into(),
         ));
     }
-    let nodes: Vec<_> = m.nodes[..cut.at].iter().collect();
-    Ok(m.write(&part(m, nodes, &cut.tensors, &outputs_of(m, &cut.tensors, types))))
+    segment(m, &inputs_cut(m), cut, types)
 }
 
 /// The tail of `cut`: the rest of the model, reading the cut's tensors; `None` when
@@ -153,31 +152,69 @@ pub fn tail(m: &OnnxModel, cut: &CutPoint, types: &Types) -> Result<Option<Vec<u
     if cut.at == m.nodes.len() {
         return Ok(None);
     }
-    let rest = &m.nodes[cut.at..];
+    let end = CutPoint {
+        at: m.nodes.len(),
+        tensors: m.outputs.iter().map(|o| o.name.clone()).collect(),
+    };
+    segment(m, cut, &end, types).map(Some)
+}
+
+/// The cut before the first node: the model's inputs.
+fn inputs_cut(m: &OnnxModel) -> CutPoint {
+    CutPoint {
+        at: 0,
+        tensors: m.inputs.iter().map(|i| i.name.clone()).collect(),
+    }
+}
+
+/// The model between two cuts: nodes `[from.at, to.at)` (and copies of the constants
+/// before `from` they read), reading `from`'s tensors and nothing else, writing
+/// `to`'s (a tensor of both passes through).
+pub fn segment(m: &OnnxModel, from: &CutPoint, to: &CutPoint, types: &Types) -> Result<Vec<u8>> {
+    if from.at > to.at || to.at > m.nodes.len() {
+        return Err(Error::InvalidArgument(format!(
+            "no segment from node {} to node {}",
+            from.at, to.at
+        )));
+    }
+    let rest = &m.nodes[from.at..to.at];
     let reads: HashSet<&str> = rest.iter().flat_map(|n| n.reads()).collect();
-    // Constants the tail reads that the head computed: the tail computes them too.
-    let mut nodes: Vec<_> = (0..cut.at)
-        .filter(|i| is_constant(m, *i) && m.nodes[*i].outputs.iter().any(|o| reads.contains(o.as_str())))
+    // Constants computed before `from` that this segment reads: it computes them too.
+    let mut nodes: Vec<_> = (0..from.at)
+        .filter(|i| {
+            is_constant(m, *i)
+                && m.nodes[*i]
+                    .outputs
+                    .iter()
+                    .any(|o| reads.contains(o.as_str()))
+        })
         .map(|i| &m.nodes[i])
         .collect();
     nodes.extend(rest);
-    let inputs: Vec<Vec<u8>> = cut
+    let inputs: Vec<Vec<u8>> = from
         .tensors
         .iter()
         .map(|t| {
-            let vi = value_info_of(m, t, types);
             if m.declared(t).is_none_or(|v| v.tensor.is_none()) && !types.contains_key(t) {
                 return Err(Error::InvalidArgument(format!(
-                    "the type of {t:?} is unknown: the tail cannot declare it as an input"
+                    "the type of {t:?} is unknown: a part of the model cannot declare it \
+                     as an input"
                 )));
             }
-            Ok(vi)
+            Ok(value_info_of(m, t, types))
         })
         .collect::<Result<_>>()?;
-    let outputs: Vec<Vec<u8>> = m.outputs.iter().map(|o| o.raw.clone()).collect();
-    let mut parts = part(m, nodes, &[], &outputs);
+    let outputs: Vec<Vec<u8>> = to
+        .tensors
+        .iter()
+        .map(|t| match m.outputs.iter().find(|o| o.name == *t) {
+            Some(o) => o.raw.clone(),
+            None => value_info_of(m, t, types),
+        })
+        .collect();
+    let mut parts = part(m, nodes, &outputs);
     parts.inputs = inputs;
-    Ok(Some(m.write(&parts)))
+    Ok(m.write(&parts))
 }
 
 /// The model with `extra` tensors among its outputs (untyped: the runtime infers
@@ -190,19 +227,14 @@ pub fn with_outputs(m: &OnnxModel, extra: &[String]) -> Vec<u8> {
         }
     }
     let nodes = m.nodes.iter().collect();
-    m.write(&part(m, nodes, &[], &outputs))
+    m.write(&part(m, nodes, &outputs))
 }
 
-fn outputs_of(m: &OnnxModel, names: &[String], types: &Types) -> Vec<Vec<u8>> {
-    names.iter().map(|t| value_info_of(m, t, types)).collect()
-}
-
-/// The graph of `nodes`: the initializers they read, the model inputs they read
-/// (and `pass` through), the declared types of what they compute.
+/// The graph of `nodes`: the initializers and model inputs they read, the declared
+/// types of what they compute.
 fn part<'a>(
     m: &'a OnnxModel,
     nodes: Vec<&'a super::graph::Node>,
-    pass: &[String],
     outputs: &[Vec<u8>],
 ) -> GraphParts<'a> {
     let reads: HashSet<&str> = nodes.iter().flat_map(|n| n.reads()).collect();
@@ -218,7 +250,7 @@ fn part<'a>(
     let inputs = m
         .inputs
         .iter()
-        .filter(|i| reads.contains(i.name.as_str()) || pass.contains(&i.name))
+        .filter(|i| reads.contains(i.name.as_str()))
         .map(|i| i.raw.clone())
         .collect();
     let value_info = m

@@ -111,7 +111,11 @@ fn next<'a>(buf: &mut &'a [u8]) -> Result<(u32, Value<'a>)> {
             }
             Value::Fixed32(buf.get_u32_le())
         }
-        w => return Err(malformed(format!("wire type {w} (groups) is not used by ONNX"))),
+        w => {
+            return Err(malformed(format!(
+                "wire type {w} (groups) is not used by ONNX"
+            )));
+        }
     };
     Ok((number, value))
 }
@@ -152,7 +156,11 @@ mod tests {
                 assert!(bad.is_err(), "a message cut at {cut} was read");
             }
         }
-        let e = fields(&[0x0b]).next().expect("one").unwrap_err().to_string();
+        let e = fields(&[0x0b])
+            .next()
+            .expect("one")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("groups"), "{e}");
     }
 }

@@ -521,4 +521,5 @@ impl Drop for Kill {
     }
 }
 
+mod onnx;
 mod processes;

@@ -10,7 +10,10 @@ fn spawn_listening(args: &[&str]) -> (std::process::Child, String) {
 }
 
 /// [`spawn_listening`] with environment variables set.
-fn spawn_listening_with(args: &[&str], env: &[(&str, &str)]) -> (std::process::Child, String) {
+pub(super) fn spawn_listening_with(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_csd"))
         .args(args)
         .envs(env.iter().copied())

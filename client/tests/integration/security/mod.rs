@@ -314,6 +314,7 @@ async fn every_call_is_authenticated_and_checked() {
         limit: None,
         mode: Default::default(),
         skip_bad_samples: false,
+        pixels: None,
     };
     let r = etl
         .operator("ml", ml.encode(), csd_runtime::protocol::Compression::None)
