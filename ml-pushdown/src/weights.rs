@@ -1,9 +1,10 @@
 //! Model weights stored at the node as a table, addressed by their content.
 //!
-//! A safetensors file becomes the table `_w_{crc32c}_{len}` of `(seq UInt32, chunk
-//! Binary)` rows of at most 1 MiB, so weights travel and rest like any data: checksummed
-//! by the object store, listed by `csd ls`, removed by `csd rm`. The client uploads a file
-//! once ([`ensure`]); the node reads it back and checks the content against the name.
+//! A safetensors file (or an ONNX model) becomes the table `_w_{sha256}_{len}` of
+//! `(seq UInt32, chunk Binary)` rows of at most 1 MiB, so weights travel and rest like
+//! any data: checksummed by the object store, kept across restarts, listed by `csd
+//! ls`, removed by `csd rm`. The client uploads a file once ([`ensure`]); the node
+//! reads it back and checks the content against the name.
 
 use std::sync::Arc;
 
@@ -18,7 +19,11 @@ const CHUNK: usize = 1 << 20;
 
 /// The table name holding `bytes`.
 pub fn table_name(bytes: &[u8]) -> String {
-    format!("_w_{:08x}_{:x}", crc32c::crc32c(bytes), bytes.len())
+    format!(
+        "_w_{}_{:x}",
+        csd_protocol::ModuleDigest::of(bytes).hex(),
+        bytes.len()
+    )
 }
 
 fn schema() -> SchemaRef {

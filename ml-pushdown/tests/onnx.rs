@@ -467,6 +467,18 @@ mod features {
                 1e-3,
             );
         }
+        // A split given: the node was sent the head only, named by its content.
+        let head = m.analysis().head(1).unwrap();
+        assert!(
+            head.len() < bytes.len() / 10,
+            "{} of {}",
+            head.len(),
+            bytes.len()
+        );
+        client
+            .table(&csd_ml_pushdown::weights::table_name(&head))
+            .await
+            .expect("the node holds split 1's head");
         let keep = KeepFeatures::new(std::time::Duration::from_secs(60));
         for epoch in 0..2 {
             let (_, got) = run(

@@ -380,6 +380,7 @@ async fn operator_rate(
         arch: Arch::EfficientNetLite0,
         weights: table,
         split: model.stages().len(),
+        node_split: None,
         train_batch: 64,
         dtype: FeatureType::F32,
         compression: Compression::None,

@@ -415,13 +415,18 @@ pub async fn features(
         arch => Arc::from(arch.load(weights_bytes, &Device::Cpu)?),
     };
     let (srcs, samples) = sources(clients, &opts.dataset).await?;
+    // The planner profiles every stage at the node, so it needs the whole model
+    // there; an ONNX model with a split given sends its head only (below).
+    let planned = opts.split == SplitChoice::Auto || explain;
     let mut table = String::new();
-    for c in clients {
-        table = weights::ensure(c, weights_bytes).await?;
+    if planned || opts.arch != Arch::Onnx {
+        for c in clients {
+            table = weights::ensure(c, weights_bytes).await?;
+        }
     }
     let n = model.stages().len();
     let planning = Instant::now();
-    let plan = if opts.split == SplitChoice::Auto || explain {
+    let plan = if planned {
         let inputs = plan_inputs(
             &srcs[0],
             samples,
@@ -471,11 +476,26 @@ pub async fn features(
             )));
         }
     };
+    let mut node_split = None;
+    if let Some(onnx) = model.onnx().filter(|_| !planned && split > 0) {
+        let (bytes, stages) = if split == n {
+            (weights_bytes.to_vec(), n)
+        } else {
+            let head = onnx.analysis().head(split)?;
+            let stages = OnnxModelStages::load(&head, onnx.pixels())?.stages().len();
+            (head, stages)
+        };
+        for c in clients {
+            table = weights::ensure(c, &bytes).await?;
+        }
+        node_split = Some(stages);
+    }
     let job = FeatureJob {
         dataset: opts.dataset.clone(),
         arch: opts.arch,
         weights: table,
         split,
+        node_split,
         train_batch: opts.train_batch,
         dtype: opts.dtype,
         compression: opts.compression,

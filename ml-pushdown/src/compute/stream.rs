@@ -46,6 +46,9 @@ pub struct FeatureJob {
     pub weights: String,
     /// Stages `[0, split)` at the nodes.
     pub split: usize,
+    /// When the nodes hold only the head of an ONNX model (cut at `split`): the
+    /// head's own stage count, which the nodes run whole.
+    pub node_split: Option<usize>,
     /// Rows per training batch.
     pub train_batch: usize,
     /// Feature element type on the wire.
@@ -263,7 +266,7 @@ async fn partition(
         partition: src.partition.clone(),
         model: job.arch,
         weights: job.weights.clone(),
-        split: job.split,
+        split: job.node_split.unwrap_or(job.split),
         dtype: job.dtype,
         max_batch: job.max_node_batch,
         limit: job.limit,
