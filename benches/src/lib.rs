@@ -3,6 +3,8 @@
 //! Each binary runs the alternatives side by side in one process, prints a table with
 //! ratios, and writes JSON under `target/bench-results/` (or `--json PATH`).
 
+pub mod net;
+
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::Ctx;
 use crate::figures::Run;
-use crate::net::Net;
+use csd_benches::net::Net;
 
 /// The gateway and the client, stopped when dropped.
 pub(crate) struct Adbc {

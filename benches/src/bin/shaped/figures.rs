@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::net::Net;
+use csd_benches::net::Net;
 
 /// One finished query process.
 #[derive(Debug, Clone, Serialize)]

@@ -13,7 +13,7 @@ use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::properties::WriterProperties;
 
-use crate::net::{Net, sh, start_nodes, stop_nodes};
+use csd_benches::net::{Net, sh, start_nodes, stop_nodes};
 
 /// Files per table and nodes: `FILESxNODES` on the command line (`4x2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

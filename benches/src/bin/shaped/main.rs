@@ -24,16 +24,17 @@ mod adbc;
 mod answers;
 mod figures;
 mod layout;
-mod net;
 mod pipelines;
+mod serving;
 
 use answers::same_answer;
+use csd_benches::net::{Net, sh, start_nodes, stop_nodes};
 use figures::{
     ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, median, print_report, run_process,
 };
 use layout::{Layout, data_dir, write_tables};
-use net::{Net, TOKEN, sh, start_nginx, start_nodes, stop_nodes, write_security};
 use pipelines::run_pipelines;
+use serving::{TOKEN, start_nginx, write_security};
 
 #[derive(Parser)]
 struct Args {
@@ -365,7 +366,7 @@ fn main() {
     }
 
     let work = scratch_dir(args.dir.clone()).expect("scratch dir");
-    let mut net = Net::new();
+    let mut net = Net::create();
     let http_root = start_nginx(&mut net, &data, work.path());
     let http_of = |f: usize| format!("{http_root}/sf{}-{f}files", args.scale);
     let security = work.path().join("security");

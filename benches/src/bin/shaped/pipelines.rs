@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::answers::same_answer;
 use crate::figures::median;
-use crate::net::Net;
 use crate::{Args, Ctx, with_node};
+use csd_benches::net::Net;
 
 /// `csd ARGS… --node NODE…`, output checked.
 pub(crate) fn csd_out(ctx: &Ctx, a: &[&str]) -> String {

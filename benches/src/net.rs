@@ -1,17 +1,21 @@
-//! The bench's network: a namespace holding the storage node and nginx, a veth pair
-//! into it shaped with `tc tbf`, bytes counted on the veth; all removed on drop.
+//! A bench's network as a user's would be: a namespace holding the storage nodes (and
+//! whatever else serves from there), a veth pair into it shaped with `tc tbf`, bytes
+//! counted on the veth; all removed on drop. Needs root.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use csd_benches::csd_binary;
+use crate::csd_binary;
 
-pub(crate) const NODE_IP: &str = "10.231.7.2";
+/// The namespace's address.
+pub const NODE_IP: &str = "10.231.7.2";
 
-pub(crate) const HOST_IP: &str = "10.231.7.1";
+/// The host's end of the veth.
+pub const HOST_IP: &str = "10.231.7.1";
 
-pub(crate) fn sh(cmd: &mut Command) -> String {
+/// Runs `cmd`, panicking with its stderr unless it succeeds; its stdout.
+pub fn sh(cmd: &mut Command) -> String {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
@@ -23,20 +27,26 @@ pub(crate) fn sh(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub(crate) fn ip(args: &[&str]) -> String {
+/// `ip ARGS…`.
+pub fn ip(args: &[&str]) -> String {
     sh(Command::new("ip").args(args))
 }
 
 /// The namespace, the veth pair and the servers in it; all removed on drop.
-pub(crate) struct Net {
-    pub(crate) ns: String,
-    pub(crate) host_dev: String,
-    pub(crate) peer_dev: String,
-    pub(crate) children: Vec<Child>,
+pub struct Net {
+    /// The namespace's name.
+    pub ns: String,
+    /// The veth's host end.
+    pub host_dev: String,
+    /// The veth's end in the namespace.
+    pub peer_dev: String,
+    /// Servers started in the namespace, stopped on drop.
+    pub children: Vec<Child>,
 }
 
 impl Net {
-    pub(crate) fn new() -> Net {
+    /// Creates the namespace and the veth pair, addresses up.
+    pub fn create() -> Net {
         let id = std::process::id() % 100_000;
         let net = Net {
             ns: format!("csd-shaped-{id}"),
@@ -77,18 +87,20 @@ impl Net {
         net
     }
 
-    pub(crate) fn in_ns(&self, program: &str) -> Command {
+    /// `program` run in the namespace.
+    pub fn in_ns(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns, program]);
         c
     }
 
-    pub(crate) fn exec(&self, args: &[&str]) -> String {
+    /// Runs `args` in the namespace; its stdout.
+    pub fn exec(&self, args: &[&str]) -> String {
         sh(self.in_ns(args[0]).args(&args[1..]))
     }
 
     /// `tbf` at `mbit` on both ends (0: remove the shaping).
-    pub(crate) fn shape(&self, mbit: f64) {
+    pub fn shape(&self, mbit: f64) {
         let _ = Command::new("tc")
             .args(["qdisc", "del", "dev", &self.host_dev, "root"])
             .stderr(Stdio::null())
@@ -117,7 +129,7 @@ impl Net {
     }
 
     /// Bytes both ways on the veth so far.
-    pub(crate) fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         ["rx_bytes", "tx_bytes"]
             .iter()
             .map(|f| {
@@ -154,34 +166,9 @@ impl Drop for Net {
     }
 }
 
-pub(crate) fn start_nginx(net: &mut Net, data: &Path, work: &Path) -> String {
-    let conf = work.join("nginx.conf");
-    let w = work.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "worker_processes 2;\npid {w}/nginx.pid;\nerror_log {w}/nginx.err;\nevents {{}}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  client_body_temp_path {w};\n  proxy_temp_path {w};\n  fastcgi_temp_path {w};\n  uwsgi_temp_path {w};\n  scgi_temp_path {w};\n  server {{\n    listen {NODE_IP}:8080;\n    root {};\n  }}\n}}\n",
-            data.display()
-        ),
-    )
-    .expect("nginx.conf");
-    let child = net
-        .in_ns("nginx")
-        .args(["-c"])
-        .arg(&conf)
-        .args(["-g", "daemon off;"])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nginx (scripts/setup-shaped-bench.sh installs it)");
-    net.children.push(child);
-    std::thread::sleep(Duration::from_millis(300));
-    format!("http://{NODE_IP}:8080")
-}
-
 /// Starts one `csd serve` per device in the namespace with `policy` (ports 50051,
 /// 50052, …); returns their URLs.
-pub(crate) fn start_nodes(
+pub fn start_nodes(
     net: &mut Net,
     devices: &[PathBuf],
     format: bool,
@@ -202,7 +189,7 @@ pub(crate) fn start_nodes(
             cmd.arg("--format");
         }
         let mut child = cmd.spawn().expect("csd serve");
-        let url = csd_benches::node_url(&mut child);
+        let url = crate::node_url(&mut child);
         net.children.push(child);
         urls.push(url.replace("0.0.0.0", NODE_IP));
     }
@@ -210,29 +197,11 @@ pub(crate) fn start_nodes(
 }
 
 /// Stops the `n` nodes started last.
-pub(crate) fn stop_nodes(net: &mut Net, n: usize) {
+pub fn stop_nodes(net: &mut Net, n: usize) {
     for _ in 0..n {
         if let Some(mut c) = net.children.pop() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
-}
-
-/// The token of the bench's tenant on `secure` nodes.
-pub(crate) const TOKEN: &str = "shaped-bench-token";
-
-/// Certificates for the node's address and a tenants file, in `dir`.
-pub(crate) fn write_security(dir: &Path) {
-    let certs =
-        csd_runtime::tls::make_certificates(&[NODE_IP.to_string()], "bench").expect("certificates");
-    certs.write(dir).expect("writing certificates");
-    std::fs::write(
-        dir.join("tenants.toml"),
-        format!(
-            "[[tenant]]\nname = \"bench\"\ntoken_sha256 = \"{}\"\ntables = [\"*\"]\ncan = [\"read\"]\n",
-            csd_runtime::auth::token_digest(TOKEN)
-        ),
-    )
-    .expect("tenants file");
 }
