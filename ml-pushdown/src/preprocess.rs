@@ -83,15 +83,16 @@ pub(crate) fn tensor_image_into(bytes: &[u8], spec: &TensorImage, out: &mut [f32
         )));
     }
     let img = decode_rgb(bytes)?;
-    let img = if img.dimensions() == (spec.width, spec.height) {
-        img
+    let (sw, sh) = img.dimensions();
+    let pixels: std::borrow::Cow<'_, [u8]> = if (sw, sh) == (spec.width, spec.height) {
+        img.as_raw().into()
     } else {
-        image::imageops::resize(&img, spec.width, spec.height, FilterType::Triangle)
+        resize_rgb(img.as_raw(), (sw, sh), (spec.width, spec.height))?.into()
     };
     let plane = w * h;
-    for (i, p) in img.pixels().enumerate() {
+    for (i, p) in pixels.chunks_exact(3).enumerate() {
         for c in 0..3 {
-            let v = (p.0[c] as f32 / 255.0 - spec.mean[c]) / spec.std[c];
+            let v = (p[c] as f32 / 255.0 - spec.mean[c]) / spec.std[c];
             if spec.channels_last {
                 out[i * 3 + c] = v;
             } else {
@@ -100,6 +101,22 @@ pub(crate) fn tensor_image_into(bytes: &[u8], spec: &TensorImage, out: &mut [f32
         }
     }
     Ok(())
+}
+
+/// Resizes packed RGB8 pixels from `from` to `to` (width, height), bilinear, with
+/// `fast_image_resize`'s SIMD kernels.
+fn resize_rgb(src: &[u8], from: (u32, u32), to: (u32, u32)) -> Result<Vec<u8>> {
+    use fast_image_resize::images::{Image, ImageRef};
+    use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+    let failed =
+        |e: &dyn std::fmt::Display| Error::InvalidArgument(format!("cannot resize image: {e}"));
+    let source = ImageRef::new(from.0, from.1, src, PixelType::U8x3).map_err(|e| failed(&e))?;
+    let mut out = Image::new(to.0, to.1, PixelType::U8x3);
+    let bilinear = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    Resizer::new()
+        .resize(&source, &mut out, &bilinear)
+        .map_err(|e| failed(&e))?;
+    Ok(out.into_vec())
 }
 
 /// Decodes a batch of images for an ONNX model into one `[N, ...]` tensor (see

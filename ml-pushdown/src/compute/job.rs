@@ -220,9 +220,24 @@ pub async fn plan_inputs(
     // first samples: on a slow link a whole batch of the partition cost up to a
     // second.) Not at the same time as the node's profile: the node admits the reads
     // behind it, and the queueing would read as a slow link.
+    //
+    // A link that is shaped lets a burst through at full speed (`tc`'s token bucket
+    // holds at least 10 ms of its rate, cloud links hold burst credits), and a read of
+    // a few samples ends inside it: the link looked unlimited (a 200 Mbit/s veth
+    // measured at the 4x cap, so splits sending 6x the images' bytes won). The rate
+    // read is therefore at least LINK_PROBE_BYTES when the profile's samples are less.
     let (bytes, secs, first) = probe(src, dataset, PROFILE_SAMPLES as u64).await?;
+    let per_sample = bytes / first.num_rows().max(1) as f64;
+    let n = ((LINK_PROBE_BYTES as f64 / per_sample.max(1.0)).ceil() as u64)
+        .clamp(PROFILE_SAMPLES as u64, LINK_PROBE_SAMPLES);
+    let large = if n > PROFILE_SAMPLES as u64 {
+        let (b, s, _) = probe(src, dataset, n).await?;
+        (b, s)
+    } else {
+        (bytes, secs)
+    };
     let (one_bytes, one_s, _) = probe(src, dataset, 1).await?;
-    let link_bps = link_bandwidth((one_bytes, one_s), (bytes, secs));
+    let link_bps = link_bandwidth((one_bytes, one_s), large);
     // Then both sides' per-stage times at once (different CPUs): the node's (a
     // zero-row request whose report carries the timings; the node reuses a recent one)
     // and this side's on the same samples (reused likewise).
@@ -295,6 +310,12 @@ pub async fn plan_inputs(
         batch: DEFAULT_NODE_BATCH as u64,
     })
 }
+
+/// Bytes the link probe reads at least (see [`plan_inputs`]): several times a shaped
+/// link's burst, under a second at 50 Mbit/s.
+const LINK_PROBE_BYTES: u64 = 4 << 20;
+/// Most samples the link probe reads.
+const LINK_PROBE_SAMPLES: u64 = 256;
 
 /// This process's recent profiles of the compute side, like the node's: keyed by
 /// dataset, partition, model, weights, threads and the probed samples' count and size.

@@ -231,6 +231,13 @@ pub trait StagedModel: Send + Sync {
         }
     }
 
+    /// Whether [`forward_range`](Self::forward_range) runs a range faster than its
+    /// stages one by one (fused), so that a profile must scale per-stage times to the
+    /// whole model's.
+    fn runs_ranges_fused(&self) -> bool {
+        false
+    }
+
     /// The ONNX model this is, when it is one (its cut points by name).
     fn onnx(&self) -> Option<&OnnxModelStages> {
         None

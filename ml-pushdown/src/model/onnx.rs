@@ -290,4 +290,8 @@ impl StagedModel for OnnxModelStages {
     fn onnx(&self) -> Option<&OnnxModelStages> {
         Some(self)
     }
+
+    fn runs_ranges_fused(&self) -> bool {
+        true
+    }
 }
