@@ -122,24 +122,9 @@ fn resize_rgb(src: &[u8], from: (u32, u32), to: (u32, u32)) -> Result<Vec<u8>> {
 /// Decodes a batch of images for an ONNX model into one `[N, ...]` tensor (see
 /// [`tensor_image_into`]), in parallel on the current rayon pool.
 pub fn tensor_images(samples: &[&[u8]], spec: &TensorImage, device: &Device) -> Result<Tensor> {
-    use rayon::prelude::*;
-    let shape = spec.shape();
-    let per: usize = shape.iter().product();
-    let mut buf = vec![0f32; samples.len() * per];
-    buf.par_chunks_mut(per)
-        .zip(samples.par_iter())
-        .enumerate()
-        .try_for_each(|(i, (out, bytes))| {
-            tensor_image_into(bytes, spec, out).map_err(|e| match e {
-                Error::InvalidArgument(m) => {
-                    Error::InvalidArgument(format!("sample {i} of the batch: {m}"))
-                }
-                other => other,
-            })
-        })?;
-    let mut dims = vec![samples.len()];
-    dims.extend(shape);
-    Ok(Tensor::from_vec(buf, dims, device)?)
+    decode_batch(samples, &spec.shape(), device, |bytes, out| {
+        tensor_image_into(bytes, spec, out)
+    })
 }
 
 /// Decodes a JPEG or PNG to RGB within the decoding limits.
@@ -199,22 +184,36 @@ pub(crate) fn image_into(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Res
 /// Decodes and preprocesses a batch of images into one `[N, 3, crop, crop]` tensor.
 /// Images are decoded in parallel on the current rayon pool.
 pub fn images(samples: &[&[u8]], spec: &ImageSpec, device: &Device) -> Result<Tensor> {
+    decode_batch(samples, &spec.shape(), device, |bytes, out| {
+        image_into(bytes, spec, out)
+    })
+}
+
+/// Decodes `samples` with `one` in parallel on the current rayon pool into one
+/// `[N, shape…]` tensor; an error names the sample.
+fn decode_batch(
+    samples: &[&[u8]],
+    shape: &[usize],
+    device: &Device,
+    one: impl Fn(&[u8], &mut [f32]) -> Result<()> + Sync,
+) -> Result<Tensor> {
     use rayon::prelude::*;
-    let [c, h, w] = spec.shape();
-    let per = c * h * w;
+    let per: usize = shape.iter().product();
     let mut buf = vec![0f32; samples.len() * per];
     buf.par_chunks_mut(per)
         .zip(samples.par_iter())
         .enumerate()
         .try_for_each(|(i, (out, bytes))| {
-            image_into(bytes, spec, out).map_err(|e| match e {
+            one(bytes, out).map_err(|e| match e {
                 Error::InvalidArgument(m) => {
                     Error::InvalidArgument(format!("sample {i} of the batch: {m}"))
                 }
                 other => other,
             })
         })?;
-    Ok(Tensor::from_vec(buf, (samples.len(), c, h, w), device)?)
+    let mut dims = vec![samples.len()];
+    dims.extend_from_slice(shape);
+    Ok(Tensor::from_vec(buf, dims, device)?)
 }
 
 #[cfg(test)]

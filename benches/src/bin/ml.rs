@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use clap::Parser;
-use csd_benches::{default_json_path, write_json};
+use csd_benches::{default_json_path, median, repo_root, write_json};
 use csd_ml_pushdown::model::{Arch, ImageSpec};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
@@ -124,13 +124,6 @@ fn die(msg: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 /// A float32 `.npy` file (format 1.0) holding `x`.
 fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
     let dims = x.dims();
@@ -156,17 +149,6 @@ fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
     std::fs::write(path, out)
 }
 
-/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let cores = match &args.cores {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
@@ -178,7 +160,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let onnx = home.join("efficientnet-lite0.onnx");
     if !onnx.is_file() {
         let st = std::process::Command::new(&py)
-            .arg(repo().join("scripts/effnet_lite0_onnx.py"))
+            .arg(repo_root().join("scripts/effnet_lite0_onnx.py"))
             .arg(home.join("efficientnet-lite0.safetensors"))
             .arg(&onnx)
             .status()
@@ -219,7 +201,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
         let out = std::process::Command::new("taskset")
             .args(["-c", &list])
             .arg(&py)
-            .arg(repo().join("benches/ml_ort.py"))
+            .arg(repo_root().join("benches/ml_ort.py"))
             .arg(&onnx)
             .arg(&npy)
             .args(["--threads", &cores.len().to_string()])
@@ -407,7 +389,7 @@ async fn operator_rate(
 }
 
 async fn splits(args: &Args) -> Vec<SplitRow> {
-    let path = repo().join("testbed/scenarios/hapi.toml");
+    let path = repo_root().join("testbed/scenarios/hapi.toml");
     let mut s = Scenario::from_file(&path).unwrap_or_else(|e| die(e));
     let n = Arch::EfficientNetLite0.stages().len();
     let ks: Vec<usize> = match &args.splits {

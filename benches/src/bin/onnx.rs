@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use csd_benches::net::{Net, start_nodes};
-use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
+use csd_benches::{csd_binary, default_json_path, median, repo_root, scratch_dir, write_json};
 use csd_ml_pushdown::model::{OnnxModelStages, PixelNorm, StagedModel};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
@@ -121,22 +121,6 @@ fn die(msg: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// The model file for `name` (written into `dir` when it is a built-in name).
 fn model_file(name: &str, home: &Path, dir: &Path) -> PathBuf {
     let py = home.join("venv/bin/python");
@@ -144,7 +128,7 @@ fn model_file(name: &str, home: &Path, dir: &Path) -> PathBuf {
         "effnet" => (
             dir.join("effnet.onnx"),
             vec![
-                repo()
+                repo_root()
                     .join("scripts/effnet_lite0_onnx.py")
                     .display()
                     .to_string(),
@@ -156,7 +140,10 @@ fn model_file(name: &str, home: &Path, dir: &Path) -> PathBuf {
         "resnet50" => (
             dir.join("resnet50.onnx"),
             vec![
-                repo().join("scripts/resnet_onnx.py").display().to_string(),
+                repo_root()
+                    .join("scripts/resnet_onnx.py")
+                    .display()
+                    .to_string(),
                 "50".into(),
             ],
         ),
@@ -177,6 +164,23 @@ fn model_file(name: &str, home: &Path, dir: &Path) -> PathBuf {
 
 fn rgb(v: [f32; 3]) -> String {
     format!("{},{},{}", v[0], v[1], v[2])
+}
+
+/// Stores the 72 training patches `repeat` times as dataset `imgs` over
+/// `partitions` partitions; the samples stored.
+async fn store_images(client: &NodeClient, home: &Path, partitions: usize, repeat: usize) -> usize {
+    job::put_images(
+        std::slice::from_ref(client),
+        "imgs",
+        &home.join("textures200/train"),
+        None,
+        partitions,
+        repeat.max(1),
+        |_| {},
+    )
+    .await
+    .unwrap_or_else(|e| die(e))
+    .0
 }
 
 /// Images/s of the whole model at `client`'s node, this process reading the features.
@@ -234,17 +238,7 @@ async fn rate(args: &Args, home: &Path, models: &[(String, PathBuf)]) -> Vec<Rat
     let url = csd_benches::node_url(&mut child);
     let client = NodeClient::connect(&url).await.unwrap_or_else(|e| die(e));
     let images = home.join("textures200/train");
-    let (samples, _) = job::put_images(
-        std::slice::from_ref(&client),
-        "imgs",
-        &images,
-        None,
-        1,
-        args.repeat.max(1),
-        |_| {},
-    )
-    .await
-    .unwrap_or_else(|e| die(e));
+    let samples = store_images(&client, home, 1, args.repeat).await;
     let py = home.join("venv/bin/python");
     let mut out = Vec::new();
     for (name, path) in models {
@@ -255,7 +249,7 @@ async fn rate(args: &Args, home: &Path, models: &[(String, PathBuf)]) -> Vec<Rat
             let o = Command::new("taskset")
                 .args(["-c", &core.to_string()])
                 .arg(&py)
-                .arg(repo().join("benches/onnx_rate.py"))
+                .arg(repo_root().join("benches/onnx_rate.py"))
                 .arg(path)
                 .arg(&images)
                 .args(["--threads", "1", "--batch", "16"])
@@ -353,17 +347,7 @@ async fn splits(
     );
     let url = urls[0].clone();
     let client = NodeClient::connect(&url).await.unwrap_or_else(|e| die(e));
-    job::put_images(
-        std::slice::from_ref(&client),
-        "imgs",
-        &home.join("textures200/train"),
-        None,
-        2,
-        args.repeat.max(1),
-        |_| {},
-    )
-    .await
-    .unwrap_or_else(|e| die(e));
+    store_images(&client, home, 2, args.repeat).await;
     let rates: Vec<f64> = args
         .rates
         .split(',')

@@ -57,19 +57,6 @@ pub(crate) fn run_process(mut cmd: Command, net: &Net) -> Run {
     }
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return 0.0;
-    }
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 #[derive(Serialize, Clone)]
 pub(crate) struct QueryFigures {
     pub(crate) query: u32,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use csd_benches::{csd_binary, default_json_path, scratch_dir, write_json};
+use csd_benches::{csd_binary, default_json_path, median, scratch_dir, write_json};
 
 mod adbc;
 mod answers;
@@ -30,7 +30,7 @@ mod serving;
 use answers::same_answer;
 use csd_benches::net::{Net, sh, start_nodes, stop_nodes};
 use figures::{
-    ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, median, print_report, run_process,
+    ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, print_report, run_process,
 };
 use layout::{Layout, data_dir, write_tables};
 use pipelines::run_pipelines;

@@ -10,8 +10,8 @@ use csd_benches::{csd_binary, default_json_path, write_json};
 use serde::Serialize;
 
 use crate::answers::same_answer;
-use crate::figures::median;
 use crate::{Args, Ctx, with_node};
+use csd_benches::median;
 use csd_benches::net::Net;
 
 /// `csd ARGS… --node NODE…`, output checked.

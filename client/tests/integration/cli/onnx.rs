@@ -51,6 +51,23 @@ fn serve(env: &[(&str, &str)]) -> (std::process::Child, String) {
     )
 }
 
+/// `csd features --dataset imgs --model MODEL --split SPLIT` against `node`.
+async fn features_split(node: &str, model: &str, split: &str) -> Output {
+    csd(args(
+        &[
+            "features",
+            "--dataset",
+            "imgs",
+            "--model",
+            model,
+            "--split",
+            split,
+        ],
+        node,
+    ))
+    .await
+}
+
 fn put(node: &str, dir: &Path) {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_csd"))
         .args(args(
@@ -81,19 +98,7 @@ async fn a_node_without_onnxruntime_refuses_onnx_by_name_and_serves_on() {
     let (mut child, url) = serve(&[("ORT_DYLIB_PATH", missing.to_str().unwrap())]);
     put(&url, &tmp.path().join("imgs"));
     let m = model.to_str().unwrap();
-    let o = csd(args(
-        &[
-            "features",
-            "--dataset",
-            "imgs",
-            "--model",
-            m,
-            "--split",
-            "3",
-        ],
-        &url,
-    ))
-    .await;
+    let o = features_split(&url, m, "3").await;
     let (_, err) = text(&o);
     assert!(!o.status.success());
     assert!(
@@ -101,19 +106,7 @@ async fn a_node_without_onnxruntime_refuses_onnx_by_name_and_serves_on() {
         "{err}"
     );
     // Without pushdown the node needs no onnxruntime; the rest of the node works.
-    let o = csd(args(
-        &[
-            "features",
-            "--dataset",
-            "imgs",
-            "--model",
-            m,
-            "--split",
-            "0",
-        ],
-        &url,
-    ))
-    .await;
+    let o = features_split(&url, m, "0").await;
     assert!(o.status.success(), "{:?}", text(&o));
     let o = csd(args(&["ls"], &url)).await;
     assert!(text(&o).0.contains("imgs"), "{:?}", text(&o));
@@ -190,34 +183,15 @@ async fn onnx_features_from_the_cli_split_by_the_user_and_by_the_planner() {
         }
     }
     // Bad input, plainly refused: weights for an ONNX model, a mean of two values.
-    let o = csd(args(
-        &[
-            "features",
-            "--dataset",
-            "imgs",
-            "--model",
-            m,
-            "--weights",
-            m,
-        ],
-        &url,
-    ))
-    .await;
-    assert!(text(&o).1.contains("leave out --weights"), "{:?}", text(&o));
-    let o = csd(args(
-        &[
-            "features",
-            "--dataset",
-            "imgs",
-            "--model",
-            m,
-            "--mean",
-            "1,2",
-        ],
-        &url,
-    ))
-    .await;
-    assert!(text(&o).1.contains("three values"), "{:?}", text(&o));
+    for (extra, why) in [
+        (["--weights", m], "leave out --weights"),
+        (["--mean", "1,2"], "three values"),
+    ] {
+        let mut a = vec!["features", "--dataset", "imgs", "--model", m];
+        a.extend(extra);
+        let o = csd(args(&a, &url)).await;
+        assert!(text(&o).1.contains(why), "{:?}", text(&o));
+    }
     child.kill().unwrap();
     let _ = child.wait();
 }
