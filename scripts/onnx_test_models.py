@@ -5,7 +5,8 @@ inverted residuals and squeeze-excitation), a transformer encoder (MiniLM-like:
 LayerNormalization, attention, GELU via Erf, constants for reshapes) and a model of
 two inputs. Random weights from a fixed seed, written with onnx.helper: no torch, no
 model hub. Every model takes a batch of any size (a named first dimension); image
-models take 3x32x32 NCHW except `chain_nhwc`, which takes 32x32x3 NHWC.
+models take 3x32x32 NCHW except `chain_nhwc`, which takes 32x32x3 NHWC, and
+`chain_b1`, exported with a fixed batch of one.
 
 Usage: onnx_test_models.py OUT_DIR
 """
@@ -57,16 +58,16 @@ class Graph:
         onnx.save(m, path)
 
 
-def image_input(name="input", nhwc=False):
-    shape = ["batch", 32, 32, 3] if nhwc else ["batch", 3, 32, 32]
+def image_input(name="input", nhwc=False, batch="batch"):
+    shape = [batch, 32, 32, 3] if nhwc else [batch, 3, 32, 32]
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
-def out(name, *dims):
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", *dims])
+def out(name, *dims, batch="batch"):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [batch, *dims])
 
 
-def chain(path, nhwc=False):
+def chain(path, nhwc=False, batch="batch"):
     g = Graph()
     x = "input"
     if nhwc:
@@ -81,7 +82,7 @@ def chain(path, nhwc=False):
     y = g.op("Gemm", [x, g.const("fc", w), g.const("fcb", rng.normal(0, 0.1, 10))], p="logits",
              transB=1)
     g.nodes[-1].output[0] = "logits"
-    g.save(path, [image_input(nhwc=nhwc)], [out("logits", 10)])
+    g.save(path, [image_input(nhwc=nhwc, batch=batch)], [out("logits", 10, batch=batch)])
 
 
 def residual(path):
@@ -158,6 +159,8 @@ def main(out_dir):
                         ("two_inputs", two_inputs)):
         write(os.path.join(out_dir, name + ".onnx"))
     chain(os.path.join(out_dir, "chain_nhwc.onnx"), nhwc=True)
+    # Exported with a fixed batch of one, as many exporters write a model.
+    chain(os.path.join(out_dir, "chain_b1.onnx"), batch=1)
 
 
 if __name__ == "__main__":

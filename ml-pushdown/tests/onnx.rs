@@ -395,14 +395,15 @@ mod features {
         (tmp, node, client, files)
     }
 
-    /// At every cut point of a small residual network, and of the NHWC chain: the
-    /// features equal the unsplit model's in Python.
+    /// At every cut point of a small residual network, of the NHWC chain and of a
+    /// chain exported with a fixed batch of one: the features equal the unsplit
+    /// model's in Python.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn features_at_every_cut_equal_onnxruntime_in_python() {
         let Some(models) = super::models() else {
             return;
         };
-        for name in ["residual", "chain_nhwc"] {
+        for name in ["residual", "chain_nhwc", "chain_b1"] {
             let path = models.join(format!("{name}.onnx"));
             let bytes = std::fs::read(&path).unwrap();
             let (tmp, _node, client, files) = dataset(32, 9).await;

@@ -38,6 +38,9 @@ impl Default for PixelNorm {
 pub struct OnnxModelStages {
     analysis: Analysis,
     input: TensorImage,
+    /// The batch the model was exported with, when it is fixed (often 1): larger
+    /// batches run in pieces of this size.
+    fixed_batch: Option<usize>,
     stages: Vec<StageInfo>,
     bytes: u64,
     /// Idle sessions by (first stage, end stage): one per batch running at once.
@@ -66,6 +69,17 @@ impl OnnxModelStages {
         }
         let analysis = Analysis::new(bytes, None)?;
         let input = image_input(&analysis, norm)?;
+        let fixed_batch = match analysis
+            .model
+            .inputs
+            .first()
+            .and_then(|i| i.tensor.as_ref())
+            .and_then(|t| t.dims.as_ref())
+            .and_then(|d| d.first())
+        {
+            Some(crate::onnx::Dim::Fixed(b)) if *b > 0 => Some(*b as usize),
+            _ => None,
+        };
         let cuts = &analysis.cuts;
         let stages = (1..cuts.len())
             .map(|i| {
@@ -88,6 +102,7 @@ impl OnnxModelStages {
         Ok(OnnxModelStages {
             analysis,
             input,
+            fixed_batch,
             stages,
             bytes: bytes.len() as u64,
             sessions: Mutex::default(),
@@ -264,6 +279,17 @@ impl StagedModel for OnnxModelStages {
             )));
         }
         let b = x.dim(0)?;
+        if let Some(fixed) = self.fixed_batch.filter(|f| *f < b) {
+            if b % fixed != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "the model runs batches of exactly {fixed}; {b} samples do not divide"
+                )));
+            }
+            let pieces = (0..b / fixed)
+                .map(|i| self.forward_range(&x.narrow(0, i * fixed, fixed)?, from, to))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&pieces, 0)?);
+        }
         let inputs = self.unpack(from, x)?;
         let s = self.session(from, to)?;
         let out = s.run(&inputs);
