@@ -188,6 +188,11 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profi
             *s *= whole / staged;
         }
     }
+    // The stages' own sessions served the timing only (a profile is kept, not
+    // measured again).
+    if let Some(m) = model.onnx() {
+        m.release_stage_sessions();
+    }
     if n == 0 {
         return Err(Error::InvalidArgument(
             "the dataset partition is empty: nothing to profile".into(),

@@ -176,6 +176,30 @@ fn residual_cuts_carry_the_skip_connection() {
     );
 }
 
+/// A profile times every stage in a session of its own and lets them go after; the
+/// whole model's session stays for the requests that follow.
+#[test]
+fn a_profile_keeps_no_stage_sessions() {
+    let Some(dir) = models() else { return };
+    let bytes = std::fs::read(dir.join("residual.onnx")).unwrap();
+    let m = csd_ml_pushdown::model::OnnxModelStages::load(&bytes, Default::default()).unwrap();
+    let png = |i: u8| {
+        let mut out = Vec::new();
+        image::RgbImage::from_fn(32, 32, |x, y| image::Rgb([x as u8 * 8, y as u8 * 8, i]))
+            .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+            .unwrap();
+        out
+    };
+    let imgs: Vec<Vec<u8>> = (0..4).map(png).collect();
+    let refs: Vec<&[u8]> = imgs.iter().map(Vec::as_slice).collect();
+    let batch = csd_ml_pushdown::dataset::batch(&[0, 1, 2, 3], &[0; 4], &refs).unwrap();
+    let p = csd_ml_pushdown::features::profile(&m, &[batch]).unwrap();
+    use csd_ml_pushdown::StagedModel;
+    assert_eq!(p.stage_s.len(), m.stages().len());
+    assert!(p.stage_s.iter().all(|s| *s >= 0.0));
+    assert_eq!(m.idle_sessions(), 1, "only the whole model's session stays");
+}
+
 #[test]
 fn bad_models_are_refused_with_a_reason() {
     let Some(dir) = models() else { return };

@@ -127,6 +127,23 @@ impl OnnxModelStages {
         }
     }
 
+    /// Lets go of the idle sessions of single stages (what a profile creates, one per
+    /// stage: for ResNet-50 about twice the model's size in all), keeping those of
+    /// longer ranges (what feature requests run).
+    pub fn release_stage_sessions(&self) {
+        if let Ok(mut m) = self.sessions.lock() {
+            m.retain(|(from, to), _| to - from > 1);
+        }
+    }
+
+    /// Idle sessions held.
+    pub fn idle_sessions(&self) -> usize {
+        self.sessions
+            .lock()
+            .map(|m| m.values().map(Vec::len).sum())
+            .unwrap_or(0)
+    }
+
     fn session(&self, from: usize, to: usize) -> Result<OnnxSession> {
         if let Some(s) = self
             .sessions
