@@ -74,11 +74,22 @@ async fn tpch_on_two_and_three_workers() {
         let mut grew = Vec::new();
         for (q, sql) in tpch::QUERIES {
             assert_same(&local, &session, sql).await;
-            let started = Instant::now();
-            let run = session.run(sql).await.unwrap();
+            let mut started = Instant::now();
+            let mut run = session.run(sql).await.unwrap();
+            // A loaded machine (the whole suite on two cores) can keep the workers'
+            // metrics past the session's wait for them (then `bytes_moved` counts this
+            // process's scans only, once 0 for Q17): the figures come from a rerun.
+            if !run.metrics_complete {
+                started = Instant::now();
+                run = session.run(sql).await.unwrap();
+            }
             let took = started.elapsed();
             let plan = run.plan_with_metrics();
             // The scans' counters come back from the workers.
+            assert!(
+                run.metrics_complete,
+                "Q{q}: the workers' metrics never came back"
+            );
             assert!(run.bytes_moved > 0, "Q{q}: no bytes counted from the nodes");
             bytes_on += run.bytes_moved;
             // (Not equal: the distributed planner turns Q22's scalar subquery into
