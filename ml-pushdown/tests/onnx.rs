@@ -83,7 +83,7 @@ fn composes_at_every_cut(name: &str, min_cuts: usize) {
     let whole = OnnxSession::new(&bytes, 1).unwrap();
     let x = inputs(&whole, 3);
     let want = whole.run(&x).unwrap();
-    let a = Analysis::new(&bytes, None).unwrap();
+    let a = Analysis::new(&bytes).unwrap();
     assert!(
         a.cuts.len() >= min_cuts,
         "{name}: {} cut points, expected at least {min_cuts}: {:?}",
@@ -168,7 +168,7 @@ fn a_two_input_model_composes() {
 fn residual_cuts_carry_the_skip_connection() {
     let Some(dir) = models() else { return };
     let bytes = std::fs::read(dir.join("residual.onnx")).unwrap();
-    let a = Analysis::new(&bytes, None).unwrap();
+    let a = Analysis::new(&bytes).unwrap();
     assert!(
         a.cuts.iter().any(|c| c.point.tensors.len() == 2),
         "some cut inside a block sends the block's input and its branch: {:?}",
@@ -215,7 +215,7 @@ fn bad_models_are_refused_with_a_reason() {
     ] {
         let e = OnnxModel::parse(&bad).unwrap_err().to_string();
         assert!(e.contains(why), "{what}: {e}");
-        let e = Analysis::new(&bad, None).unwrap_err();
+        let e = Analysis::new(&bad).unwrap_err();
         assert_eq!(
             e.status_code(),
             csd_protocol::StatusCode::InvalidArgument,
@@ -227,7 +227,7 @@ fn bad_models_are_refused_with_a_reason() {
     for i in (0..bytes.len()).step_by(97) {
         let mut b = bytes.clone();
         b[i] ^= 0xff;
-        if let Err(e) = Analysis::new(&b, None) {
+        if let Err(e) = Analysis::new(&b) {
             assert_eq!(
                 e.status_code(),
                 csd_protocol::StatusCode::InvalidArgument,
@@ -244,10 +244,10 @@ fn bad_models_are_refused_with_a_reason() {
         .unwrap();
     let mut b = bytes.clone();
     b[pos..pos + op.len()].fill(b'Z');
-    let e = Analysis::new(&b, None).unwrap_err().to_string();
+    let e = Analysis::new(&b).unwrap_err().to_string();
     assert!(e.contains("onnxruntime refused"), "{e}");
     // A split that is no tensor.
-    let a = Analysis::new(&bytes, None).unwrap();
+    let a = Analysis::new(&bytes).unwrap();
     let e = a.find("no_such_tensor").unwrap_err().to_string();
     assert!(e.contains("no tensor"), "{e}");
     let e = a.find("999").unwrap_err().to_string();

@@ -499,12 +499,12 @@ pub async fn features(
     };
     let mut node_split = None;
     if let Some(onnx) = model.onnx().filter(|_| !planned && split > 0) {
-        let (bytes, stages) = if split == n {
-            (weights_bytes.to_vec(), n)
+        let (bytes, stages): (std::borrow::Cow<'_, [u8]>, usize) = if split == n {
+            (weights_bytes.into(), n)
         } else {
             let head = onnx.analysis().head(split)?;
             let stages = OnnxModelStages::load(&head, onnx.pixels())?.stages().len();
-            (head, stages)
+            (head.into(), stages)
         };
         for c in clients {
             table = weights::ensure(c, &bytes).await?;

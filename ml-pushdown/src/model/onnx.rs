@@ -67,7 +67,7 @@ impl OnnxModelStages {
                 "--std must be finite and non-zero and --mean finite: {norm:?}"
             )));
         }
-        let analysis = Analysis::new(bytes, None)?;
+        let analysis = Analysis::new(bytes)?;
         let input = image_input(&analysis, norm)?;
         let fixed_batch = match analysis
             .model

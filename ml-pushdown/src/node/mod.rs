@@ -182,10 +182,16 @@ impl MlOperator {
         )
         .await?;
         let bytes = crate::weights::from_batches(weights, &batches)?;
-        let model: Arc<dyn StagedModel> = match arch {
-            Arch::Onnx => Arc::new(OnnxModelStages::load(&bytes, pixels.unwrap_or_default())?),
-            arch => Arc::from(arch.load(&bytes, &Device::Cpu)?),
-        };
+        // On the node's ML threads, not its async ones: building a model is CPU work
+        // (an ONNX model's includes an onnxruntime session and a probe run).
+        let pool = self.pool(ctx.node.pool.threads(), ctx.node.pool.cores())?;
+        let model: Arc<dyn StagedModel> = blocking(Some(pool), move || {
+            Ok::<Arc<dyn StagedModel>, _>(match arch {
+                Arch::Onnx => Arc::new(OnnxModelStages::load(&bytes, pixels.unwrap_or_default())?),
+                arch => Arc::from(arch.load(&bytes, &Device::Cpu)?),
+            })
+        })
+        .await?;
         if let Ok(mut m) = self.models.lock() {
             m.push_front((key, model.clone()));
             m.truncate(CACHED_MODELS);

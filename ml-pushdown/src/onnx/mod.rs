@@ -56,20 +56,17 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    /// Decodes `bytes`, finds the cut points and runs the model once on `sample`
-    /// (one sample's inputs, batch dimension 1; zeros when `None`) with every cut
-    /// tensor as an output, to learn each one's type and size.
-    pub fn new(bytes: &[u8], sample: Option<Vec<FloatTensor>>) -> Result<Analysis> {
+    /// Decodes `bytes`, finds the cut points and runs the model once on zeros (a
+    /// batch of one) with every cut tensor as an output, to learn each one's type
+    /// and size.
+    pub fn new(bytes: &[u8]) -> Result<Analysis> {
         let model = OnnxModel::parse(bytes)?;
         let points = split::cut_points(&model);
         let mut wanted: Vec<String> = points.iter().flat_map(|c| c.tensors.clone()).collect();
         wanted.sort();
         wanted.dedup();
         let probe = OnnxSession::new(&split::with_outputs(&model, &wanted), 1)?;
-        let inputs = match sample {
-            Some(s) => s,
-            None => probe.inputs.iter().map(zeros).collect::<Result<_>>()?,
-        };
+        let inputs: Vec<FloatTensor> = probe.inputs.iter().map(zeros).collect::<Result<_>>()?;
         // What each tensor of the probe run looks like, the inputs first.
         let mut found: HashMap<String, FloatTensor> = probe
             .inputs
@@ -178,11 +175,20 @@ impl Analysis {
         })
     }
 
-    /// The cut a user named: its number, or a tensor it sends.
+    /// The cut a user named: its number, or the first cut that sends that tensor.
     pub fn find(&self, name: &str) -> Result<usize> {
-        let points: Vec<CutPoint> = self.cuts.iter().map(|c| c.point.clone()).collect();
-        let found = split::find_cut(&points, name)?;
-        Ok(points.iter().position(|p| p == found).unwrap_or(0))
+        if let Ok(i) = name.parse::<usize>() {
+            return self.cut(i).map(|_| i);
+        }
+        self.cuts
+            .iter()
+            .position(|c| c.point.at > 0 && c.point.tensors.iter().any(|t| t == name))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "split {name:?} is no tensor a cut point sends (list them with \
+                     `csd features --model FILE --list-splits`)"
+                ))
+            })
     }
 }
 

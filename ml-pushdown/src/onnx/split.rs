@@ -88,29 +88,6 @@ pub fn cut_points(m: &OnnxModel) -> Vec<CutPoint> {
     cuts
 }
 
-/// Finds the cut a user named: its position in [`cut_points`] or one of the tensors
-/// it sends.
-pub fn find_cut<'a>(cuts: &'a [CutPoint], name: &str) -> Result<&'a CutPoint> {
-    if let Ok(i) = name.parse::<usize>() {
-        return cuts.get(i).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "split {i} is out of range: the model has cut points 0..={} \
-                 (0 runs nothing at the node, {} runs the whole model there)",
-                cuts.len() - 1,
-                cuts.len() - 1
-            ))
-        });
-    }
-    cuts.iter()
-        .find(|c| c.at > 0 && c.tensors.iter().any(|t| t == name))
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "split {name:?} is no tensor a cut point sends (list them with \
-                 `csd features --model FILE --list-splits`)"
-            ))
-        })
-}
-
 /// Where the types of cut tensors come from when the model does not declare them.
 pub type Types = HashMap<String, TensorType>;
 
@@ -212,9 +189,7 @@ pub fn segment(m: &OnnxModel, from: &CutPoint, to: &CutPoint, types: &Types) -> 
             None => value_info_of(m, t, types),
         })
         .collect();
-    let mut parts = part(m, nodes, &outputs);
-    parts.inputs = inputs;
-    Ok(m.write(&parts))
+    Ok(m.write(&part(m, nodes, inputs, outputs)))
 }
 
 /// The model with `extra` tensors among its outputs (untyped: the runtime infers
@@ -227,15 +202,18 @@ pub fn with_outputs(m: &OnnxModel, extra: &[String]) -> Vec<u8> {
         }
     }
     let nodes = m.nodes.iter().collect();
-    m.write(&part(m, nodes, &outputs))
+    let inputs = m.inputs.iter().map(|i| i.raw.clone()).collect();
+    m.write(&part(m, nodes, inputs, outputs))
 }
 
-/// The graph of `nodes`: the initializers and model inputs they read, the declared
-/// types of what they compute.
+/// The graph of `nodes` reading `inputs` and writing `outputs` (ValueInfoProto
+/// payloads): the initializers the nodes read, the declared types of what they
+/// compute.
 fn part<'a>(
     m: &'a OnnxModel,
     nodes: Vec<&'a super::graph::Node>,
-    outputs: &[Vec<u8>],
+    inputs: Vec<Vec<u8>>,
+    outputs: Vec<Vec<u8>>,
 ) -> GraphParts<'a> {
     let reads: HashSet<&str> = nodes.iter().flat_map(|n| n.reads()).collect();
     let written: HashSet<&str> = nodes
@@ -247,12 +225,6 @@ fn part<'a>(
         .iter()
         .filter(|i| reads.contains(i.name.as_str()))
         .collect();
-    let inputs = m
-        .inputs
-        .iter()
-        .filter(|i| reads.contains(i.name.as_str()))
-        .map(|i| i.raw.clone())
-        .collect();
     let value_info = m
         .value_info
         .iter()
@@ -263,7 +235,7 @@ fn part<'a>(
         nodes,
         initializers,
         inputs,
-        outputs: outputs.to_vec(),
+        outputs,
         value_info,
     }
 }
