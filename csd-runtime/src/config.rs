@@ -24,7 +24,8 @@ pub use csd_protocol::size::ByteSize;
 #[derive(Debug, Clone, Serialize, Deserialize, Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
-    /// Device: a file or raw device path (io_uring + O_DIRECT), or
+    /// Device: a file or raw device path (io_uring + O_DIRECT), `nvme:/dev/ngXnY` (NVMe
+    /// commands through io_uring passthrough; a path of that name means the same), or
     /// `emulated:mem|file=PATH[,latency_us=..,read_mbps=..,write_mbps=..,queue_depth=..,parallelism=..]`.
     #[arg(long, env = "CSD_DEVICE", default_value = "csd-device.img")]
     pub device: String,

@@ -465,22 +465,28 @@ impl TableStore {
             Some(p) => format!("{table}/{p}/"),
             None => format!("{table}/"),
         };
-        let gone = self.store.delete_prefix(&prefix).await?;
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        match partition {
-            Some(p) => {
-                if let Some(t) = tables.get_mut(table) {
-                    t.partitions.remove(p);
-                    if t.partitions.is_empty() {
-                        tables.remove(table);
+        let gone = self.store.delete_prefix(&prefix).await?.len();
+        {
+            let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+            match partition {
+                Some(p) => {
+                    if let Some(t) = tables.get_mut(table) {
+                        t.partitions.remove(p);
+                        if t.partitions.is_empty() {
+                            tables.remove(table);
+                        }
                     }
                 }
-            }
-            None => {
-                tables.remove(table);
+                None => {
+                    tables.remove(table);
+                }
             }
         }
-        Ok(gone.len())
+        // The catalog no longer holds the objects: unless a reader still does, the
+        // device hears now that their blocks are free.
+        drop(t);
+        self.store.deallocate_released().await;
+        Ok(gone)
     }
 }
 

@@ -17,6 +17,7 @@
 
 mod cluster;
 mod feature_runs;
+pub mod guest;
 pub mod link;
 mod pipeline;
 pub mod report;
@@ -64,6 +65,9 @@ pub enum Error {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
+    /// A QEMU guest could not be built, booted or reached.
+    #[error("guest: {0}")]
+    Guest(String),
     /// Writing the report failed.
     #[error("report: {context}: {source}")]
     Report {

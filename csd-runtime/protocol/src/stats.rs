@@ -254,6 +254,9 @@ pub struct DeviceStats {
     pub bytes_read: u64,
     /// Bytes written.
     pub bytes_written: u64,
+    /// Bytes the device was told are free (NVMe Dataset Management, deallocate).
+    #[serde(default)]
+    pub bytes_deallocated: u64,
 }
 
 /// Store figures for `DoAction stats`.

@@ -6,10 +6,14 @@
 //! asynchronous submit/complete, a bounded queue depth, and a flush barrier.
 //!
 //! Backends: [`uring::UringDevice`] (io_uring + O_DIRECT over a file or raw block
-//! device; the default) and [`emulated::EmulatedDevice`] (memory- or file-backed with a
-//! timing model, for tests and the testbed). Pick one from a [`DeviceSpec`].
+//! device; the default), [`nvme::NvmeDevice`] (NVMe commands through io_uring
+//! passthrough on a namespace's generic character device, `/dev/ngXnY`) and
+//! [`emulated::EmulatedDevice`] (memory- or file-backed with a timing model, for tests
+//! and the testbed). Pick one from a [`DeviceSpec`].
 
 pub mod emulated;
+pub mod nvme;
+mod ring;
 pub mod uring;
 
 use std::alloc::Layout;
@@ -212,6 +216,7 @@ pub(crate) struct DeviceCounters {
     flushes: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    bytes_deallocated: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -224,6 +229,9 @@ impl DeviceCounters {
         self.bytes_written
             .fetch_add(bytes as u64, Ordering::Relaxed);
     }
+    pub(crate) fn record_deallocate(&self, bytes: u64) {
+        self.bytes_deallocated.fetch_add(bytes, Ordering::Relaxed);
+    }
     pub(crate) fn record_flush(&self) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
     }
@@ -235,6 +243,7 @@ impl DeviceCounters {
             flushes: self.flushes.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            bytes_deallocated: self.bytes_deallocated.load(Ordering::Relaxed),
         }
     }
 }
@@ -261,6 +270,18 @@ pub trait BlockDevice: Send + Sync + 'static {
 
     /// Command counters.
     fn stats(&self) -> DeviceStats;
+
+    /// True when [`deallocate`](Self::deallocate) tells the device something (NVMe
+    /// Dataset Management); the store then frees blocks through it.
+    fn can_deallocate(&self) -> bool {
+        false
+    }
+
+    /// Tells the device that `blocks` blocks from `lba` hold nothing worth keeping.
+    /// Reading them afterwards may return anything. The default does nothing.
+    async fn deallocate(&self, _lba: u64, _blocks: u64) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Checks a command against the device's rules before it is submitted.
@@ -288,6 +309,8 @@ pub(crate) fn check_command(geo: &Geometry, op: &str, lba: u64, buf: &DmaBuf) ->
 ///
 /// * `PATH` or `uring:PATH` – io_uring with O_DIRECT on a file (created or grown to
 ///   `--capacity`) or a raw block device such as `/dev/nvme0n1`.
+/// * `nvme:PATH` – NVMe commands through io_uring passthrough on a namespace's generic
+///   character device (`/dev/ngXnY`); a plain path of that name means the same.
 /// * `emulated:mem[,opts]` or `emulated:file=PATH[,opts]` – emulated NVMe, with
 ///   `latency_us`, `read_mbps`, `write_mbps`, `queue_depth`, `parallelism` options.
 ///   A model with no options is untimed (plain memory or pread/pwrite): the fallback
@@ -297,6 +320,11 @@ pub enum DeviceSpec {
     /// io_uring on a file or raw block device.
     Uring {
         /// The file or device path.
+        path: std::path::PathBuf,
+    },
+    /// NVMe passthrough on a namespace's generic character device.
+    Nvme {
+        /// `/dev/ngXnY`.
         path: std::path::PathBuf,
     },
     /// Emulated NVMe.
@@ -349,18 +377,40 @@ impl FromStr for DeviceSpec {
             model.validate().map_err(|e| bad(e.to_string()))?;
             return Ok(DeviceSpec::Emulated { path, model });
         }
+        if let Some(path) = s.strip_prefix("nvme:") {
+            if path.is_empty() {
+                return Err(bad("empty path".into()));
+            }
+            return Ok(DeviceSpec::Nvme { path: path.into() });
+        }
         let path = s.strip_prefix("uring:").unwrap_or(s);
         if path.is_empty() {
             return Err(bad("empty path".into()));
         }
+        if s == path && is_nvme_generic_name(path) {
+            return Ok(DeviceSpec::Nvme { path: path.into() });
+        }
         Ok(DeviceSpec::Uring { path: path.into() })
     }
+}
+
+/// True for `/dev/ngXnY`, the name the kernel gives a namespace's generic device.
+fn is_nvme_generic_name(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/dev/ng") else {
+        return false;
+    };
+    let Some((ctrl, ns)) = rest.split_once('n') else {
+        return false;
+    };
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    digits(ctrl) && digits(ns)
 }
 
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceSpec::Uring { path } => write!(f, "uring:{}", path.display()),
+            DeviceSpec::Nvme { path } => write!(f, "nvme:{}", path.display()),
             DeviceSpec::Emulated { path, model } => {
                 match path {
                     None => write!(f, "emulated:mem")?,
@@ -388,6 +438,7 @@ impl DeviceSpec {
             DeviceSpec::Uring { path } => {
                 Ok(Arc::new(uring::UringDevice::open(path, capacity, 64)?))
             }
+            DeviceSpec::Nvme { path } => Ok(Arc::new(nvme::NvmeDevice::open(path, 64)?)),
             DeviceSpec::Emulated { path, model } => {
                 let cap = capacity.or_else(|| {
                     path.as_ref()
@@ -438,6 +489,18 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown option \"speed\""), "{e}");
         assert!("emulated:disk".parse::<DeviceSpec>().is_err());
+        for (spec, nvme) in [
+            ("nvme:/dev/ng0n1", true),
+            ("/dev/ng12n3", true),
+            ("uring:/dev/ng0n1", false),
+            ("/dev/nvme0n1", false),
+            ("/dev/ngx", false),
+            ("/dev/ng0n", false),
+        ] {
+            let parsed = spec.parse::<DeviceSpec>().unwrap();
+            assert_eq!(matches!(parsed, DeviceSpec::Nvme { .. }), nvme, "{spec}");
+        }
+        assert!("nvme:".parse::<DeviceSpec>().is_err());
         assert!(
             "emulated:mem,latency_us=fast"
                 .parse::<DeviceSpec>()

@@ -153,13 +153,53 @@ impl ObjectStore {
                 a.free(e);
             }
         }
-        let mut crc = lock(&inner.crc_tables);
-        for d in &dropped {
-            crc.remove(&d.id);
+        {
+            let mut crc = lock(&inner.crc_tables);
+            for d in &dropped {
+                crc.remove(&d.id);
+            }
         }
-        drop(crc);
         lock(&inner.dropped).extend(dropped.iter().cloned());
         Ok(dropped)
+    }
+
+    /// On a device that deallocates (NVMe Dataset Management), tells it that the
+    /// blocks of dropped objects nobody holds any more are free, then returns them to
+    /// the free map; returns the bytes deallocated. Their catalog is durable already
+    /// (they were dropped by a commit), and they leave the dropped list before the
+    /// device hears of them, so a deallocation can neither lose a live object nor
+    /// race a new write to the same blocks. Objects still held are left for later
+    /// (this call again, or [`reclaim`](Self::reclaim) without deallocating).
+    pub async fn deallocate_released(&self) -> u64 {
+        let inner = &self.inner;
+        if !inner.dev.can_deallocate() {
+            return 0;
+        }
+        let released: Vec<Arc<ObjectInfo>> = {
+            let mut d = lock(&inner.dropped);
+            let (released, held) = std::mem::take(&mut *d)
+                .into_iter()
+                .partition(|o| Arc::strong_count(o) == 1);
+            *d = held;
+            released
+        };
+        let mut bytes = 0;
+        for o in &released {
+            for e in &o.extents {
+                match inner.dev.deallocate(e.lba, e.blocks).await {
+                    Ok(()) => bytes += e.blocks * inner.sb.block_size as u64,
+                    // Advisory: the blocks are free in the catalog either way.
+                    Err(err) => {
+                        tracing::warn!(object = %o.name, error = %err, "deallocating freed blocks failed")
+                    }
+                }
+            }
+        }
+        let mut a = lock(&inner.alloc);
+        for o in released {
+            o.extents.iter().for_each(|&e| a.free(e));
+        }
+        bytes
     }
 
     /// Frees the extents of dropped objects that no reader holds any more.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What a storage node in a QEMU guest needs (`[nodes] system = "qemu"`, the NVMe
+# passthrough tests): QEMU (TCG), a static busybox, and Debian's cloud kernel — its
+# vmlinuz (NVMe and io_uring built in) and the virtio-net modules, in load order —
+# unpacked into $CSD_QEMU_HOME (default ~/.cache/csd/qemu). Idempotent; no install
+# hooks run for the kernel (it is only unpacked).
+set -euo pipefail
+home="${CSD_QEMU_HOME:-$HOME/.cache/csd/qemu}"
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+command -v strip >/dev/null || need+=(binutils)
+if [ ${#need[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq "${need[@]}"
+fi
+if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ]; then
+  exit 0
+fi
+mkdir -p "$home"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+download() { apt-get download "$1" >/dev/null 2>&1 || { as_root apt-get update -qq && apt-get download "$1"; }; }
+download linux-image-cloud-amd64
+pkg="$(dpkg-deb -f linux-image-cloud-amd64_*.deb Depends | grep -o 'linux-image-[0-9][^ ,]*-cloud-amd64' | head -n1)"
+[ -n "$pkg" ] || { echo "setup-qemu: linux-image-cloud-amd64 names no kernel package" >&2; exit 1; }
+download "$pkg"
+dpkg-deb -x "$pkg"_*.deb root
+rm -rf "$home/modules.new" && mkdir -p "$home/modules.new"
+# virtio_net and what it needs, in the order insmod must load them.
+order=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net)
+for m in "${order[@]}"; do
+  ko="$(find root -name "$m.ko" -path "*/modules/*" | head -n1)"
+  [ -n "$ko" ] || { echo "setup-qemu: $pkg has no $m.ko" >&2; exit 1; }
+  cp "$ko" "$home/modules.new/"
+done
+printf '%s\n' "${order[@]}" > "$home/modules.new/order"
+cp root/boot/vmlinuz-* "$home/vmlinuz.new"
+echo "$pkg" > "$home/kernel"
+rm -rf "$home/modules" && mv "$home/modules.new" "$home/modules"
+mv "$home/vmlinuz.new" "$home/vmlinuz"
+echo "setup-qemu: $pkg unpacked into $home"

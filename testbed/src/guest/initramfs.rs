@@ -1,0 +1,151 @@
+//! The guest's root file system: busybox, an `/init` that brings up the network and
+//! runs `/csd` with the arguments on the kernel command line (`csd.arg=…`, one per
+//! argument), the `csd` binary stripped of debug info, the shared libraries it
+//! links, and the virtio-net modules. Built once per binary and kept.
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::cpio::CpioWriter;
+use super::kit::Kit;
+use crate::{Error, Result};
+
+/// The guest's `/init`.
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sysfs /sys
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+/bin/busybox --install -s /bin
+export PATH=/bin
+for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "csd-guest: insmod $m failed"; done
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+ip route add default via 10.0.2.2
+set --
+for w in $(cat /proc/cmdline); do
+  case "$w" in csd.arg=*) set -- "$@" "${w#csd.arg=}" ;; esac
+done
+echo "csd-guest: up in $(cut -d' ' -f1 /proc/uptime) s; running csd $*"
+/csd "$@"
+echo "csd-guest: csd exited with status $?"
+poweroff -f
+"#;
+
+/// Shared libraries `binary` loads (with its interpreter), as `ldd` lists them.
+fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| Error::Guest(format!("running ldd on {}: {e}", binary.display())))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || text.contains("not a dynamic executable") {
+        return Ok(Vec::new());
+    }
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let path = match l.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// Builds (or finds, when one of this binary and kit is already there) the guest's
+/// initramfs in `dir`, keeping no other binary's.
+pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
+    let io = |what: &str, e: std::io::Error| Error::Guest(format!("{what}: {e}"));
+    let meta =
+        std::fs::metadata(binary).map_err(|e| io(&format!("reading {}", binary.display()), e))?;
+    let stamp = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let key = format!("{:x}-{:x}-{}", meta.len(), stamp, kit.kernel);
+    std::fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+    let out = dir.join(format!("initramfs-{key}.cpio"));
+    if out.is_file() {
+        return Ok(out);
+    }
+    // Strip debug info: the guest keeps the whole archive in memory.
+    let stripped = dir.join(format!("csd.{}.stripped", std::process::id()));
+    let ok = Command::new("strip")
+        .args(["--strip-debug", "-o"])
+        .arg(&stripped)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    let csd = if ok {
+        stripped.clone()
+    } else {
+        binary.to_path_buf()
+    };
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
+    let file =
+        std::fs::File::create(&tmp).map_err(|e| io(&format!("creating {}", tmp.display()), e))?;
+    let mut w = CpioWriter::new(BufWriter::with_capacity(1 << 20, file));
+    let wrote = (|| -> std::io::Result<()> {
+        for d in [
+            "bin", "dev", "proc", "sys", "tmp", "etc", "modules", "lib", "lib64", "usr",
+        ] {
+            w.dir(d)?;
+        }
+        w.file_from("bin/busybox", 0o755, &kit.busybox)?;
+        w.symlink("bin/sh", "busybox")?;
+        w.file("init", 0o755, INIT.as_bytes())?;
+        let mut order = String::new();
+        for m in &kit.modules {
+            let name = m.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+            w.file_from(&format!("modules/{name}.ko"), 0o644, m)?;
+            order.push_str(name);
+            order.push('\n');
+        }
+        w.file("modules/order", 0o644, order.as_bytes())?;
+        w.file_from("csd", 0o755, &csd)?;
+        let mut made = std::collections::BTreeSet::new();
+        for lib in libraries(binary).map_err(|e| std::io::Error::other(e.to_string()))? {
+            let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
+            // Parent folders first (lib/x86_64-linux-gnu, …).
+            let mut parent = String::new();
+            for part in rel
+                .split('/')
+                .collect::<Vec<_>>()
+                .split_last()
+                .map_or(&[][..], |(_, p)| p)
+            {
+                if !parent.is_empty() {
+                    parent.push('/');
+                }
+                parent.push_str(part);
+                if !["lib", "lib64", "usr"].contains(&parent.as_str())
+                    && made.insert(parent.clone())
+                {
+                    w.dir(&parent)?;
+                }
+            }
+            // Follow symlinks: the archive holds the library's bytes.
+            w.file_from(&rel, 0o755, &std::fs::canonicalize(&lib)?)?;
+        }
+        w.finish()?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&stripped);
+    wrote.map_err(|e| io(&format!("writing {}", tmp.display()), e))?;
+    // Keep only this binary's archive.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n.starts_with("initramfs-") && n.ends_with(".cpio") && e.path() != out {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    std::fs::rename(&tmp, &out).map_err(|e| io(&format!("renaming {}", tmp.display()), e))?;
+    Ok(out)
+}

@@ -1,0 +1,315 @@
+//! Storage nodes in QEMU guests: a whole machine per node — its own kernel, an
+//! emulated NVMe controller over a backing file on the host, the node reached over
+//! QEMU's user network — so the node drives a real NVMe queue through the guest
+//! kernel (`--device nvme:/dev/ng0n1`) instead of a file.
+//!
+//! QEMU runs in TCG (software emulation): the host has no KVM for a stock guest.
+//! Timings inside a guest are those of an emulated machine and say nothing about
+//! real hardware; answers, commands and crash behaviour are real.
+//!
+//! * [`kit`]: QEMU, busybox and the guest kernel on the host.
+//! * [`initramfs`]: the guest's root file system, written with [`cpio`].
+
+mod cpio;
+pub mod initramfs;
+pub mod kit;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use csd_runtime::node_client::NodeClient;
+
+use crate::{Error, Result};
+
+pub use kit::Kit;
+
+/// The port the node listens on inside every guest.
+const GUEST_PORT: u16 = 7070;
+
+/// How long a guest may take from QEMU's start to a node answering.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// One guest machine running one node.
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    /// The `csd` executable the guest runs (any Linux x86-64 build; debug info is
+    /// stripped on the way in).
+    pub binary: PathBuf,
+    /// The backing file of the guest's emulated NVMe namespace (created, or grown, to
+    /// `disk_bytes`; kept across boots).
+    pub disk: PathBuf,
+    /// The namespace's size.
+    pub disk_bytes: u64,
+    /// Bytes per LBA of the emulated namespace (512 or 4096).
+    pub lba_bytes: u32,
+    /// Virtual CPUs.
+    pub cpus: usize,
+    /// Guest memory in MiB (the initramfs, with the binary, lives in it).
+    pub memory_mib: u64,
+    /// `--device` of the node inside the guest: `nvme:/dev/ng0n1` (passthrough) or
+    /// `uring:/dev/nvme0n1` (the same namespace through the block layer).
+    pub device: String,
+    /// Further `csd serve` arguments (no spaces: each travels as one kernel
+    /// command-line word).
+    pub node_args: Vec<String>,
+    /// Where the serial log goes (the initramfs is kept in the kit's folder).
+    pub work: PathBuf,
+}
+
+impl GuestSpec {
+    /// A guest of `cpus` CPUs running `binary` on an NVMe namespace backed by `disk`,
+    /// with the usual sizes.
+    pub fn new(binary: PathBuf, disk: PathBuf, work: PathBuf) -> Self {
+        GuestSpec {
+            binary,
+            disk,
+            disk_bytes: 1 << 30,
+            lba_bytes: 512,
+            cpus: 1,
+            memory_mib: 1536,
+            device: "nvme:/dev/ng0n1".into(),
+            node_args: Vec::new(),
+            work,
+        }
+    }
+}
+
+/// The `csd` binary a guest should run when none is named: `$CSD_GUEST_BINARY`, else
+/// the `csd` next to this executable (or one folder up, from a test binary in
+/// `deps/`), else this executable when it is `csd`.
+pub fn default_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CSD_GUEST_BINARY") {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe()
+        .map_err(|e| Error::Guest(format!("finding this executable: {e}")))?;
+    let dir = me.parent().map(PathBuf::from).unwrap_or_default();
+    for candidate in [dir.join("csd"), dir.join("../csd")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::Guest(format!(
+        "no csd binary next to {} (build it: cargo build -p csd-client --bin csd, or set CSD_GUEST_BINARY)",
+        me.display()
+    )))
+}
+
+/// A running guest.
+pub struct Guest {
+    spec: GuestSpec,
+    kit: Kit,
+    initramfs: PathBuf,
+    child: Option<Child>,
+    port: u16,
+    /// The node's URL from the host.
+    pub url: String,
+    /// Seconds from starting QEMU to the node's first answer, last boot.
+    pub boot_s: f64,
+    /// The serial console's log.
+    pub log: PathBuf,
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Guest(format!("finding a free port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::Guest(format!("finding a free port: {e}")))
+}
+
+impl Guest {
+    /// Builds the guest's initramfs (once per binary) and boots it; returns when the
+    /// node answers.
+    pub async fn boot(spec: GuestSpec) -> Result<Guest> {
+        let kit = Kit::find()?;
+        if let Some(a) = spec
+            .node_args
+            .iter()
+            .find(|a| a.contains(char::is_whitespace) || a.is_empty())
+        {
+            return Err(Error::Guest(format!(
+                "node argument {a:?}: guest arguments travel as kernel command-line words and \
+                 cannot be empty or hold spaces"
+            )));
+        }
+        if ![512, 4096].contains(&spec.lba_bytes) {
+            return Err(Error::Guest(format!(
+                "lba_bytes {}: QEMU's NVMe namespace takes 512 or 4096",
+                spec.lba_bytes
+            )));
+        }
+        let initramfs = {
+            let (kit, binary) = (kit.clone(), spec.binary.clone());
+            let dir = kit::home().join("initramfs");
+            tokio::task::spawn_blocking(move || initramfs::build(&kit, &binary, &dir))
+                .await
+                .map_err(|e| Error::Guest(format!("building the initramfs: {e}")))??
+        };
+        let disk = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&spec.disk)
+            .map_err(|e| Error::Guest(format!("opening {}: {e}", spec.disk.display())))?;
+        let len = disk.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < spec.disk_bytes {
+            disk.set_len(spec.disk_bytes)
+                .map_err(|e| Error::Guest(format!("sizing {}: {e}", spec.disk.display())))?;
+        }
+        let log = spec.work.join(format!(
+            "{}.serial.log",
+            spec.disk
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("guest")
+        ));
+        let mut g = Guest {
+            spec,
+            kit,
+            initramfs,
+            child: None,
+            port: 0,
+            url: String::new(),
+            boot_s: 0.0,
+            log,
+        };
+        g.start().await?;
+        Ok(g)
+    }
+
+    /// The QEMU command line.
+    fn command(&self) -> Command {
+        let s = &self.spec;
+        let mut append = String::from("console=ttyS0 quiet panic=-1");
+        let advertise = format!("grpc://127.0.0.1:{}", self.port);
+        let args = [
+            "serve",
+            "--listen",
+            &format!("0.0.0.0:{GUEST_PORT}"),
+            "--advertise",
+            &advertise,
+            "--device",
+            &s.device,
+            "--cpus",
+            &s.cpus.to_string(),
+        ]
+        .map(String::from);
+        for a in args.iter().chain(&s.node_args) {
+            append.push_str(" csd.arg=");
+            append.push_str(a);
+        }
+        let mut c = Command::new(&self.kit.qemu);
+        c.args(["-accel", "tcg", "-display", "none", "-no-reboot"])
+            .args(["-m", &s.memory_mib.to_string()])
+            .args(["-smp", &s.cpus.to_string()])
+            .arg("-serial")
+            .arg(format!("file:{}", self.log.display()))
+            .arg("-kernel")
+            .arg(&self.kit.vmlinuz)
+            .arg("-initrd")
+            .arg(&self.initramfs)
+            .args(["-append", &append])
+            .arg("-drive")
+            .arg(format!(
+                "file={},if=none,id=nvm,format=raw,cache=writeback",
+                s.disk.display()
+            ))
+            .arg("-device")
+            .arg(format!(
+                "nvme,serial=csd0,drive=nvm,logical_block_size={0},physical_block_size={0}",
+                s.lba_bytes
+            ))
+            .args(["-netdev"])
+            .arg(format!(
+                "user,id=n0,hostfwd=tcp:127.0.0.1:{}-:{GUEST_PORT}",
+                self.port
+            ))
+            .args(["-device", "virtio-net-pci,netdev=n0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    async fn start(&mut self) -> Result<()> {
+        self.port = free_port()?;
+        self.url = format!("grpc://127.0.0.1:{}", self.port);
+        let _ = std::fs::remove_file(&self.log);
+        let t = Instant::now();
+        let child = self
+            .command()
+            .spawn()
+            .map_err(|e| Error::Guest(format!("starting {}: {e}", self.kit.qemu.display())))?;
+        self.child = Some(child);
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                let mut err = String::new();
+                if let Some(mut e) = c.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                self.child = None;
+                return Err(Error::Guest(format!(
+                    "QEMU exited ({status}) before the node answered: {}\n{}",
+                    err.trim(),
+                    self.log_tail(30)
+                )));
+            }
+            if t.elapsed() > BOOT_TIMEOUT {
+                self.kill();
+                return Err(Error::Guest(format!(
+                    "the guest's node did not answer within {} s:\n{}",
+                    BOOT_TIMEOUT.as_secs(),
+                    self.log_tail(30)
+                )));
+            }
+            // QEMU accepts on the forwarded port before the guest listens: only an
+            // answer counts.
+            if let Ok(c) = NodeClient::connect(&self.url).await
+                && c.stats().await.is_ok()
+            {
+                self.boot_s = t.elapsed().as_secs_f64();
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Kills QEMU (SIGKILL: the guest gets no chance to flush or shut down) and
+    /// waits for it to go.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills the guest and boots it again on the same backing file (a new port).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.start().await
+    }
+
+    /// The last `lines` lines of the serial console.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// What the guest runs.
+    pub fn spec(&self) -> &GuestSpec {
+        &self.spec
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
