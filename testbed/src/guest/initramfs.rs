@@ -69,6 +69,10 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
     let key = format!("{:x}-{:x}-{}", meta.len(), stamp, kit.kernel);
     std::fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
     let out = dir.join(format!("initramfs-{key}.cpio"));
+    // One build at a time in this process (guests boot together); another process
+    // writes its own temporary file and renames it over the same name.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     if out.is_file() {
         return Ok(out);
     }

@@ -54,6 +54,9 @@ pub struct GuestSpec {
     /// Further `csd serve` arguments (no spaces: each travels as one kernel
     /// command-line word).
     pub node_args: Vec<String>,
+    /// Run the binary with these arguments instead of `serve` (no spaces either),
+    /// then power off: see [`Guest::run_to_exit`].
+    pub run: Option<Vec<String>>,
     /// Where the serial log goes (the initramfs is kept in the kit's folder).
     pub work: PathBuf,
 }
@@ -71,6 +74,7 @@ impl GuestSpec {
             memory_mib: 1536,
             device: "nvme:/dev/ng0n1".into(),
             node_args: Vec::new(),
+            run: None,
             work,
         }
     }
@@ -121,13 +125,13 @@ fn free_port() -> Result<u16> {
 }
 
 impl Guest {
-    /// Builds the guest's initramfs (once per binary) and boots it; returns when the
-    /// node answers.
-    pub async fn boot(spec: GuestSpec) -> Result<Guest> {
+    /// Checks `spec`, builds its initramfs and backing file; starts nothing.
+    async fn prepare(spec: GuestSpec) -> Result<Guest> {
         let kit = Kit::find()?;
         if let Some(a) = spec
             .node_args
             .iter()
+            .chain(spec.run.iter().flatten())
             .find(|a| a.contains(char::is_whitespace) || a.is_empty())
         {
             return Err(Error::Guest(format!(
@@ -166,7 +170,7 @@ impl Guest {
                 .and_then(|s| s.to_str())
                 .unwrap_or("guest")
         ));
-        let mut g = Guest {
+        Ok(Guest {
             spec,
             kit,
             initramfs,
@@ -175,9 +179,50 @@ impl Guest {
             url: String::new(),
             boot_s: 0.0,
             log,
-        };
+        })
+    }
+
+    /// Builds the guest's initramfs (once per binary) and boots it; returns when the
+    /// node answers.
+    pub async fn boot(spec: GuestSpec) -> Result<Guest> {
+        let mut g = Self::prepare(spec).await?;
         g.start().await?;
         Ok(g)
+    }
+
+    /// Boots a guest whose [`GuestSpec::run`] is set, waits (at most `timeout`) for
+    /// the program to end and the guest to power off, and returns the serial
+    /// console's text (the program's output among the kernel's) and the seconds the
+    /// whole machine ran.
+    pub async fn run_to_exit(spec: GuestSpec, timeout: Duration) -> Result<(String, f64)> {
+        if spec.run.is_none() {
+            return Err(Error::Guest("run_to_exit needs GuestSpec::run".into()));
+        }
+        let mut g = Self::prepare(spec).await?;
+        g.port = free_port()?;
+        let _ = std::fs::remove_file(&g.log);
+        let t = Instant::now();
+        let mut child = g
+            .command()
+            .spawn()
+            .map_err(|e| Error::Guest(format!("starting {}: {e}", g.kit.qemu.display())))?;
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if t.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Guest(format!(
+                    "the guest ran past {} s:\n{}",
+                    timeout.as_secs(),
+                    g.log_tail(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let text = std::fs::read_to_string(&g.log).unwrap_or_default();
+        Ok((text, t.elapsed().as_secs_f64()))
     }
 
     /// The QEMU command line.
@@ -193,11 +238,13 @@ impl Guest {
             &advertise,
             "--device",
             &s.device,
-            "--cpus",
-            &s.cpus.to_string(),
         ]
         .map(String::from);
-        for a in args.iter().chain(&s.node_args) {
+        let words: Vec<&String> = match &s.run {
+            Some(run) => run.iter().collect(),
+            None => args.iter().chain(&s.node_args).collect(),
+        };
+        for a in words {
             append.push_str(" csd.arg=");
             append.push_str(a);
         }
@@ -300,6 +347,11 @@ impl Guest {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Where the host reaches the node (QEMU's forwarded port).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     /// What the guest runs.

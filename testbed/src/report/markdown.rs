@@ -34,17 +34,41 @@ impl Report {
         );
         let _ = writeln!(m, "\n## Set-up\n");
         let d = &s.nodes.device;
-        let _ = writeln!(
-            m,
-            "- {} storage node(s), {} CPU worker(s) and {} memory each; emulated NVMe: {} µs, {} MB/s read, queue depth {}, parallelism {}",
-            s.nodes.count,
-            s.nodes.settings.cpus,
-            s.nodes.settings.memory,
-            d.latency_us,
-            d.read_mbps,
-            d.queue_depth,
-            d.parallelism
-        );
+        if s.nodes.system == crate::scenario::NodeSystem::Qemu {
+            let q = &s.nodes.qemu;
+            let boot = self
+                .boot_s
+                .iter()
+                .map(|b| format!("{b:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                m,
+                "- {} storage node(s), each in a QEMU guest of its own (TCG; {} vCPU, {} MiB; {}): the node ({} CPU worker(s), {} memory) stores on an emulated NVMe controller ({} MiB, {}-byte LBAs) through `{}`; QEMU start to a serving node: {} s",
+                s.nodes.count,
+                s.nodes.settings.cpus,
+                q.memory_mib,
+                crate::guest::Kit::find().map_or_else(|_| "kernel unknown".into(), |k| k.kernel),
+                s.nodes.settings.cpus,
+                s.nodes.settings.memory,
+                q.disk_mib,
+                q.lba_bytes,
+                q.device.spec(),
+                if boot.is_empty() { "-".into() } else { boot }
+            );
+        } else {
+            let _ = writeln!(
+                m,
+                "- {} storage node(s), {} CPU worker(s) and {} memory each; emulated NVMe: {} µs, {} MB/s read, queue depth {}, parallelism {}",
+                s.nodes.count,
+                s.nodes.settings.cpus,
+                s.nodes.settings.memory,
+                d.latency_us,
+                d.read_mbps,
+                d.queue_depth,
+                d.parallelism
+            );
+        }
         let _ = writeln!(
             m,
             "- Link per node: {} Mbit/s, {} µs one way{}",

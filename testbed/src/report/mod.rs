@@ -176,6 +176,10 @@ pub struct Report {
     pub capacity_qps: Option<f64>,
     /// Seconds spent loading data, per cluster started.
     pub load_s: Vec<f64>,
+    /// With QEMU guests: seconds from starting QEMU to a serving node (the slowest
+    /// guest), per cluster started.
+    #[serde(default)]
+    pub boot_s: Vec<f64>,
     /// The headline, one line per compared policy.
     pub headline: Vec<String>,
 }

@@ -17,7 +17,7 @@ mod tests;
 mod workload;
 
 pub(crate) use nodes::CorePlan;
-pub use nodes::{ComputeSpec, DeviceConf, LinkConf, NodesSpec};
+pub use nodes::{ComputeSpec, DeviceConf, GuestDevice, LinkConf, NodeSystem, NodesSpec, QemuConf};
 pub use policy::PolicyName;
 pub(crate) use sweep::Point;
 pub use sweep::SweepAxis;
@@ -210,6 +210,9 @@ impl Scenario {
 
     /// The device spec every node gets (`emulated:mem,...`).
     pub(crate) fn device_spec(&self) -> Result<String> {
+        if self.nodes.system == nodes::NodeSystem::Qemu {
+            return Ok(format!("qemu:{}", self.nodes.qemu.device.spec()));
+        }
         let d = &self.nodes.device;
         let spec = format!(
             "emulated:mem,latency_us={},read_mbps={},write_mbps={},queue_depth={},parallelism={}",

@@ -29,8 +29,73 @@ pub struct NodesSpec {
     /// TLS on every node and a tenant's token on every request (a private CA and a
     /// tenants file made for the run): what security costs, measured.
     pub secure: bool,
+    /// Where each node runs: `process` (in this process, on an emulated device) or
+    /// `qemu` (a QEMU guest of its own, on an emulated NVMe controller).
+    pub system: NodeSystem,
+    /// The guests, with `system = "qemu"`.
+    pub qemu: QemuConf,
     /// Each node's settings.
     pub settings: NodeConfig,
+}
+
+/// Where a scenario's nodes run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeSystem {
+    /// In the testbed's process, on the emulated device of `[nodes.device]`.
+    #[default]
+    Process,
+    /// Each in a QEMU guest (TCG) with an emulated NVMe controller over a backing
+    /// file, reached over QEMU's user network (`scripts/setup-qemu.sh` installs what
+    /// it needs). Timings are an emulated machine's.
+    Qemu,
+}
+
+/// `[nodes.qemu]`: the guests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QemuConf {
+    /// How the node reaches its namespace: `nvme` (NVMe commands through io_uring
+    /// passthrough, `/dev/ng0n1`) or `block` (io_uring + O_DIRECT on `/dev/nvme0n1`).
+    pub device: GuestDevice,
+    /// The namespace's size, MiB.
+    pub disk_mib: u64,
+    /// Bytes per LBA: 512 or 4096.
+    pub lba_bytes: u32,
+    /// Guest memory, MiB.
+    pub memory_mib: u64,
+}
+
+/// How a guest's node reaches its NVMe namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestDevice {
+    /// NVMe passthrough on the generic device.
+    #[default]
+    Nvme,
+    /// The block device, through the block layer.
+    Block,
+}
+
+impl GuestDevice {
+    /// The node's `--device` inside the guest.
+    pub fn spec(self) -> &'static str {
+        match self {
+            GuestDevice::Nvme => "nvme:/dev/ng0n1",
+            GuestDevice::Block => "uring:/dev/nvme0n1",
+        }
+    }
+}
+
+impl Default for QemuConf {
+    fn default() -> Self {
+        QemuConf {
+            device: GuestDevice::Nvme,
+            disk_mib: 1024,
+            lba_bytes: 512,
+            memory_mib: 1536,
+        }
+    }
 }
 
 /// `[nodes]` as it is read: the testbed's keys and the node's settings side by side,
@@ -42,8 +107,10 @@ impl Serialize for NodesSpec {
         // The node's device path is the testbed's to choose; `device` here is the
         // emulated device.
         settings.remove("device");
-        let mut m = s.serialize_map(Some(4 + settings.len()))?;
+        let mut m = s.serialize_map(Some(6 + settings.len()))?;
         m.serialize_entry("count", &self.count)?;
+        m.serialize_entry("system", &self.system)?;
+        m.serialize_entry("qemu", &self.qemu)?;
         m.serialize_entry("device", &self.device)?;
         m.serialize_entry("pin", &self.pin)?;
         m.serialize_entry("secure", &self.secure)?;
@@ -73,13 +140,20 @@ impl<'de> Deserialize<'de> for NodesSpec {
         let device = take(&mut table, "device")?.unwrap_or_default();
         let pin = take(&mut table, "pin")?.unwrap_or_default();
         let secure = take(&mut table, "secure")?.unwrap_or_default();
-        let settings = NodeConfig::deserialize(toml::Value::Table(table))
-            .map_err(|e| D::Error::custom(format!("nodes: {e} (or count, device, pin, secure)")))?;
+        let system = take(&mut table, "system")?.unwrap_or_default();
+        let qemu = take(&mut table, "qemu")?.unwrap_or_default();
+        let settings = NodeConfig::deserialize(toml::Value::Table(table)).map_err(|e| {
+            D::Error::custom(format!(
+                "nodes: {e} (or count, device, pin, secure, system, qemu)"
+            ))
+        })?;
         Ok(NodesSpec {
             count,
             device,
             pin,
             secure,
+            system,
+            qemu,
             settings,
         })
     }
@@ -113,7 +187,67 @@ impl NodesSpec {
             }
         }
         s.admission().map_err(|e| bad("nodes", e))?;
+        if self.system == NodeSystem::Qemu {
+            if self.pin || self.secure {
+                return Err(bad(
+                    "nodes.system",
+                    "QEMU guests take neither `pin` (their vCPUs are host threads) nor `secure`",
+                ));
+            }
+            if ![512, 4096].contains(&self.qemu.lba_bytes) {
+                return Err(bad("nodes.qemu.lba_bytes", "expected 512 or 4096"));
+            }
+            if self.qemu.disk_mib < 64 || self.qemu.memory_mib < 512 {
+                return Err(bad(
+                    "nodes.qemu",
+                    "a guest needs disk_mib >= 64 and memory_mib >= 512",
+                ));
+            }
+            self.guest_args(self.settings.policy)?;
+        }
         Ok(())
+    }
+
+    /// The `csd serve` flags a guest's node gets for these settings under `policy`:
+    /// every setting that differs from the node's default, as `--name=value`.
+    /// Settings that are tables or lists cannot travel on a kernel command line.
+    pub(crate) fn guest_args(&self, policy: csd_runtime::admission::Policy) -> Result<Vec<String>> {
+        let table = |c: &NodeConfig| {
+            toml::Table::try_from(c).map_err(|e| bad("nodes", format!("settings: {e}")))
+        };
+        let ours = table(&NodeConfig::default())?;
+        let theirs = table(&NodeConfig {
+            policy,
+            ..self.settings.clone()
+        })?;
+        let mut args = Vec::new();
+        for (k, v) in &theirs {
+            if matches!(k.as_str(), "device" | "listen" | "format" | "advertise")
+                || ours.get(k) == Some(v)
+            {
+                continue;
+            }
+            let value = match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    v.to_string()
+                }
+                _ => {
+                    return Err(bad(
+                        &format!("nodes.{k}"),
+                        "QEMU guests take plain settings only (no tables or lists)",
+                    ));
+                }
+            };
+            if value.is_empty() || value.contains(char::is_whitespace) {
+                return Err(bad(
+                    &format!("nodes.{k}"),
+                    "a guest's settings travel on its kernel command line: no spaces",
+                ));
+            }
+            args.push(format!("--{}={value}", k.replace('_', "-")));
+        }
+        Ok(args)
     }
 }
 
