@@ -80,20 +80,30 @@ fn rows(batches: &[RecordBatch]) -> Vec<(i64, String)> {
     out
 }
 
+/// A guest whose node (256 MiB budget) stores on a `disk_mib` namespace in `dir`.
+async fn boot(dir: &std::path::Path, disk_mib: u64) -> Guest {
+    let mut spec = GuestSpec::new(
+        default_binary().unwrap(),
+        dir.join("node.img"),
+        dir.to_path_buf(),
+    );
+    spec.disk_bytes = disk_mib << 20;
+    spec.node_args = vec!["--memory".into(), "256MiB".into()];
+    Guest::boot(spec).await.unwrap()
+}
+
+/// The table a crash-test writer stores as `t{seed}`.
+fn table(seed: i64) -> RecordBatch {
+    batch(seed, 20_000 + (seed as usize * 977) % 20_000)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
     if kit().is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = GuestSpec::new(
-        default_binary().unwrap(),
-        dir.path().join("node0.img"),
-        dir.path().to_path_buf(),
-    );
-    spec.disk_bytes = 256 << 20;
-    spec.node_args = vec!["--memory".into(), "256MiB".into()];
-    let mut g = Guest::boot(spec).await.unwrap();
+    let mut g = boot(dir.path(), 256).await;
     eprintln!("guest booted in {:.1} s", g.boot_s);
     let c = NodeClient::connect(&g.url).await.unwrap();
     let stats = c.stats().await.unwrap();
@@ -174,7 +184,7 @@ async fn write_until_killed(c: NodeClient, first: i64, acks: Arc<Mutex<Acks>>) {
     for i in first.. {
         let name = format!("t{i}");
         acks.lock().unwrap().in_flight = Some((name.clone(), Some(i)));
-        let b = batch(i, 20_000 + (i as usize * 977) % 20_000);
+        let b = table(i);
         let put = c
             .put(&name, "p0", b.schema(), futures::stream::iter(vec![Ok(b)]))
             .await;
@@ -217,14 +227,7 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = GuestSpec::new(
-        default_binary().unwrap(),
-        dir.path().join("crash.img"),
-        dir.path().to_path_buf(),
-    );
-    spec.disk_bytes = 512 << 20;
-    spec.node_args = vec!["--memory".into(), "256MiB".into()];
-    let mut g = Guest::boot(spec).await.unwrap();
+    let mut g = boot(dir.path(), 512).await;
     let acks = Arc::new(Mutex::new(Acks::default()));
     let mut next = 0i64;
     for round in 0..rounds {
@@ -256,7 +259,7 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
             "round {round}: nothing was stored before the kill"
         );
         for (name, seed) in &stored {
-            let want = batch(*seed, 20_000 + (*seed as usize * 977) % 20_000);
+            let want = table(*seed);
             assert_eq!(
                 rows(&scan(&c, name).await),
                 rows(std::slice::from_ref(&want)),
@@ -273,7 +276,7 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
         if let Some((name, Some(seed))) = in_flight
             && present.contains(&name)
         {
-            let want = batch(seed, 20_000 + (seed as usize * 977) % 20_000);
+            let want = table(seed);
             assert_eq!(
                 rows(&scan(&c, &name).await),
                 rows(std::slice::from_ref(&want)),

@@ -14,6 +14,8 @@
 pub mod emulated;
 pub mod nvme;
 mod ring;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 pub mod uring;
 
 use std::alloc::Layout;
@@ -311,6 +313,8 @@ pub(crate) fn check_command(geo: &Geometry, op: &str, lba: u64, buf: &DmaBuf) ->
 ///   `--capacity`) or a raw block device such as `/dev/nvme0n1`.
 /// * `nvme:PATH` – NVMe commands through io_uring passthrough on a namespace's generic
 ///   character device (`/dev/ngXnY`); a plain path of that name means the same.
+/// * `spdk:malloc=MIB`, `spdk:tcp=HOST:PORT/NQN`, `spdk:pcie=BDF` – an SPDK bdev
+///   (builds with the `spdk` feature only).
 /// * `emulated:mem[,opts]` or `emulated:file=PATH[,opts]` – emulated NVMe, with
 ///   `latency_us`, `read_mbps`, `write_mbps`, `queue_depth`, `parallelism` options.
 ///   A model with no options is untimed (plain memory or pread/pwrite): the fallback
@@ -326,6 +330,11 @@ pub enum DeviceSpec {
     Nvme {
         /// `/dev/ngXnY`.
         path: std::path::PathBuf,
+    },
+    /// An SPDK bdev (what follows `spdk:`).
+    Spdk {
+        /// `malloc=MIB`, `tcp=HOST:PORT/NQN` or `pcie=BDF`.
+        target: String,
     },
     /// Emulated NVMe.
     Emulated {
@@ -377,6 +386,13 @@ impl FromStr for DeviceSpec {
             model.validate().map_err(|e| bad(e.to_string()))?;
             return Ok(DeviceSpec::Emulated { path, model });
         }
+        if let Some(target) = s.strip_prefix("spdk:") {
+            #[cfg(feature = "spdk")]
+            spdk::SpdkTarget::parse(target)?;
+            return Ok(DeviceSpec::Spdk {
+                target: target.into(),
+            });
+        }
         if let Some(path) = s.strip_prefix("nvme:") {
             if path.is_empty() {
                 return Err(bad("empty path".into()));
@@ -411,6 +427,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Uring { path } => write!(f, "uring:{}", path.display()),
             DeviceSpec::Nvme { path } => write!(f, "nvme:{}", path.display()),
+            DeviceSpec::Spdk { target } => write!(f, "spdk:{target}"),
             DeviceSpec::Emulated { path, model } => {
                 match path {
                     None => write!(f, "emulated:mem")?,
@@ -439,6 +456,16 @@ impl DeviceSpec {
                 Ok(Arc::new(uring::UringDevice::open(path, capacity, 64)?))
             }
             DeviceSpec::Nvme { path } => Ok(Arc::new(nvme::NvmeDevice::open(path, 64)?)),
+            #[cfg(feature = "spdk")]
+            DeviceSpec::Spdk { target } => Ok(Arc::new(spdk::SpdkDevice::open(
+                &spdk::SpdkTarget::parse(target)?,
+                64,
+            )?)),
+            #[cfg(not(feature = "spdk"))]
+            DeviceSpec::Spdk { target } => Err(Error::Unimplemented(format!(
+                "device spdk:{target}: this csd was built without SPDK (build SPDK with \
+                 scripts/build-spdk.sh, then cargo build --release --features spdk with SPDK_DIR set)"
+            ))),
             DeviceSpec::Emulated { path, model } => {
                 let cap = capacity.or_else(|| {
                     path.as_ref()

@@ -523,3 +523,5 @@ impl Drop for Kill {
 
 mod onnx;
 mod processes;
+#[cfg(feature = "spdk")]
+mod spdk;

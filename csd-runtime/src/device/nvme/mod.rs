@@ -230,6 +230,8 @@ impl NvmeDevice {
         if let Some(k) = kernel_max_transfer(path) {
             max_transfer = max_transfer.min(k);
         }
+        // NLB is a 16-bit field: at most 65536 LBAs a command.
+        let max_transfer = max_transfer.min(lba << 16);
         let max_transfer = (max_transfer / DEFAULT_BLOCK_SIZE).max(1) * DEFAULT_BLOCK_SIZE;
         let bytes = namespace.blocks * lba as u64;
         let num_blocks = bytes / DEFAULT_BLOCK_SIZE as u64;
@@ -402,5 +404,34 @@ impl BlockDevice for NvmeDevice {
         self.counters
             .record_deallocate(blocks * DEFAULT_BLOCK_SIZE as u64);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_beyond_the_limit_becomes_several_commands() {
+        let c = NvmeCommands {
+            file: File::open("/dev/null").unwrap(),
+            nsid: 1,
+            lba_shift: 9,
+            max_transfer: 1 << 20,
+        };
+        let mut out = Vec::new();
+        let mut buf = DmaBuf::zeroed((5 << 20) / 2);
+        c.build(Op::Read, 4096, Some(&mut buf), &mut out);
+        assert_eq!(out.len(), 3, "2.5 MiB in 1 MiB commands");
+        out.clear();
+        c.build(Op::Write, 0, Some(&mut DmaBuf::zeroed(4096)), &mut out);
+        c.build(Op::Flush, 0, None, &mut out);
+        c.build(
+            Op::Deallocate { ranges: 1 },
+            0,
+            Some(&mut DmaBuf::zeroed(4096)),
+            &mut out,
+        );
+        assert_eq!(out.len(), 3);
     }
 }
