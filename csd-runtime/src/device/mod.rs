@@ -12,6 +12,7 @@
 //! and the testbed). Pick one from a [`DeviceSpec`].
 
 pub mod emulated;
+mod mailbox;
 pub mod nvme;
 mod ring;
 #[cfg(feature = "spdk")]

@@ -11,12 +11,13 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::oneshot;
 
 use super::DmaBuf;
+use super::mailbox::Mailbox;
 use crate::error::{Error, Result};
 
 /// What a command asks of the device.
@@ -65,9 +66,7 @@ struct InFlight {
 
 /// A ring and the thread that drives it.
 pub(super) struct Ring {
-    name: String,
-    slots: Semaphore,
-    tx: Option<Sender<Command>>,
+    mailbox: Mailbox<Command>,
     wake: Arc<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -111,9 +110,7 @@ impl Ring {
             .spawn(move || submission_loop(ring, commands, rx, thread_wake, queue_depth))
             .map_err(|e| Error::io("starting the io_uring thread", e))?;
         Ok(Ring {
-            name,
-            slots: Semaphore::new(queue_depth),
-            tx: Some(tx),
+            mailbox: Mailbox::new(name, "the io_uring thread", queue_depth, tx),
             wake,
             thread: Some(thread),
         })
@@ -126,30 +123,17 @@ impl Ring {
         offset: u64,
         buf: Option<DmaBuf>,
     ) -> Result<Completion> {
-        let _slot = self
-            .slots
-            .acquire()
+        self.mailbox
+            .call(
+                |done| Command {
+                    op,
+                    offset,
+                    buf,
+                    done,
+                },
+                || wake(&self.wake),
+            )
             .await
-            .map_err(|_| Error::Internal("device closed".into()))?;
-        let (done, rx) = oneshot::channel();
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| Error::Internal("device closed".into()))?;
-        tx.send(Command {
-            op,
-            offset,
-            buf,
-            done,
-        })
-        .map_err(|_| Error::Internal(format!("{}: the io_uring thread has stopped", self.name)))?;
-        wake(&self.wake);
-        rx.await.map_err(|_| {
-            Error::Internal(format!(
-                "{}: the io_uring thread dropped a command",
-                self.name
-            ))
-        })
     }
 }
 
@@ -162,7 +146,7 @@ fn wake(fd: &OwnedFd) {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        self.tx = None;
+        self.mailbox.close();
         wake(&self.wake);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

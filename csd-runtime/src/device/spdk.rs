@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use csd_spdk_sys as sys;
 use tokio::sync::oneshot;
 
+use super::mailbox::Mailbox;
 use super::{
     BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command,
 };
@@ -155,9 +156,8 @@ pub struct SpdkDevice {
     /// Bdev blocks per store block.
     per_block: u64,
     unmap: bool,
-    tx: Option<Sender<Command>>,
+    mailbox: Mailbox<Command>,
     thread: Option<std::thread::JoinHandle<()>>,
-    slots: tokio::sync::Semaphore,
     counters: DeviceCounters,
 }
 
@@ -195,18 +195,18 @@ impl SpdkDevice {
             )));
         }
         let per_block = (DEFAULT_BLOCK_SIZE / bs) as u64;
+        let name = format!("spdk:{target}");
         Ok(SpdkDevice {
             geometry: Geometry {
-                name: format!("spdk:{target}"),
+                name: name.clone(),
                 block_size: DEFAULT_BLOCK_SIZE,
                 num_blocks: opened.bdev_blocks / per_block,
                 queue_depth,
             },
             per_block,
             unmap: opened.unmap,
-            tx: Some(tx),
+            mailbox: Mailbox::new(name, "the SPDK thread", queue_depth, tx),
             thread: Some(thread),
-            slots: tokio::sync::Semaphore::new(queue_depth),
             counters: DeviceCounters::default(),
         })
     }
@@ -218,35 +218,20 @@ impl SpdkDevice {
         blocks: u64,
         buf: Option<DmaBuf>,
     ) -> Result<Option<DmaBuf>> {
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Internal("device closed".into()))?;
-        let (done, rx) = oneshot::channel();
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| Error::Internal("device closed".into()))?;
-        tx.send(Command {
-            op,
-            offset: lba * self.per_block,
-            blocks: blocks * self.per_block,
-            buf,
-            done,
-        })
-        .map_err(|_| {
-            Error::Internal(format!(
-                "{}: the SPDK thread has stopped",
-                self.geometry.name
-            ))
-        })?;
-        let (res, buf) = rx.await.map_err(|_| {
-            Error::Internal(format!(
-                "{}: the SPDK thread dropped a command",
-                self.geometry.name
-            ))
-        })?;
+        let per_block = self.per_block;
+        let (res, buf) = self
+            .mailbox
+            .call(
+                |done| Command {
+                    op,
+                    offset: lba * per_block,
+                    blocks: blocks * per_block,
+                    buf,
+                    done,
+                },
+                || {},
+            )
+            .await?;
         res.map_err(|why| {
             Error::io(
                 format!(
@@ -317,7 +302,7 @@ impl BlockDevice for SpdkDevice {
 
 impl Drop for SpdkDevice {
     fn drop(&mut self) {
-        self.tx = None;
+        self.mailbox.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
