@@ -11,6 +11,11 @@
 //!
 //! `sudo target/release/nvme [--mib 256] [--secs 4] [--lba 512] [--json PATH]`
 //! (needs `scripts/setup-qemu.sh`; `csd` built beside this binary).
+//!
+//! `--inside=SPEC,…` runs the device tests right here on any `--device` specs: on
+//! the host, SPDK (a `--features csd-runtime/spdk` build) against io_uring on the
+//! same file (`spdk:aio=F` vs `uring:F`), or in memory (`spdk:malloc=M` vs
+//! `emulated:mem`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,9 +129,10 @@ async fn run_ops(
 async fn inside(specs: &[String], mib: u64, secs: f64) {
     let mut filled = false;
     for spec in specs {
+        // Files and memory devices are made twice the region (a device keeps its size).
         let dev = spec
             .parse::<DeviceSpec>()
-            .and_then(|s| s.open(None))
+            .and_then(|s| s.open(Some(mib << 21)))
             .unwrap_or_else(|e| panic!("{spec}: {e}"));
         let bs = dev.geometry().block_size as u64;
         let per = (1 << 20) / bs;

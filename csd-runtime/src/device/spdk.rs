@@ -41,6 +41,12 @@ pub enum SpdkTarget {
         /// The subsystem's NQN.
         nqn: String,
     },
+    /// A file through SPDK's libaio bdev (the same file the io_uring backend can
+    /// open: the two compared on one backing).
+    Aio {
+        /// The file.
+        path: String,
+    },
     /// A PCIe NVMe controller by its address (`0000:00:04.0`), bound to
     /// `uio_pci_generic` or `vfio-pci`: its namespace 1.
     Pcie {
@@ -50,11 +56,12 @@ pub enum SpdkTarget {
 }
 
 impl SpdkTarget {
-    /// Parses what follows `spdk:`: `malloc=MIB`, `tcp=HOST:PORT/NQN`, `pcie=BDF`.
+    /// Parses what follows `spdk:`: `malloc=MIB`, `tcp=HOST:PORT/NQN`, `pcie=BDF`,
+    /// `aio=PATH`.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::InvalidArgument(format!(
-                "device spec \"spdk:{s}\": {why} (expected spdk:malloc=MIB, spdk:tcp=HOST:PORT/NQN or spdk:pcie=BDF)"
+                "device spec \"spdk:{s}\": {why} (expected spdk:malloc=MIB, spdk:tcp=HOST:PORT/NQN, spdk:pcie=BDF or spdk:aio=PATH)"
             ))
         };
         let (k, v) = s.split_once('=').ok_or_else(|| bad("no key=value"))?;
@@ -77,6 +84,7 @@ impl SpdkTarget {
                 })
             }
             "pcie" if !v.is_empty() => Ok(SpdkTarget::Pcie { bdf: v.into() }),
+            "aio" if !v.is_empty() && !v.contains('"') => Ok(SpdkTarget::Aio { path: v.into() }),
             _ => Err(bad("unknown target")),
         }
     }
@@ -106,6 +114,12 @@ impl SpdkTarget {
                 ),
                 "csdn1",
             ),
+            SpdkTarget::Aio { path } => (
+                format!(
+                    r#"{{"method":"bdev_aio_create","params":{{"name":"csd0","filename":"{path}","block_size":4096}}}}"#
+                ),
+                "csd0",
+            ),
         };
         (
             format!(
@@ -122,6 +136,7 @@ impl std::fmt::Display for SpdkTarget {
             SpdkTarget::Malloc { mib } => write!(f, "malloc={mib}"),
             SpdkTarget::Tcp { addr, nqn } => write!(f, "tcp={addr}/{nqn}"),
             SpdkTarget::Pcie { bdf } => write!(f, "pcie={bdf}"),
+            SpdkTarget::Aio { path } => write!(f, "aio={path}"),
         }
     }
 }
@@ -646,7 +661,19 @@ mod tests {
                 nqn: "nqn.2016-06.io.spdk:cnode1".into()
             }
         );
-        for bad in ["malloc=0", "tcp=host/nqn", "tcp=h:1", "disk=1", "pcie="] {
+        assert_eq!(
+            SpdkTarget::parse("aio=/data/x.img").unwrap().config().1,
+            "csd0"
+        );
+        for bad in [
+            "malloc=0",
+            "tcp=host/nqn",
+            "tcp=h:1",
+            "disk=1",
+            "pcie=",
+            "aio=",
+            "aio=a\"b",
+        ] {
             assert!(SpdkTarget::parse(bad).is_err(), "{bad}");
         }
         let (json, bdev) = SpdkTarget::parse("malloc=2").unwrap().config();
