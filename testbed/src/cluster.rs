@@ -204,10 +204,11 @@ impl Cluster {
             }
             guests_dir = Some(dir);
         }
-        for i in 0..s.nodes.count {
-            if s.nodes.system == NodeSystem::Qemu {
-                break;
-            }
+        let in_process = match s.nodes.system {
+            NodeSystem::Process => s.nodes.count,
+            NodeSystem::Qemu => 0,
+        };
+        for i in 0..in_process {
             let config = NodeConfig {
                 device: key.device.clone(),
                 listen: "127.0.0.1:0".into(),

@@ -97,6 +97,15 @@ fn table(seed: i64) -> RecordBatch {
     batch(seed, 20_000 + (seed as usize * 977) % 20_000)
 }
 
+/// The node's `table` holds exactly `want`'s rows.
+async fn assert_holds(c: &NodeClient, table: &str, want: &RecordBatch, what: &str) {
+    assert_eq!(
+        rows(&scan(c, table).await),
+        rows(std::slice::from_ref(want)),
+        "{what}: table {table}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
     if kit().is_none() {
@@ -120,28 +129,16 @@ async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
     put(&c, "kept", &kept).await;
     let gone = batch(2, 50_000);
     put(&c, "gone", &gone).await;
-    assert_eq!(
-        rows(&scan(&c, "kept").await),
-        rows(std::slice::from_ref(&kept))
-    );
-    assert_eq!(
-        rows(&scan(&c, "gone").await),
-        rows(std::slice::from_ref(&gone))
-    );
+    assert_holds(&c, "kept", &kept, "stored").await;
+    assert_holds(&c, "gone", &gone, "stored").await;
     // Deleting sends Dataset Management; the space comes back and is written again.
     let gone_bytes: u64 = c.objects("gone").await.unwrap().iter().map(|o| o.len).sum();
     assert!(gone_bytes > 0);
     c.delete("gone", None).await.unwrap();
     let again = batch(3, 50_000);
     put(&c, "again", &again).await;
-    assert_eq!(
-        rows(&scan(&c, "again").await),
-        rows(std::slice::from_ref(&again))
-    );
-    assert_eq!(
-        rows(&scan(&c, "kept").await),
-        rows(std::slice::from_ref(&kept))
-    );
+    assert_holds(&c, "again", &again, "stored").await;
+    assert_holds(&c, "kept", &kept, "stored").await;
     let before = c.stats().await.unwrap().device.stats;
     assert!(
         before.writes > 0 && before.flushes > 0 && before.reads > 0,
@@ -156,8 +153,8 @@ async fn a_guest_node_stores_through_nvme_passthrough_and_survives_kill_9() {
     // The whole machine dies; the backing file is all that is left.
     g.restart().await.unwrap();
     let c = NodeClient::connect(&g.url).await.unwrap();
-    assert_eq!(rows(&scan(&c, "kept").await), rows(&[kept]));
-    assert_eq!(rows(&scan(&c, "again").await), rows(&[again]));
+    assert_holds(&c, "kept", &kept, "after kill -9").await;
+    assert_holds(&c, "again", &again, "after kill -9").await;
     let tables: Vec<String> = c
         .list_tables("")
         .await
@@ -258,13 +255,9 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
             !stored.is_empty(),
             "round {round}: nothing was stored before the kill"
         );
+        let what = format!("round {round}: acknowledged");
         for (name, seed) in &stored {
-            let want = table(*seed);
-            assert_eq!(
-                rows(&scan(&c, name).await),
-                rows(std::slice::from_ref(&want)),
-                "round {round}: acknowledged table {name}"
-            );
+            assert_holds(&c, name, &table(*seed), &what).await;
         }
         for name in &deleted {
             assert!(
@@ -276,12 +269,8 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
         if let Some((name, Some(seed))) = in_flight
             && present.contains(&name)
         {
-            let want = table(seed);
-            assert_eq!(
-                rows(&scan(&c, &name).await),
-                rows(std::slice::from_ref(&want)),
-                "round {round}: the put cut off by the kill left a partial table"
-            );
+            let what = format!("round {round}: the put cut off by the kill, if there, is whole");
+            assert_holds(&c, &name, &table(seed), &what).await;
             acks.lock().unwrap().stored.insert(name, seed);
         }
         let known: BTreeSet<&String> = stored.iter().map(|(n, _)| n).collect();

@@ -263,8 +263,7 @@ fn submission_loop<C: Commands>(
                 return;
             }
         }
-        let reaped: Vec<C::Cqe> = ring.completion().collect();
-        for cqe in reaped {
+        for cqe in ring.completion() {
             let token = cqueue::EntryMarker::user_data(&cqe);
             if token == WAKE_TOKEN {
                 wake_armed = false;

@@ -114,22 +114,17 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
         let mut made = std::collections::BTreeSet::new();
         for lib in libraries(binary).map_err(|e| std::io::Error::other(e.to_string()))? {
             let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
-            // Parent folders first (lib/x86_64-linux-gnu, …).
-            let mut parent = String::new();
-            for part in rel
-                .split('/')
-                .collect::<Vec<_>>()
-                .split_last()
-                .map_or(&[][..], |(_, p)| p)
-            {
-                if !parent.is_empty() {
-                    parent.push('/');
-                }
-                parent.push_str(part);
-                if !["lib", "lib64", "usr"].contains(&parent.as_str())
-                    && made.insert(parent.clone())
-                {
-                    w.dir(&parent)?;
+            // Parent folders first (lib/x86_64-linux-gnu, …); the top ones exist.
+            let mut parents: Vec<String> = Path::new(&rel)
+                .ancestors()
+                .skip(1)
+                .map(|p| p.to_string_lossy().into_owned())
+                .filter(|p| !p.is_empty() && !["lib", "lib64", "usr"].contains(&p.as_str()))
+                .collect();
+            parents.reverse();
+            for p in parents {
+                if made.insert(p.clone()) {
+                    w.dir(&p)?;
                 }
             }
             // Follow symlinks: the archive holds the library's bytes.

@@ -199,13 +199,8 @@ impl Guest {
             return Err(Error::Guest("run_to_exit needs GuestSpec::run".into()));
         }
         let mut g = Self::prepare(spec).await?;
-        g.port = free_port()?;
-        let _ = std::fs::remove_file(&g.log);
         let t = Instant::now();
-        let mut child = g
-            .command()
-            .spawn()
-            .map_err(|e| Error::Guest(format!("starting {}: {e}", g.kit.qemu.display())))?;
+        let mut child = g.spawn()?;
         loop {
             if let Ok(Some(_)) = child.try_wait() {
                 break;
@@ -281,15 +276,19 @@ impl Guest {
         c
     }
 
-    async fn start(&mut self) -> Result<()> {
+    /// Starts QEMU on a fresh forwarded port, with a fresh serial log.
+    fn spawn(&mut self) -> Result<Child> {
         self.port = free_port()?;
         self.url = format!("grpc://127.0.0.1:{}", self.port);
         let _ = std::fs::remove_file(&self.log);
-        let t = Instant::now();
-        let child = self
-            .command()
+        self.command()
             .spawn()
-            .map_err(|e| Error::Guest(format!("starting {}: {e}", self.kit.qemu.display())))?;
+            .map_err(|e| Error::Guest(format!("starting {}: {e}", self.kit.qemu.display())))
+    }
+
+    async fn start(&mut self) -> Result<()> {
+        let t = Instant::now();
+        let child = self.spawn()?;
         self.child = Some(child);
         loop {
             if let Some(c) = self.child.as_mut()
