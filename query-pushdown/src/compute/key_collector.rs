@@ -27,7 +27,7 @@ use datafusion_distributed::DistributedTaskContext;
 use futures::Stream;
 use tokio::sync::{OnceCell, watch};
 
-use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows};
+use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows, int_values};
 use csd_protocol::ModuleDigest;
 use csd_protocol::node_client::NodeClient;
 
@@ -83,6 +83,12 @@ struct Meeting {
     via: Arc<dyn KeyMeeting>,
 }
 
+/// A filter's digest at one node, once sent (`None`: it travels inline there).
+type SentOnce = Arc<OnceCell<Option<ModuleDigest>>>;
+
+/// A filter cut to some key ranges, and the keys it holds.
+type CutFilter = (Arc<Bloom>, usize);
+
 /// The keys of one hash join's build side, collected as its partitions run.
 #[derive(Debug)]
 pub(crate) struct KeyCollector {
@@ -105,13 +111,22 @@ pub(crate) struct KeyCollector {
     published: AtomicBool,
     fetched: OnceCell<Option<Arc<Bloom>>>,
     /// The filter's digest at each node it was sent to by attachment (by the node's
-    /// URL; `None`: that node would not keep it, so it travels inline).
-    attached: Mutex<HashMap<String, Arc<OnceCell<Option<ModuleDigest>>>>>,
+    /// URL and the filter sent, several when nodes hold different key ranges;
+    /// `None`: that node would not keep it, so it travels inline).
+    attached: Mutex<HashMap<(String, usize), SentOnce>>,
+    /// A single integer or date key's distinct values and their hashes, sorted by
+    /// value, once built (see [`within`](Self::within)).
+    by_key: OnceLock<Vec<(i64, u64)>>,
+    /// The filters cut to key ranges and their key counts, by the ranges.
+    cut: Mutex<HashMap<Vec<[i64; 2]>, CutFilter>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Collect {
     hashes: Vec<u64>,
+    /// The key of each of `hashes` while the key is one integer or date column
+    /// (`None` once it is not, or once `hashes` were deduplicated).
+    values: Option<Vec<i64>>,
     finished: usize,
     abandoned: Option<String>,
     keys: usize,
@@ -150,7 +165,13 @@ impl KeyCollector {
             parts: AtomicUsize::new(parts),
             wait,
             bits_per_key: bits_per_key.max(1),
-            state: Mutex::new(Collect::default()),
+            state: Mutex::new(Collect {
+                hashes: Vec::new(),
+                values: Some(Vec::new()),
+                finished: 0,
+                abandoned: None,
+                keys: 0,
+            }),
             done: watch::channel(false).0,
             built: OnceLock::new(),
             remote: OnceLock::new(),
@@ -158,6 +179,8 @@ impl KeyCollector {
             published: AtomicBool::new(false),
             fetched: OnceCell::new(),
             attached: Mutex::new(HashMap::new()),
+            by_key: OnceLock::new(),
+            cut: Mutex::new(HashMap::new()),
         }
     }
 
@@ -256,9 +279,21 @@ impl KeyCollector {
             })
             .collect::<std::result::Result<_, _>>()?;
         let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
+        let values = match &cols[..] {
+            [c] => int_values(c),
+            _ => None,
+        };
         let mut s = self.state.lock().map_err(|_| "key collector poisoned")?;
         if s.abandoned.is_some() {
             return Ok(());
+        }
+        match (s.values.as_mut(), values) {
+            (Some(kept), Some(v)) => kept.extend(
+                v.into_iter()
+                    .zip(&valid)
+                    .filter_map(|(k, ok)| ok.then_some(k)),
+            ),
+            _ => s.values = None,
         }
         s.hashes.extend(
             hashes
@@ -269,6 +304,7 @@ impl KeyCollector {
         let max_keys = self.max_keys();
         if s.hashes.len() > 2 * max_keys {
             // Duplicates may still bring it under; check before giving up.
+            s.values = None;
             s.hashes.sort_unstable();
             s.hashes.dedup();
             if s.hashes.len() > max_keys {
@@ -306,6 +342,7 @@ impl KeyCollector {
             tracing::debug!("join-key filter abandoned: {why}");
             s.abandoned = Some(why);
             s.hashes = Vec::new();
+            s.values = None;
         }
         self.done.send_replace(true);
         self.publish();
@@ -332,12 +369,61 @@ impl KeyCollector {
                     return None;
                 }
                 let mut h = std::mem::take(&mut s.hashes);
+                if let Some(values) = s.values.take() {
+                    let mut pairs: Vec<(i64, u64)> =
+                        values.into_iter().zip(h.iter().copied()).collect();
+                    pairs.sort_unstable();
+                    pairs.dedup();
+                    let _ = self.by_key.set(pairs);
+                }
                 h.sort_unstable();
                 h.dedup();
                 s.keys = h.len();
                 Bloom::with_bits_per_key(&h, self.bits_per_key).map(Arc::new)
             })
             .clone()
+    }
+
+    /// [`wait`](Self::wait)'s filter, holding only the keys inside `ranges` (sorted
+    /// `[min, max]` ranges of the key, inclusive), and whether it was cut so: what a
+    /// node whose listed rows all have their key in `ranges` needs, smaller where
+    /// the table's partitions hold key ranges (TPC-H's orders, lineitem and partsupp
+    /// in their files' order). The whole filter when the key is not one integer or
+    /// date column, when the keys met across stages, or when every key is inside.
+    pub(crate) async fn within(&self, ranges: Option<&[[i64; 2]]>) -> Option<(Arc<Bloom>, bool)> {
+        let whole = self.wait().await?;
+        let (Some(ranges), Some(keys)) = (ranges, self.by_key.get()) else {
+            return Some((whole, false));
+        };
+        let mut cut = self.cut.lock().ok()?;
+        if let Some((b, _)) = cut.get(ranges) {
+            return Some((b.clone(), true));
+        }
+        let mut hashes: Vec<u64> = Vec::new();
+        for &[lo, hi] in ranges {
+            let start = keys.partition_point(|(k, _)| *k < lo);
+            let end = keys.partition_point(|(k, _)| *k <= hi);
+            hashes.extend(keys[start..end.max(start)].iter().map(|(_, h)| *h));
+        }
+        // `keys` holds each distinct key once.
+        if hashes.len() == keys.len() {
+            return Some((whole, false));
+        }
+        hashes.sort_unstable();
+        hashes.dedup();
+        let bloom = Arc::new(Bloom::with_bits_per_key(&hashes, self.bits_per_key)?);
+        cut.insert(ranges.to_vec(), (bloom.clone(), hashes.len()));
+        Some((bloom, true))
+    }
+
+    /// The key counts of the filters [`within`](Self::within) cut, smallest first.
+    pub(crate) fn cut_keys(&self) -> Vec<usize> {
+        let mut k: Vec<usize> = match self.cut.lock() {
+            Ok(c) => c.values().map(|(_, n)| *n).collect(),
+            Err(_) => Vec::new(),
+        };
+        k.sort_unstable();
+        k
     }
 
     /// The digest by which the node `client` talks to keeps this filter's `blocks`
@@ -348,10 +434,14 @@ impl KeyCollector {
     pub(crate) async fn attachment_at(
         &self,
         client: &NodeClient,
+        bloom: &Arc<Bloom>,
         blocks: &[u8],
     ) -> Option<ModuleDigest> {
+        // The filter by its address: [`within`](Self::within) keeps each one for
+        // the collector's life, so no two filters share one.
+        let key = (client.url().to_string(), Arc::as_ptr(bloom) as usize);
         let cell = match self.attached.lock() {
-            Ok(mut m) => m.entry(client.url().to_string()).or_default().clone(),
+            Ok(mut m) => m.entry(key).or_default().clone(),
             Err(_) => return None,
         };
         *cell
@@ -564,5 +654,63 @@ impl Drop for CollectStream {
             self.collector
                 .abandon("build side stopped before its end".into());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use datafusion::physical_expr::expressions::Column;
+
+    fn collected(keys: ArrayRef) -> KeyCollector {
+        let c = KeyCollector::new(
+            vec![Arc::new(Column::new("k", 0))],
+            1,
+            Duration::from_secs(5),
+            12,
+        );
+        c.add(&RecordBatch::try_from_iter([("k", keys)]).unwrap())
+            .unwrap();
+        c.finish_part();
+        c
+    }
+
+    #[tokio::test]
+    async fn a_filter_cut_to_key_ranges_holds_just_their_keys() {
+        let c = collected(Arc::new(Int64Array::from_iter_values(
+            (0..30_000).map(|i| i * 3).chain(0..10),
+        )));
+        let (whole, cut) = c.within(None).await.unwrap();
+        assert!(!cut);
+        let ranges = [[0, 29_999], [60_000, 60_299]];
+        let (part, cut) = c.within(Some(&ranges)).await.unwrap();
+        assert!(cut);
+        // 10,000 + 100 multiples of three, and the ten small keys already among them
+        // but 1, 2, 4, 5, 7, 8.
+        assert_eq!(c.cut_keys(), [10_100 + 6]);
+        assert!(part.to_msg(&[0]).blocks.len() * 2 < whole.to_msg(&[0]).blocks.len());
+        let again = c.within(Some(&ranges)).await.unwrap().0;
+        assert!(Arc::ptr_eq(&part, &again), "cut once per set of ranges");
+        // Every key inside: the whole filter, not cut.
+        let (all, cut) = c.within(Some(&[[-5, 100_000]])).await.unwrap();
+        assert!(!cut && Arc::ptr_eq(&all, &whole));
+        // No key inside: a filter that keeps nothing.
+        let (none, cut) = c.within(Some(&[[200_000, 300_000]])).await.unwrap();
+        assert!(
+            cut && !none.contains(
+                hash_rows(&[Arc::new(Int64Array::from(vec![3])) as ArrayRef], 1)
+                    .unwrap()
+                    .0[0]
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn string_keys_are_never_cut() {
+        let c = collected(Arc::new(StringArray::from(vec!["a", "b"])));
+        let (_, cut) = c.within(Some(&[[0, 1]])).await.unwrap();
+        assert!(!cut);
+        assert!(c.cut_keys().is_empty());
     }
 }

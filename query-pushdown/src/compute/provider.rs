@@ -320,6 +320,10 @@ impl TableProvider for CsdTable {
             }
         };
         let fraction = self.estimate(session, filters);
+        let columns = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.inner.schema().fields().len()).collect(),
+        };
         let scan = CsdScanExec::new(
             self.inner.clone(),
             schema,
@@ -328,7 +332,8 @@ impl TableProvider for CsdTable {
             describe(&fragment),
         )
         .with_functions(encoded.functions)
-        .with_estimate(Some(fraction), limit);
+        .with_estimate(Some(fraction), limit)
+        .with_table_columns(columns);
         let reduces_nothing = filters.is_empty() && limit.is_none();
         let direct = CsdOptions::of(session.config_options()).direct_unfiltered;
         Ok(Arc::new(if reduces_nothing && direct {

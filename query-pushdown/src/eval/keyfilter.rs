@@ -153,7 +153,7 @@ fn place(
             let Some(inputs) = plain(columns, |c| groups.get(c).map(|(e, _)| e)) else {
                 return Ok(None);
             };
-            let filter = KeyFilter::new(inputs, filter.bloom.clone());
+            let filter = filter.on(inputs);
             // Filters under one aggregate share one node: one pass over each batch.
             let input = match agg.input().downcast_ref::<KeyFilterExec>() {
                 Some(k) => {

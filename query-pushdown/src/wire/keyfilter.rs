@@ -24,8 +24,19 @@
 //!   reserved 2, 3;                // the classic bloom of earlier builds, refused
 //!   bytes blocks = 4;             // 32-byte blocks of eight little-endian u32 words
 //!   optional bytes attachment = 5; // or: the SHA-256 of those blocks, sent before
+//!   repeated sint64 within = 6;   // a cut filter: [lo, hi] pairs, sorted, disjoint
+//!   optional uint32 within_column = 7; // a cut filter's one key column (then 1 is empty)
 //! }
 //! ```
+//!
+//! A **cut** filter holds only the build keys inside `within`: the `[min, max]`
+//! ranges of the key over the objects the node was listed with, where a table's
+//! files hold key ranges (TPC-H's orders, lineitem and partsupp as generated), so
+//! each node gets the keys its rows can have, not all of them. It only judges rows
+//! whose key lies inside `within`; any other row (one appended after the listing)
+//! passes, as the filter cannot know its key. A cut filter names its one integer or
+//! date column in field 7 and leaves field 1 empty, so a node of an earlier build,
+//! which would apply it to every row, refuses it instead.
 //!
 //! A filter carries its blocks, or names them by `attachment`: the compute tier sends
 //! a filter that several fragments at one node apply once (the `put_attachment`
@@ -36,6 +47,8 @@
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, downcast_integer};
 use arrow::compute::filter_record_batch;
+use std::sync::Arc;
+
 use arrow::datatypes::DataType;
 use csd_protocol::ModuleDigest;
 
@@ -43,6 +56,8 @@ use csd_protocol::ModuleDigest;
 pub const MAX_FILTER_BYTES: usize = 2 << 20;
 /// Most key columns in one filter.
 pub const MAX_KEY_COLUMNS: usize = 8;
+/// Most `[lo, hi]` ranges of a cut filter.
+pub const MAX_RANGES: usize = 4096;
 /// Default bits per key: about 1% false positives for a split-block filter
 /// (`csd.bloom_bits_per_key`).
 pub(crate) const BITS_PER_KEY: usize = 12;
@@ -177,6 +192,23 @@ fn hash_column(col: &ArrayRef, out: &mut [u64]) -> Result<(), String> {
     Ok(())
 }
 
+/// A key column's values as `i64`, when it is a signed integer or date column (the
+/// types a node lists `[min, max]` ranges of, and that a cut filter takes).
+pub(crate) fn int_values(c: &ArrayRef) -> Option<Vec<i64>> {
+    use arrow::datatypes::{Date32Type, Int8Type, Int16Type, Int32Type, Int64Type};
+    fn widen<T: Copy + Into<i64>>(v: &[T]) -> Vec<i64> {
+        v.iter().map(|x| (*x).into()).collect()
+    }
+    Some(match c.data_type() {
+        DataType::Int8 => widen(c.as_primitive::<Int8Type>().values()),
+        DataType::Int16 => widen(c.as_primitive::<Int16Type>().values()),
+        DataType::Int32 => widen(c.as_primitive::<Int32Type>().values()),
+        DataType::Int64 => c.as_primitive::<Int64Type>().values().to_vec(),
+        DataType::Date32 => widen(c.as_primitive::<Date32Type>().values()),
+        _ => return None,
+    })
+}
+
 /// A split-block bloom filter over row hashes (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bloom {
@@ -303,6 +335,19 @@ impl Bloom {
                 .flat_map(|w| w.to_le_bytes())
                 .collect(),
             attachment: None,
+            within: Vec::new(),
+            within_column: None,
+        }
+    }
+
+    /// The wire form of a cut filter: it holds the keys of `column` inside `ranges`
+    /// (sorted, disjoint) and judges only rows whose key lies inside them.
+    pub fn to_cut_msg(&self, column: usize, ranges: &[[i64; 2]]) -> KeyFilterMsg {
+        KeyFilterMsg {
+            columns: Vec::new(),
+            within: ranges.iter().flatten().copied().collect(),
+            within_column: Some(column as u32),
+            ..self.to_msg(&[])
         }
     }
 }
@@ -341,15 +386,21 @@ pub struct KeyFilterMsg {
     /// Or the blocks' SHA-256, naming what the node was sent with `put_attachment`.
     #[prost(bytes = "vec", optional, tag = "5")]
     pub attachment: Option<Vec<u8>>,
+    /// A cut filter's key ranges: `[lo, hi]` pairs, inclusive, sorted, disjoint.
+    #[prost(sint64, repeated, tag = "6")]
+    pub within: Vec<i64>,
+    /// A cut filter's one key column (`columns` is then empty).
+    #[prost(uint32, optional, tag = "7")]
+    pub within_column: Option<u32>,
 }
 
 impl KeyFilterMsg {
     /// This filter naming its blocks by their digest instead of carrying them.
     pub fn by_attachment(&self, digest: &ModuleDigest) -> KeyFilterMsg {
         KeyFilterMsg {
-            columns: self.columns.clone(),
             blocks: Vec::new(),
             attachment: Some(digest.0.to_vec()),
+            ..self.clone()
         }
     }
 
@@ -374,16 +425,33 @@ impl KeyFilterMsg {
 pub struct KeyFilter {
     pub(crate) columns: Vec<usize>,
     pub(crate) bloom: Bloom,
+    /// A cut filter's key ranges: rows whose key lies outside them pass.
+    pub(crate) within: Option<Arc<Vec<[i64; 2]>>>,
 }
 
 impl KeyFilter {
     /// `bloom` over `columns`.
     pub fn new(columns: Vec<usize>, bloom: Bloom) -> Self {
-        KeyFilter { columns, bloom }
+        KeyFilter {
+            columns,
+            bloom,
+            within: None,
+        }
+    }
+
+    /// The same filter over `columns` (the same values, found elsewhere).
+    pub(crate) fn on(&self, columns: Vec<usize>) -> Self {
+        KeyFilter {
+            columns,
+            ..self.clone()
+        }
     }
 
     /// Checks an untrusted filter against the fragment's output types.
     pub fn from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, String> {
+        if m.within_column.is_some() || !m.within.is_empty() {
+            return KeyFilter::cut_from_msg(m, output);
+        }
         if m.columns.is_empty() || m.columns.len() > MAX_KEY_COLUMNS {
             return Err(format!(
                 "a key filter needs 1 to {MAX_KEY_COLUMNS} key columns, it names {}",
@@ -413,9 +481,54 @@ impl KeyFilter {
                     .into(),
             );
         }
+        Ok(KeyFilter::new(columns, Bloom::from_blocks(&m.blocks)?))
+    }
+
+    /// [`from_msg`](Self::from_msg) for a cut filter (fields 6 and 7).
+    fn cut_from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, String> {
+        let (Some(c), true) = (m.within_column, m.columns.is_empty()) else {
+            return Err(
+                "a cut key filter names its one column in field 7 and none in field 1".into(),
+            );
+        };
+        let dt = output.get(c as usize).ok_or_else(|| {
+            format!(
+                "key filter names output column {c}, the fragment returns {} columns",
+                output.len()
+            )
+        })?;
+        if !matches!(
+            dt,
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32
+        ) {
+            return Err(format!(
+                "a cut key filter's column must be a signed integer or date, column {c} is {dt}"
+            ));
+        }
+        if m.within.is_empty()
+            || !m.within.len().is_multiple_of(2)
+            || m.within.len() > 2 * MAX_RANGES
+        {
+            return Err(format!(
+                "a cut key filter needs 1 to {MAX_RANGES} [lo, hi] pairs, it has {} values",
+                m.within.len()
+            ));
+        }
+        let ranges: Vec<[i64; 2]> = m.within.chunks_exact(2).map(|p| [p[0], p[1]]).collect();
+        if ranges.iter().any(|[lo, hi]| lo > hi) || ranges.windows(2).any(|w| w[0][1] >= w[1][0]) {
+            return Err(
+                "a cut key filter's ranges must be [lo <= hi] pairs, sorted and disjoint".into(),
+            );
+        }
+        if m.blocks.is_empty() {
+            return Err(
+                "key filter without bloom blocks (field 4) or an attachment (field 5)".into(),
+            );
+        }
         Ok(KeyFilter {
-            columns,
+            columns: vec![c as usize],
             bloom: Bloom::from_blocks(&m.blocks)?,
+            within: Some(Arc::new(ranges)),
         })
     }
 
@@ -436,6 +549,17 @@ impl KeyFilter {
         let mut keep = self.bloom.contains_all(&hashes);
         for (k, v) in keep.iter_mut().zip(&valid) {
             *k |= !v;
+        }
+        if let (Some(ranges), [col]) = (&self.within, &cols[..]) {
+            let values = int_values(col).ok_or_else(|| {
+                format!("a cut key filter over a column of type {}", col.data_type())
+            })?;
+            for (k, v) in keep.iter_mut().zip(values) {
+                if !*k {
+                    let i = ranges.partition_point(|r| r[1] < v);
+                    *k = ranges.get(i).is_none_or(|r| r[0] > v);
+                }
+            }
         }
         Ok(BooleanArray::from(keep))
     }
@@ -484,6 +608,90 @@ mod tests {
         // Every inserted key, and some of the others, pass.
         assert!(fast[..5_000].iter().all(|&x| x));
         assert!(fast.iter().filter(|&&x| !x).count() > 10_000);
+    }
+
+    /// A cut filter holds the keys of its ranges and judges only rows inside them:
+    /// a row whose key lies outside (appended after the listing) always passes.
+    #[test]
+    fn a_cut_filter_judges_only_keys_inside_its_ranges() {
+        let inside: Vec<i64> = (100..200)
+            .step_by(2)
+            .chain((1_000..1_100).step_by(2))
+            .collect();
+        let col: ArrayRef = Arc::new(Int64Array::from(inside.clone()));
+        let bloom = Bloom::with_keys(&h(std::slice::from_ref(&col))).unwrap();
+        let ranges = [[100, 199], [1_000, 1_099]];
+        let msg = bloom.to_cut_msg(0, &ranges);
+        assert!(msg.columns.is_empty(), "an earlier node must refuse it");
+        let f = KeyFilter::from_msg(&msg, &[DataType::Int64]).unwrap();
+        let probe: Vec<i64> = (0..1_500).collect();
+        let batch = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(Int64Array::from(probe.clone())) as ArrayRef,
+        )])
+        .unwrap();
+        let mask = f.mask(&batch).unwrap();
+        for (k, keep) in probe.iter().zip(mask.iter()) {
+            let in_range = ranges.iter().any(|[lo, hi]| lo <= k && k <= hi);
+            if !in_range || inside.contains(k) {
+                assert_eq!(keep, Some(true), "key {k}");
+            }
+        }
+        // Odd keys inside the ranges were never inserted: nearly all dropped.
+        let dropped = mask.iter().filter(|k| *k == Some(false)).count();
+        assert!(dropped > 90, "{dropped}");
+        // Named by attachment, it stays cut; under an aggregate, on another column.
+        let d = ModuleDigest([7; 32]);
+        let by = msg.by_attachment(&d);
+        assert_eq!(
+            (by.within.clone(), by.within_column),
+            (msg.within.clone(), msg.within_column)
+        );
+        assert!(f.on(vec![0]).within.is_some());
+        // Dates too.
+        let days: ArrayRef = Arc::new(arrow::array::Date32Array::from(vec![150, 5_000]));
+        let batch = RecordBatch::try_from_iter([("d", days)]).unwrap();
+        let f = KeyFilter::from_msg(&msg, &[DataType::Date32]).unwrap();
+        // A date hashes as its day number: 150 is a key, 5,000 lies outside.
+        assert_eq!(f.mask(&batch).unwrap().true_count(), 2);
+    }
+
+    #[test]
+    fn malformed_cut_filters_are_refused_with_a_reason() {
+        let bloom = Bloom::with_keys(&[1, 2, 3]).unwrap();
+        let good = bloom.to_cut_msg(0, &[[1, 5], [10, 20]]);
+        let types = [DataType::Int32, DataType::Utf8];
+        assert!(KeyFilter::from_msg(&good, &types).is_ok());
+        let refused = |m: KeyFilterMsg, types: &[DataType]| {
+            KeyFilter::from_msg(&m, types).expect_err("refused")
+        };
+        let mut m = good.clone();
+        m.columns = vec![0];
+        assert!(refused(m, &types).contains("field 7"));
+        let mut m = good.clone();
+        m.within.pop();
+        assert!(refused(m, &types).contains("pairs"));
+        let mut m = good.clone();
+        m.within = vec![10, 20, 1, 5];
+        assert!(refused(m, &types).contains("sorted"));
+        let mut m = good.clone();
+        m.within = vec![5, 1];
+        assert!(refused(m, &types).contains("lo <= hi"));
+        let mut m = good.clone();
+        m.within = vec![1, 10, 10, 20];
+        assert!(refused(m, &types).contains("disjoint"));
+        let mut m = good.clone();
+        m.within_column = Some(1);
+        assert!(refused(m, &types).contains("signed integer or date"));
+        let mut m = good.clone();
+        m.within_column = Some(9);
+        assert!(refused(m, &types).contains("returns 2 columns"));
+        let mut m = good.clone();
+        m.within_column = None;
+        assert!(refused(m, &types).contains("field 7"));
+        let mut m = good;
+        m.blocks.clear();
+        assert!(refused(m, &types).contains("bloom blocks"));
     }
 
     #[test]
@@ -586,7 +794,7 @@ mod tests {
                 keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
             ));
             let batch = RecordBatch::try_from_iter([("k", col.clone()), ("s", names)]).unwrap();
-            let msg = KeyFilterMsg { columns, blocks, attachment: None };
+            let msg = KeyFilterMsg { columns, blocks, ..KeyFilterMsg::default() };
             if let Ok(f) = KeyFilter::from_msg(&msg, &types) {
                 proptest::prop_assert!(f.apply(&batch).unwrap().num_rows() <= keys.len());
             }

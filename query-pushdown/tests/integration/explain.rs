@@ -237,6 +237,25 @@ async fn join_key_filters_shrink_the_probe_side() {
     let text = run.plan_with_metrics();
     let line = text.lines().find(|l| l.contains("table=orders")).unwrap();
     assert!(line.contains("key_filter=[o_orderkey]"), "{text}");
+    // Each node holds one contiguous range of order keys (TPC-H's generator writes
+    // orders in key order), so each got only the keys of its range: together all
+    // of them, each fewer.
+    let count = |after: &str| -> Vec<usize> {
+        let from = line
+            .find(after)
+            .map(|i| &line[i + after.len()..])
+            .unwrap_or_default();
+        let to = from.find(" keys)").unwrap_or(0);
+        from[..to]
+            .split(", ")
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    let whole = count("from a hash join's build side (");
+    let cut = count("cut to nodes' key ranges (");
+    assert!(whole.len() == 1 && cut.len() == 2, "{text}");
+    assert_eq!(cut.iter().sum::<usize>(), whole[0], "{text}");
+    assert!(cut.iter().all(|&k| k > 0 && k < whole[0]), "{text}");
     let orders = runs_of(&run.plan, "orders");
     assert_eq!(orders.len(), 2, "{text}");
     let returned: u64 = orders.iter().map(|r| r.report.rows_returned).sum();

@@ -83,6 +83,9 @@ pub struct CsdScanExec {
     direct: bool,
     pinned: bool,
     functions: Arc<Vec<Arc<ShippedFunction>>>,
+    /// For each output column, the table column it passes through unchanged, when
+    /// the fragment only filters and projects (see [`CsdScanExec::with_table_columns`]).
+    table_columns: Option<Arc<Vec<usize>>>,
 }
 
 impl CsdScanExec {
@@ -117,6 +120,7 @@ impl CsdScanExec {
             direct: false,
             pinned: false,
             functions: Arc::new(Vec::new()),
+            table_columns: None,
         }
     }
 
@@ -156,7 +160,16 @@ impl CsdScanExec {
         s.pinned = self.pinned;
         s.functions = self.functions.clone();
         s.key_filters = self.key_filters.clone();
+        s.table_columns = self.table_columns.clone();
         s
+    }
+
+    /// Output column `i` is the table's column `columns[i]`, unchanged (a fragment
+    /// that filters and projects): a join-key filter on it can be cut to the key
+    /// ranges of each node's objects (see [`crate::wire::keyfilter`]).
+    pub(crate) fn with_table_columns(mut self, columns: Vec<usize>) -> Self {
+        self.table_columns = Some(Arc::new(columns));
+        self
     }
 
     /// The Wasm SQL functions the plan calls: declared in every fragment (their
@@ -196,6 +209,7 @@ impl CsdScanExec {
             endpoint,
             fragment,
             key_filters: self.key_filters.clone(),
+            table_columns: self.table_columns.clone(),
             direct: self.direct,
             functions: self.functions.clone(),
             context,
@@ -323,6 +337,11 @@ impl DisplayAs for CsdScanExec {
                     )?;
                     if c.keys() > 0 {
                         write!(f, " ({} keys)", c.keys())?;
+                    }
+                    let cut = c.cut_keys();
+                    if !cut.is_empty() {
+                        let each: Vec<String> = cut.iter().map(|k| k.to_string()).collect();
+                        write!(f, " cut to nodes' key ranges ({} keys)", each.join(", "))?;
                     }
                 }
                 let runs = self.runs();

@@ -19,6 +19,7 @@ use crate::error::to_datafusion;
 use crate::eval::keyfilter::filter_stream;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
+use crate::wire::keyfilter::MAX_RANGES;
 use crate::wire::shipped::ShippedFunction;
 use csd_protocol::ModuleDigest;
 
@@ -44,6 +45,9 @@ pub(crate) struct EndpointOpener {
     /// The fragment as planned, without join-key filters.
     pub fragment: SqlFragment,
     pub key_filters: Vec<(Arc<KeyCollector>, Vec<usize>)>,
+    /// For each output column, the table column it is (see
+    /// `CsdScanExec::with_table_columns`).
+    pub table_columns: Option<Arc<Vec<usize>>>,
     /// A scan that reduces nothing by itself (see `CsdScanExec::direct`).
     pub direct: bool,
     /// The Wasm SQL functions the fragment calls (with their modules' bytes).
@@ -57,9 +61,13 @@ impl EndpointOpener {
         let mut frag = self.fragment.clone();
         let mut collectors = Vec::new();
         for (collector, cols) in &self.key_filters {
-            if let Some(bloom) = collector.wait().await {
-                frag.key_filters.push(bloom.to_msg(cols));
-                collectors.push(collector);
+            let ranges = self.key_ranges(cols);
+            if let Some((bloom, cut)) = collector.within(ranges.as_deref()).await {
+                frag.key_filters.push(match (&ranges, &cols[..]) {
+                    (Some(r), [c]) if cut => bloom.to_cut_msg(*c, r),
+                    _ => bloom.to_msg(cols),
+                });
+                collectors.push((collector, bloom));
             }
         }
         let args = frag.to_bytes();
@@ -76,9 +84,9 @@ impl EndpointOpener {
             false => args.clone(),
             true => {
                 let mut to_node = frag.clone();
-                for (msg, collector) in to_node.key_filters.iter_mut().zip(&collectors) {
+                for (msg, (collector, bloom)) in to_node.key_filters.iter_mut().zip(&collectors) {
                     let client = &self.endpoint.client;
-                    if let Some(d) = collector.attachment_at(client, &msg.blocks).await {
+                    if let Some(d) = collector.attachment_at(client, bloom, &msg.blocks).await {
                         attached.push((d, std::mem::take(&mut msg.blocks)));
                         *msg = msg.by_attachment(&d);
                     }
@@ -98,6 +106,34 @@ impl EndpointOpener {
                 })
             }
         }
+    }
+
+    /// The key ranges of the rows this endpoint's node was listed with, for a
+    /// filter on `cols`: sorted and merged `[min, max]` of the one key column over
+    /// every object of the table at the node, when the fragment passes that column
+    /// through from the table and every object's range is known (`None`: the
+    /// filter is not cut).
+    fn key_ranges(&self, cols: &[usize]) -> Option<Vec<[i64; 2]>> {
+        let [c] = cols else {
+            return None;
+        };
+        let column = *self.table_columns.as_ref()?.get(*c)?;
+        let node = self.endpoint.node;
+        let mut ranges = Vec::new();
+        for e in self.table.endpoints().iter().filter(|e| e.node == node) {
+            for o in e.objects.iter().filter(|o| o.rows > 0) {
+                ranges.push((*o.int_ranges.get(column)?)?);
+            }
+        }
+        ranges.sort_unstable();
+        let mut merged: Vec<[i64; 2]> = Vec::new();
+        for r in ranges {
+            match merged.last_mut() {
+                Some(m) if r[0] <= m[1].saturating_add(1) => m[1] = m[1].max(r[1]),
+                _ => merged.push(r),
+            }
+        }
+        (!merged.is_empty() && merged.len() <= MAX_RANGES).then_some(merged)
     }
 
     /// Whether another endpoint of the table is at this endpoint's node.
