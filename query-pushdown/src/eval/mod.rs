@@ -3,9 +3,11 @@
 //! fragment is planned by DataFusion in a session of its own ([`fragment_session`],
 //! [`plan_fragment`]) and filtered by its join-key filters ([`key_filtered`]).
 
+pub(crate) mod decimal;
 pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod scan;
+pub(crate) mod string_eq;
 #[cfg(feature = "wasm")]
 pub(crate) mod wasm;
 #[cfg(feature = "wasm")]
@@ -29,14 +31,18 @@ use datafusion_substrait::substrait::proto::Plan;
 use futures::FutureExt;
 
 use crate::error::to_runtime;
+use crate::eval::decimal::FastDecimal;
 use crate::eval::keyfilter::below_aggregate;
 use crate::eval::like::FastLike;
+use crate::eval::string_eq::FastStringEq;
 use crate::wire::fragment::{Mode, SqlFragment, validate};
 use crate::wire::keyfilter::KeyFilter;
 
 /// The physical optimizer rules fragments are planned with: DataFusion's, without
 /// the one that would merge the partial/final aggregate split a fragment needs, and
-/// then [`FastLike`] (multi-piece `LIKE` patterns without a regex).
+/// then [`FastLike`] (multi-piece `LIKE` patterns without a regex), [`FastStringEq`]
+/// (short string literals compared by view) and [`FastDecimal`] (decimal arithmetic
+/// without a checked multiply per value).
 fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     static RULES: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>> = OnceLock::new();
     RULES
@@ -48,7 +54,11 @@ fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
                 .iter()
                 .filter(|r| r.name() != "CombinePartialFinalAggregate")
                 .cloned()
-                .chain([Arc::new(FastLike) as Arc<dyn PhysicalOptimizerRule + Send + Sync>])
+                .chain([
+                    Arc::new(FastLike) as Arc<dyn PhysicalOptimizerRule + Send + Sync>,
+                    Arc::new(FastStringEq),
+                    Arc::new(FastDecimal),
+                ])
                 .collect()
         })
         .clone()
