@@ -114,6 +114,11 @@ struct SplitRow {
     best_s: f64,
     auto_split: usize,
     auto_over_best: f64,
+    /// Median seconds of auto's runs spent planning (probing the link, profiling
+    /// both sides), once per process.
+    auto_planning_s: f64,
+    /// Auto's median seconds less its planning, over the best.
+    auto_epoch_over_best: f64,
 }
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -299,8 +304,15 @@ async fn rate(args: &Args, home: &Path, models: &[(String, PathBuf)]) -> Vec<Rat
     out
 }
 
-/// One `csd features` process: (seconds, bytes on the veth, the split it ran).
-fn features_run(net: &Net, url: &str, model: &Path, split: &str, core: usize) -> (f64, u64, usize) {
+/// One `csd features` process: (seconds, bytes on the veth, the split it ran,
+/// seconds of it planning).
+fn features_run(
+    net: &Net,
+    url: &str,
+    model: &Path,
+    split: &str,
+    core: usize,
+) -> (f64, u64, usize, f64) {
     let before = net.bytes();
     let t = Instant::now();
     let o = Command::new("taskset")
@@ -324,7 +336,13 @@ fn features_run(net: &Net, url: &str, model: &Path, split: &str, core: usize) ->
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| die(format!("no split in {err:?}")));
-    (secs, net.bytes() - before, ran)
+    let planned = err
+        .split(" s of it planning")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| die(format!("no planning time in {err:?}")));
+    (secs, net.bytes() - before, ran, planned)
 }
 
 async fn splits(
@@ -386,19 +404,21 @@ async fn splits(
                 .iter()
                 .map(|(s, _)| (s.clone(), 0, vec![], vec![]))
                 .collect();
+            let mut planning: Vec<Vec<f64>> = vec![vec![]; systems.len()];
             for run in 0..args.runs.max(1) {
                 // Each run starts one system further along, so a slow phase of the
                 // machine does not fall on the same system every time.
                 for j in 0..systems.len() {
                     let i = (j + run) % systems.len();
-                    let (secs, moved, ran) =
+                    let (secs, moved, ran, plan_s) =
                         features_run(&net, &url, path, &systems[i].1, client_core);
                     println!(
-                        "{name} {mbit} Mbit/s run {}: {} (split {ran}) {secs:.2} s, {:.1} MB",
+                        "{name} {mbit} Mbit/s run {}: {} (split {ran}) {secs:.2} s ({plan_s:.2} s planning), {:.1} MB",
                         run + 1,
                         systems[i].0,
                         moved as f64 / 1e6
                     );
+                    planning[i].push(plan_s);
                     got[i].1 = ran;
                     got[i].2.push(secs);
                     got[i].3.push(moved);
@@ -415,11 +435,15 @@ async fn splits(
                 .iter()
                 .min_by(|a, b| a.2.total_cmp(&b.2))
                 .unwrap_or_else(|| die("no systems"));
-            let auto = systems_out
+            let auto_at = systems_out
                 .iter()
-                .find(|s| s.0 == "auto")
+                .position(|s| s.0 == "auto")
                 .unwrap_or_else(|| die("no auto"));
+            let auto = &systems_out[auto_at];
+            let auto_planning_s = median(planning[auto_at].clone());
             rows.push(SplitRow {
+                auto_planning_s,
+                auto_epoch_over_best: (auto.2 - auto_planning_s) / best.2,
                 model: name.clone(),
                 mbit,
                 best: best.0.clone(),
@@ -449,8 +473,14 @@ fn print(out: &Out) {
     }
     for row in &out.splits {
         println!(
-            "\n{} at {} Mbit/s (medians): auto ran split {}, {:.2}x the best ({})",
-            row.model, row.mbit, row.auto_split, row.auto_over_best, row.best
+            "\n{} at {} Mbit/s (medians): auto ran split {}, {:.2}x the best ({}); {:.2} s of auto's process planned, its epoch alone {:.2}x the best",
+            row.model,
+            row.mbit,
+            row.auto_split,
+            row.auto_over_best,
+            row.best,
+            row.auto_planning_s,
+            row.auto_epoch_over_best
         );
         println!("| system | split | s/epoch | MB on veth |");
         println!("|---|---|---|---|");

@@ -159,7 +159,7 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
     bar.finish_and_clear();
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     eprintln!(
-        "{rows} samples through {} with split {} in {:.2} s; {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
+        "{rows} samples through {} with split {} in {:.2} s ({:.2} s of it planning); {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
         if onnx {
             args.model.as_str()
         } else {
@@ -167,6 +167,7 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
         },
         run.split,
         started.elapsed().as_secs_f64(),
+        run.plan_s,
         received(&run.stats),
         run.stats.pushed_back.load(relaxed),
         run.stats.skipped.load(relaxed),

@@ -317,10 +317,12 @@ const LINK_PROBE_BYTES: u64 = 4 << 20;
 /// Most samples the link probe reads.
 const LINK_PROBE_SAMPLES: u64 = 256;
 
-/// This process's recent profiles of the compute side, like the node's: keyed by
-/// dataset, partition, model, weights, threads and the probed samples' count and size.
+/// Recent profiles of the compute side, like the node's: keyed by dataset,
+/// partition, model, weights, threads and the probed samples' count and size; kept
+/// in `profiles/` under the ML assets directory too, so that the next process on
+/// this machine plans without profiling again.
 static COMPUTE_PROFILES: std::sync::LazyLock<ProfileCache> =
-    std::sync::LazyLock::new(ProfileCache::default);
+    std::sync::LazyLock::new(|| ProfileCache::on_disk(crate::assets_dir().join("profiles")));
 
 /// Reads the first `n` samples of `src`: (bytes of them on the wire, seconds, the samples).
 async fn probe(src: &Source, dataset: &str, n: u64) -> Result<(f64, f64, RecordBatch)> {
