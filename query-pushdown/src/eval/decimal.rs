@@ -27,7 +27,7 @@ use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 /// The operations [`DecimalArithExpr`] computes.
@@ -293,13 +293,8 @@ impl FastDecimal {
             let rebuilt = ProjectionExec::try_new(exprs, proj.input().clone())?;
             return Ok(Transformed::yes(Arc::new(rebuilt)));
         }
-        if let Some(f) = p.downcast_ref::<FilterExec>() {
-            let t = rewrite(f.predicate().clone(), &f.input().schema())?;
-            if !t.transformed {
-                return Ok(Transformed::no(p));
-            }
-            let rebuilt = FilterExecBuilder::from(f).with_predicate(t.data).build()?;
-            return Ok(Transformed::yes(Arc::new(rebuilt)));
+        if p.downcast_ref::<FilterExec>().is_some() {
+            return crate::eval::rewrite::filter(p, rewrite);
         }
         if let Some(agg) = p.downcast_ref::<AggregateExec>() {
             let schema = agg.input_schema();

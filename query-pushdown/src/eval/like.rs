@@ -25,7 +25,6 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{LikeExpr, Literal};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use memchr::memmem::Finder;
 
 /// A pattern split at its `%`s: `prefix%piece%…%suffix` (prefix and suffix may be
@@ -248,20 +247,7 @@ impl PhysicalOptimizerRule for FastLike {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|p| {
-            let Some(f) = p.downcast_ref::<FilterExec>() else {
-                return Ok(Transformed::no(p));
-            };
-            let predicate = rewrite(f.predicate().clone(), &f.input().schema())?;
-            if !predicate.transformed {
-                return Ok(Transformed::no(p));
-            }
-            let f = FilterExecBuilder::from(f)
-                .with_predicate(predicate.data)
-                .build()?;
-            Ok(Transformed::yes(Arc::new(f) as Arc<dyn ExecutionPlan>))
-        })
-        .map(|t| t.data)
+        crate::eval::rewrite::filters(plan, rewrite)
     }
 
     fn name(&self) -> &str {

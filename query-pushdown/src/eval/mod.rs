@@ -6,6 +6,7 @@
 pub(crate) mod decimal;
 pub(crate) mod keyfilter;
 pub(crate) mod like;
+pub(crate) mod rewrite;
 pub(crate) mod scan;
 pub(crate) mod string_eq;
 #[cfg(feature = "wasm")]

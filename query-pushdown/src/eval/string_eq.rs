@@ -18,14 +18,13 @@ use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringViewArray};
 use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{DataType, Schema};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 
 /// Longest literal whose view holds all its bytes.
 const INLINE: usize = 12;
@@ -183,20 +182,7 @@ impl PhysicalOptimizerRule for FastStringEq {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|p| {
-            let Some(f) = p.downcast_ref::<FilterExec>() else {
-                return Ok(Transformed::no(p));
-            };
-            let predicate = rewrite(f.predicate().clone(), &f.input().schema())?;
-            if !predicate.transformed {
-                return Ok(Transformed::no(p));
-            }
-            let f = FilterExecBuilder::from(f)
-                .with_predicate(predicate.data)
-                .build()?;
-            Ok(Transformed::yes(Arc::new(f) as Arc<dyn ExecutionPlan>))
-        })
-        .data()
+        crate::eval::rewrite::filters(plan, rewrite)
     }
 
     fn name(&self) -> &str {
