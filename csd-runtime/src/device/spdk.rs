@@ -259,6 +259,14 @@ impl SpdkDevice {
         })?;
         Ok(buf)
     }
+
+    /// A read or write of `buf` at `lba` (checked), its buffer handed back.
+    async fn rw(&self, op: Op, what: &str, lba: u64, buf: DmaBuf) -> Result<DmaBuf> {
+        let blocks = check_command(&self.geometry, what, lba, &buf)?;
+        self.submit(op, lba, blocks, Some(buf))
+            .await?
+            .ok_or_else(|| Error::Internal(format!("an SPDK {what} lost its buffer")))
+    }
 }
 
 #[async_trait]
@@ -268,23 +276,15 @@ impl BlockDevice for SpdkDevice {
     }
 
     async fn read(&self, lba: u64, buf: DmaBuf) -> Result<DmaBuf> {
-        let blocks = check_command(&self.geometry, "read", lba, &buf)?;
         let len = buf.len();
-        let buf = self
-            .submit(Op::Read, lba, blocks, Some(buf))
-            .await?
-            .ok_or_else(|| Error::Internal("an SPDK read lost its buffer".into()))?;
+        let buf = self.rw(Op::Read, "read", lba, buf).await?;
         self.counters.record_read(len);
         Ok(buf)
     }
 
     async fn write(&self, lba: u64, buf: DmaBuf) -> Result<DmaBuf> {
-        let blocks = check_command(&self.geometry, "write", lba, &buf)?;
         let len = buf.len();
-        let buf = self
-            .submit(Op::Write, lba, blocks, Some(buf))
-            .await?
-            .ok_or_else(|| Error::Internal("an SPDK write lost its buffer".into()))?;
+        let buf = self.rw(Op::Write, "write", lba, buf).await?;
         self.counters.record_write(len);
         Ok(buf)
     }

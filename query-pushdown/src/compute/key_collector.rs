@@ -369,15 +369,20 @@ impl KeyCollector {
                     return None;
                 }
                 let mut h = std::mem::take(&mut s.hashes);
-                if let Some(values) = s.values.take() {
-                    let mut pairs: Vec<(i64, u64)> =
-                        values.into_iter().zip(h.iter().copied()).collect();
-                    pairs.sort_unstable();
-                    pairs.dedup();
-                    let _ = self.by_key.set(pairs);
+                match s.values.take() {
+                    // One sort: the distinct keys give the distinct hashes.
+                    Some(values) => {
+                        let mut pairs: Vec<(i64, u64)> = values.into_iter().zip(h).collect();
+                        pairs.sort_unstable();
+                        pairs.dedup();
+                        h = pairs.iter().map(|(_, hash)| *hash).collect();
+                        let _ = self.by_key.set(pairs);
+                    }
+                    None => {
+                        h.sort_unstable();
+                        h.dedup();
+                    }
                 }
-                h.sort_unstable();
-                h.dedup();
                 s.keys = h.len();
                 Bloom::with_bits_per_key(&h, self.bits_per_key).map(Arc::new)
             })
@@ -405,12 +410,10 @@ impl KeyCollector {
             let end = keys.partition_point(|(k, _)| *k <= hi);
             hashes.extend(keys[start..end.max(start)].iter().map(|(_, h)| *h));
         }
-        // `keys` holds each distinct key once.
+        // `keys` holds each distinct key once, so `hashes` are distinct too.
         if hashes.len() == keys.len() {
             return Some((whole, false));
         }
-        hashes.sort_unstable();
-        hashes.dedup();
         let bloom = Arc::new(Bloom::with_bits_per_key(&hashes, self.bits_per_key)?);
         cut.insert(ranges.to_vec(), (bloom.clone(), hashes.len()));
         Some((bloom, true))
