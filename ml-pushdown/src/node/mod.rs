@@ -433,7 +433,11 @@ impl MlCall {
                     metrics
                         .rows_scanned
                         .fetch_add(samples.len() as u64, Ordering::Relaxed);
-                    let (samples, features, bad) = pool.install(|| {
+                    // Off the async workers: a batch takes seconds, and a worker
+                    // held that long stalls every other request the node serves
+                    // (with one core, one worker: the raw reads of the partitions
+                    // the compute tier runs itself waited for this whole stream).
+                    let (samples, features, bad) = blocking(Some(pool), move || {
                         let (samples, x, bad) =
                             decodable(model.as_ref(), samples, skip).map_err(|e| match e {
                                 Error::InvalidArgument(why) => {
@@ -443,7 +447,8 @@ impl MlCall {
                             })?;
                         let f = x.map(|x| model.forward_range(&x, 0, split)).transpose()?;
                         Ok::<_, Error>((samples, f, bad))
-                    })?;
+                    })
+                    .await?;
                     if bad > 0 {
                         let total = skipped.fetch_add(bad, Ordering::Relaxed) + bad;
                         metrics.set_details(&MlDetails {
