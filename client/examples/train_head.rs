@@ -114,6 +114,7 @@ async fn main() -> Result<(), Error> {
         skip_bad_samples: false,
         keep: keep.clone(),
         pixels: None,
+        here: None,
     };
     let stages = Arch::EfficientNetLite0.stages();
     let features = stages.last().map(|s| s.out_elems());

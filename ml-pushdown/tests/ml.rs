@@ -273,6 +273,8 @@ fn features_stream(
         skip_bad_samples,
         keep: None,
         pixels: None,
+        here: vec![],
+        patient: false,
     };
     let src = vec![Source {
         client: client.clone(),
@@ -711,6 +713,8 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
                 skip_bad_samples: false,
                 keep: Some(keep),
                 pixels: None,
+                here: vec![],
+                patient: false,
             };
             let src = vec![Source {
                 client,

@@ -347,7 +347,12 @@ mod features {
         split: SplitChoice,
         keep: Option<KeepFeatures>,
     ) -> (usize, HashMap<u64, Vec<f32>>) {
-        let opts = FeaturesOptions {
+        let (k, _, got) = collect(clients, model, &options(split, keep)).await;
+        (k, got)
+    }
+
+    fn options(split: SplitChoice, keep: Option<KeepFeatures>) -> FeaturesOptions {
+        FeaturesOptions {
             dataset: "imgs".into(),
             arch: Arch::Onnx,
             split,
@@ -358,8 +363,17 @@ mod features {
             skip_bad_samples: false,
             keep,
             pixels: Some(NORM),
-        };
-        let (stream, r) = features(clients, model, &opts, false).await.unwrap();
+            here: None,
+        }
+    }
+
+    /// The split run, the partitions run whole here, and every sample's features by id.
+    async fn collect(
+        clients: &[NodeClient],
+        model: &[u8],
+        opts: &FeaturesOptions,
+    ) -> (usize, Vec<usize>, HashMap<u64, Vec<f32>>) {
+        let (stream, r) = features(clients, model, opts, false).await.unwrap();
         let batches: Vec<_> = stream.try_collect().await.unwrap();
         let mut out = HashMap::new();
         for b in batches {
@@ -368,7 +382,7 @@ mod features {
                 assert!(out.insert(id, row).is_none(), "sample {id} twice");
             }
         }
-        (r.split, out)
+        (r.split, r.here, out)
     }
 
     fn assert_close(
@@ -492,6 +506,19 @@ mod features {
                 1e-3,
             );
         }
+        // A share: one of the two partitions read raw and run whole here, the other
+        // to split n/2 at the node.
+        let mut shared = options(SplitChoice::Fixed(n / 2), None);
+        shared.here = Some(1);
+        let (k, here, got) = collect(clients, &bytes, &shared).await;
+        assert_eq!((k, here.len()), (n / 2, 1));
+        assert_close(
+            "effnet split n/2, one partition here",
+            &got,
+            &want,
+            &files,
+            1e-3,
+        );
         // A split given: the node was sent the head only, named by its content.
         let head = m.analysis().head(1).unwrap();
         assert!(
@@ -553,6 +580,7 @@ mod features {
             skip_bad_samples: false,
             keep: None,
             pixels: None,
+            here: None,
         };
         let refused = |e: csd_ml_pushdown::Error| {
             assert_eq!(
@@ -575,6 +603,14 @@ mod features {
             };
             assert!(e.contains(why), "{model}: {e}");
         }
+        let chain = std::fs::read(models.join("chain.onnx")).unwrap();
+        let mut o = opts(SplitChoice::Fixed(1));
+        o.here = Some(3);
+        let e = match features(clients, &chain, &o, false).await {
+            Ok(_) => panic!("--here 3 of 2 partitions accepted"),
+            Err(e) => refused(e),
+        };
+        assert!(e.contains("has 2 partitions"), "{e}");
         let e = match features(clients, b"not a model", &opts(SplitChoice::Fixed(1)), false).await {
             Ok(_) => panic!("garbage accepted"),
             Err(e) => refused(e),

@@ -67,6 +67,7 @@ pub(crate) async fn run(
         skip_bad_samples: false,
         keep: None,
         pixels: None,
+        here: None,
     };
     let clients = links.clients().await?;
     let baseline = policy == s.baseline();

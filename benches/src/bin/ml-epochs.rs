@@ -123,6 +123,7 @@ async fn main() {
             skip_bad_samples: false,
             keep: keep.clone(),
             pixels: None,
+            here: None,
         };
         let mut head = MlpHead::new(out, 64, classes.len(), 1e-3).expect("head");
         for epoch in 1..=args.epochs {

@@ -372,6 +372,8 @@ async fn operator_rate(
         skip_bad_samples: false,
         keep: None,
         pixels: None,
+        here: vec![],
+        patient: false,
     };
     let mut best = 0f64;
     // The first pass also loads the model at the node; the second is the figure.

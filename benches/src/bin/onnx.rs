@@ -11,7 +11,8 @@
 //! behind a `tc`-shaped veth (one core); `csd features --model M.onnx` runs as its own
 //! process on another core, once per system and run: compute-only (`--split none`,
 //! the images over the link), all at the node (`full`), the planner's `auto`, and
-//! cut points in between. Seconds per epoch (median of the runs) and bytes on the
+//! cut points in between, each fixed split also with one of the dataset's two
+//! partitions run whole on the compute side (`--here 1`). Seconds per epoch (median of the runs) and bytes on the
 //! veth; each system runs once unshaped first (the model or its head sent once and
 //! kept, as across epochs).
 //!
@@ -103,16 +104,20 @@ struct Rate {
     node_vs_python: f64,
 }
 
+/// What a system ran: its split and the partitions it ran whole on the compute side.
+type Ran = (usize, usize);
+
 #[derive(Serialize)]
 struct SplitRow {
     model: String,
     mbit: f64,
-    /// Per system: name, the split it ran, median seconds, median bytes on the veth,
-    /// each run's seconds.
-    systems: Vec<(String, usize, f64, u64, Vec<f64>)>,
+    /// Per system: name, the split it ran and the partitions it ran whole here,
+    /// median seconds, median bytes on the veth, each run's seconds.
+    systems: Vec<(String, Ran, f64, u64, Vec<f64>)>,
     best: String,
     best_s: f64,
-    auto_split: usize,
+    /// Auto's split and partitions run whole here.
+    auto_split: Ran,
     auto_over_best: f64,
     /// Median seconds of auto's runs spent planning (probing the link, profiling
     /// both sides), once per process.
@@ -215,6 +220,8 @@ async fn node_rate(client: &NodeClient, bytes: &[u8], samples: usize) -> f64 {
         skip_bad_samples: false,
         keep: None,
         pixels: Some(IMAGENET),
+        here: vec![],
+        patient: false,
     };
     let t = Instant::now();
     let (s, _) = stream::open(srcs, job, model).unwrap_or_else(|e| die(e));
@@ -304,15 +311,16 @@ async fn rate(args: &Args, home: &Path, models: &[(String, PathBuf)]) -> Vec<Rat
     out
 }
 
-/// One `csd features` process: (seconds, bytes on the veth, the split it ran,
-/// seconds of it planning).
+/// One `csd features` process: (seconds, bytes on the veth, the split it ran and
+/// the partitions it ran whole here, seconds of it planning).
 fn features_run(
     net: &Net,
     url: &str,
     model: &Path,
-    split: &str,
+    split: &(String, Option<usize>),
     core: usize,
-) -> (f64, u64, usize, f64) {
+) -> (f64, u64, Ran, f64) {
+    let (split, here) = split;
     let before = net.bytes();
     let t = Instant::now();
     let o = Command::new("taskset")
@@ -322,10 +330,14 @@ fn features_run(
         .arg(model)
         .args(["--split", split, "--mean", &rgb(IMAGENET.mean)])
         .args(["--std", &rgb(IMAGENET.std)])
+        .args(here.map(|m| format!("--here={m}")))
+        // The planner's table on stdout, printed below with the run.
+        .args((split == "auto").then_some("--explain"))
         .env("RUST_LOG", "warn")
         .output()
         .unwrap_or_else(|e| die(e));
     let secs = t.elapsed().as_secs_f64();
+    print!("{}", String::from_utf8_lossy(&o.stdout));
     let err = String::from_utf8_lossy(&o.stderr);
     if !o.status.success() {
         die(format!("csd features --split {split}: {err}"));
@@ -336,13 +348,21 @@ fn features_run(
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| die(format!("no split in {err:?}")));
+    let here = err
+        .split(" run whole here)")
+        .next()
+        .filter(|s| s.len() < err.len())
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let planned = err
         .split(" s of it planning")
         .next()
         .and_then(|s| s.rsplit('(').next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| die(format!("no planning time in {err:?}")));
-    (secs, net.bytes() - before, ran, planned)
+    (secs, net.bytes() - before, (ran, here), planned)
 }
 
 async fn splits(
@@ -383,26 +403,35 @@ async fn splits(
         let single: Vec<usize> = (1..cuts.len() - 1)
             .filter(|i| cuts[*i].point.tensors.len() == 1)
             .collect();
-        let mut systems: Vec<(String, String)> = vec![
-            ("compute-only".into(), "none".into()),
-            ("all at node".into(), "full".into()),
-            ("auto".into(), "auto".into()),
+        // Fixed splits run with `--here 0` (the node keeps both partitions, none
+        // handed back by chance) and again with one of the two partitions run whole
+        // here (`--here 1`): the share the planner also weighs.
+        let fixed = |name: String, split: String| {
+            [
+                (name.clone(), (split.clone(), Some(0))),
+                (format!("{name} + 1 partition here"), (split, Some(1))),
+            ]
+        };
+        let mut systems: Vec<(String, (String, Option<usize>))> = vec![
+            ("compute-only".into(), ("none".into(), None)),
+            ("auto".into(), ("auto".into(), None)),
         ];
+        systems.extend(fixed("all at node".into(), "full".into()));
         for j in 1..=args.cuts {
             if let Some(k) = single.get(j * single.len() / (args.cuts + 1)) {
-                systems.push((format!("cut {k}"), k.to_string()));
+                systems.extend(fixed(format!("cut {k}"), k.to_string()));
             }
         }
         net.shape(0.0);
-        for (_, split) in &systems {
-            println!("{name}: warm-up --split {split} (unshaped, discarded)");
+        for (name, split) in &systems {
+            println!("{name}: warm-up (unshaped, discarded)");
             features_run(&net, &url, path, split, client_core);
         }
         for &mbit in &rates {
             net.shape(mbit);
-            let mut got: Vec<(String, usize, Vec<f64>, Vec<u64>)> = systems
+            let mut got: Vec<(String, Ran, Vec<f64>, Vec<u64>)> = systems
                 .iter()
-                .map(|(s, _)| (s.clone(), 0, vec![], vec![]))
+                .map(|(s, _)| (s.clone(), (0, 0), vec![], vec![]))
                 .collect();
             let mut planning: Vec<Vec<f64>> = vec![vec![]; systems.len()];
             for run in 0..args.runs.max(1) {
@@ -413,9 +442,11 @@ async fn splits(
                     let (secs, moved, ran, plan_s) =
                         features_run(&net, &url, path, &systems[i].1, client_core);
                     println!(
-                        "{name} {mbit} Mbit/s run {}: {} (split {ran}) {secs:.2} s ({plan_s:.2} s planning), {:.1} MB",
+                        "{name} {mbit} Mbit/s run {}: {} (split {}, {} partitions here) {secs:.2} s ({plan_s:.2} s planning), {:.1} MB",
                         run + 1,
                         systems[i].0,
+                        ran.0,
+                        ran.1,
                         moved as f64 / 1e6
                     );
                     planning[i].push(plan_s);
@@ -424,7 +455,7 @@ async fn splits(
                     got[i].3.push(moved);
                 }
             }
-            let systems_out: Vec<(String, usize, f64, u64, Vec<f64>)> = got
+            let systems_out: Vec<(String, Ran, f64, u64, Vec<f64>)> = got
                 .into_iter()
                 .map(|(s, k, secs, bytes)| {
                     let b = median(bytes.iter().map(|b| *b as f64).collect()) as u64;
@@ -473,19 +504,23 @@ fn print(out: &Out) {
     }
     for row in &out.splits {
         println!(
-            "\n{} at {} Mbit/s (medians): auto ran split {}, {:.2}x the best ({}); {:.2} s of auto's process planned, its epoch alone {:.2}x the best",
+            "\n{} at {} Mbit/s (medians): auto ran split {} with {} partitions here, {:.2}x the best ({}); {:.2} s of auto's process planned, its epoch alone {:.2}x the best",
             row.model,
             row.mbit,
-            row.auto_split,
+            row.auto_split.0,
+            row.auto_split.1,
             row.auto_over_best,
             row.best,
             row.auto_planning_s,
             row.auto_epoch_over_best
         );
-        println!("| system | split | s/epoch | MB on veth |");
-        println!("|---|---|---|---|");
-        for (s, k, secs, bytes, _) in &row.systems {
-            println!("| {s} | {k} | {secs:.2} | {:.1} |", *bytes as f64 / 1e6);
+        println!("| system | split | partitions here | s/epoch | MB on veth |");
+        println!("|---|---|---|---|---|");
+        for (s, (k, here), secs, bytes, _) in &row.systems {
+            println!(
+                "| {s} | {k} | {here} | {secs:.2} | {:.1} |",
+                *bytes as f64 / 1e6
+            );
         }
     }
 }

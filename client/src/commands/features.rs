@@ -43,6 +43,12 @@ pub(crate) struct FeaturesArgs {
     /// its cut point N), none, full, or (ONNX) the name of a tensor a cut point sends.
     #[arg(long, default_value = "auto")]
     split: String,
+    /// Partitions read raw and run whole on this machine while the nodes run the
+    /// others to the split (default: the planner's share with --split auto, else
+    /// none). With a share, planned or given, the nodes queue their partitions rather
+    /// than hand them back.
+    #[arg(long)]
+    here: Option<usize>,
     /// Print the planner's candidate table.
     #[arg(long)]
     explain: bool,
@@ -140,6 +146,7 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
             .keep
             .then(|| csd_ml_pushdown::stream::KeepFeatures::new(args.ttl)),
         pixels,
+        here: args.here,
     };
     let started = std::time::Instant::now();
     let (stream, run) = features(&clients, &weights, &opts, args.explain).await?;
@@ -159,13 +166,18 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
     bar.finish_and_clear();
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     eprintln!(
-        "{rows} samples through {} with split {} in {:.2} s ({:.2} s of it planning); {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
+        "{rows} samples through {} with split {}{} in {:.2} s ({:.2} s of it planning); {} bytes received; {} partitions pushed back; {} undecodable samples skipped",
         if onnx {
             args.model.as_str()
         } else {
             arch.name()
         },
         run.split,
+        match run.here.len() {
+            0 => String::new(),
+            1 => " (1 partition run whole here)".into(),
+            m => format!(" ({m} partitions run whole here)"),
+        },
         started.elapsed().as_secs_f64(),
         run.plan_s,
         received(&run.stats),

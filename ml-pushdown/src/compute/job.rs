@@ -15,7 +15,7 @@ use futures::TryStreamExt;
 use crate::dataset::{self, image_folder};
 use crate::features::{blocking, profile};
 use crate::model::{OnnxModelStages, PixelNorm, StagedModel};
-use crate::planner::{self, Plan, PlanInputs};
+use crate::planner::{self, Part, Plan, PlanInputs};
 use crate::profile::{Profile, ProfileCache};
 use crate::request::{
     DEFAULT_NODE_BATCH, FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME,
@@ -137,18 +137,27 @@ async fn put_samples(
 
 /// Every (node, partition) holding `dataset`, and its sample count.
 pub async fn sources(clients: &[NodeClient], dataset: &str) -> Result<(Vec<Source>, u64)> {
+    let l = layout(clients, dataset).await?;
+    let rows = l.iter().map(|(_, p)| p.rows).sum();
+    Ok((l.into_iter().map(|(s, _)| s).collect(), rows))
+}
+
+/// Every (node, partition) holding `dataset`, with its node (an index into
+/// `clients`) and its samples.
+pub async fn layout(clients: &[NodeClient], dataset: &str) -> Result<Vec<(Source, Part)>> {
     let mut out = Vec::new();
-    let mut rows = 0;
-    for c in clients {
+    for (node, c) in clients.iter().enumerate() {
         match c.table(dataset).await {
             Ok(t) => {
                 dataset::check_schema(dataset, &t.schema)?;
                 for p in &t.description.partitions {
-                    rows += p.rows;
-                    out.push(Source {
-                        client: c.clone(),
-                        partition: p.name.clone(),
-                    });
+                    out.push((
+                        Source {
+                            client: c.clone(),
+                            partition: p.name.clone(),
+                        },
+                        Part { node, rows: p.rows },
+                    ));
                 }
             }
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {}
@@ -160,7 +169,7 @@ pub async fn sources(clients: &[NodeClient], dataset: &str) -> Result<(Vec<Sourc
             "no node holds dataset {dataset}"
         )));
     }
-    Ok((out, rows))
+    Ok(out)
 }
 
 /// How to choose the split.
@@ -300,6 +309,8 @@ pub async fn plan_inputs(
         Err(e) => return Err(e.into()),
     };
     Ok(PlanInputs {
+        // One partition of `samples` until the caller gives the layout.
+        parts: Vec::new(),
         samples,
         stages: model.stages().to_vec(),
         node,
@@ -406,12 +417,19 @@ pub struct FeaturesOptions {
     pub keep: Option<crate::stream::KeepFeatures>,
     /// An ONNX model's pixel normalisation.
     pub pixels: Option<PixelNorm>,
+    /// Partitions read raw and run whole here while the nodes run the others to the
+    /// split (`None`: the planner's share with `SplitChoice::Auto`, else none).
+    /// Given or planned, the nodes are asked to queue their partitions rather than
+    /// hand them back.
+    pub here: Option<usize>,
 }
 
 /// The outcome of [`features`].
 pub struct FeaturesRun {
     /// Split used.
     pub split: usize,
+    /// Partitions (in the order of [`layout`]) read raw and run whole here.
+    pub here: Vec<usize>,
     /// The plan, when the split was chosen automatically or explained.
     pub plan: Option<Plan>,
     /// Seconds spent planning (the probe read and both profiles; 0 without a plan).
@@ -437,7 +455,19 @@ pub async fn features(
         )?),
         arch => Arc::from(arch.load(weights_bytes, &Device::Cpu)?),
     };
-    let (srcs, samples) = sources(clients, &opts.dataset).await?;
+    let layout = layout(clients, &opts.dataset).await?;
+    let parts: Vec<Part> = layout.iter().map(|(_, p)| *p).collect();
+    let samples = parts.iter().map(|p| p.rows).sum();
+    let srcs: Vec<Source> = layout.into_iter().map(|(s, _)| s).collect();
+    if let Some(m) = opts.here
+        && m > parts.len()
+    {
+        return Err(Error::InvalidArgument(format!(
+            "--here {m}: dataset {} has {} partitions",
+            opts.dataset,
+            parts.len()
+        )));
+    }
     // The planner profiles every stage at the node, so it needs the whole model
     // there; an ONNX model with a split given sends its head only (below).
     let planned = opts.split == SplitChoice::Auto || explain;
@@ -450,7 +480,7 @@ pub async fn features(
     let n = model.stages().len();
     let planning = Instant::now();
     let plan = if planned {
-        let inputs = plan_inputs(
+        let mut inputs = plan_inputs(
             &srcs[0],
             samples,
             &opts.dataset,
@@ -460,6 +490,7 @@ pub async fn features(
             opts.pool.clone(),
         )
         .await?;
+        inputs.parts = parts.clone();
         Some(planner::plan(&inputs))
     } else {
         None
@@ -499,6 +530,11 @@ pub async fn features(
             )));
         }
     };
+    let (here, patient) = match (opts.here, &plan) {
+        (Some(m), _) => (planner::here_set(&parts, m), true),
+        (None, Some(p)) if opts.split == SplitChoice::Auto => (p.here().to_vec(), true),
+        _ => (Vec::new(), false),
+    };
     let mut node_split = None;
     if let Some(onnx) = model.onnx().filter(|_| !planned && split > 0) {
         let (bytes, stages): (std::borrow::Cow<'_, [u8]>, usize) = if split == n {
@@ -528,12 +564,15 @@ pub async fn features(
         skip_bad_samples: opts.skip_bad_samples,
         keep: opts.keep.clone(),
         pixels: opts.pixels,
+        here: here.clone(),
+        patient,
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((
         s,
         FeaturesRun {
             split,
+            here,
             plan,
             plan_s,
             stats,

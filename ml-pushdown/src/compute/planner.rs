@@ -1,4 +1,4 @@
-//! The split planner: predicted epoch time of every split, and the least.
+//! The split planner: predicted epoch time of every split and share, and the least.
 //!
 //! For split `k` the node decodes and runs stages `[0, k)`, the link carries stage
 //! `k - 1`'s output (or the encoded samples for `k = 0`), and the compute tier runs
@@ -7,6 +7,13 @@
 //! plus one batch through the other two to fill the pipe:
 //!
 //! `epoch(k) = max(node, link, compute) + (node + link + compute) / batches`
+//!
+//! Besides where the layers split, the planner weighs how the *partitions* split: a
+//! share of them read raw and run whole at the compute tier while the nodes run their
+//! other partitions to stage `k`. With two one-core sides and a model whose every
+//! layer split moves more bytes than the images (ResNet-50), dividing the samples
+//! between the sides beats any layer split. Each node's work is its own partitions'
+//! samples (nodes run in parallel); the link and the compute tier carry everyone's.
 //!
 //! Rates come from measurements: per-stage seconds per sample measured on the node (a
 //! `Profile` request) and here, scaled by the node's free share of its CPUs (from its
@@ -20,9 +27,21 @@ use serde::{Deserialize, Serialize};
 use crate::model::StageInfo;
 use crate::profile::Profile;
 
+/// One partition of the dataset: which node holds it and its samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// Index of its node (partitions on the same node share its CPUs).
+    pub node: usize,
+    /// Samples in it.
+    pub rows: u64,
+}
+
 /// Everything the planner weighs.
 #[derive(Debug, Clone)]
 pub struct PlanInputs {
+    /// The dataset's partitions, in the order the stream opens them (empty: one
+    /// partition of `samples` on one node).
+    pub parts: Vec<Part>,
     /// Samples in the epoch.
     pub samples: u64,
     /// The model's stages.
@@ -41,20 +60,27 @@ pub struct PlanInputs {
     pub batch: u64,
 }
 
-/// One candidate split.
+/// One candidate: a split and the partitions read raw and run whole here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     /// Stages `[0, split)` at the node.
     pub split: usize,
     /// The last stage at the node (`-` for none).
     pub at_node: String,
+    /// Partitions (indices into [`PlanInputs::parts`]) read raw and run whole at the
+    /// compute tier; the nodes run the others to `split`.
+    #[serde(default)]
+    pub here: Vec<usize>,
+    /// Samples in those partitions.
+    #[serde(default)]
+    pub here_samples: u64,
     /// FLOPs per sample at the node.
     pub node_flops: u64,
     /// FLOPs per sample here.
     pub compute_flops: u64,
-    /// Bytes per sample over the link.
+    /// Bytes per sample over the link (averaged over the epoch's samples).
     pub bytes_per_sample: f64,
-    /// Predicted seconds of node work.
+    /// Predicted seconds of node work (the busiest node's).
     pub node_s: f64,
     /// Predicted seconds on the link.
     pub link_s: f64,
@@ -68,65 +94,125 @@ pub struct Candidate {
 /// `NEAR` of the least epoch time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// One per split, `0..=n`.
+    /// Per split `0..=n`, every share of the partitions: none here first, then one,
+    /// two, … partitions here (those [`here_set`] picks).
     pub candidates: Vec<Candidate>,
     /// Index of the chosen candidate.
     pub best: usize,
 }
 
-/// Prices every split.
+/// The `m` partitions to run whole here: one at a time, the largest partition of
+/// the node left with the most samples (ties: the lower index), so the nodes' shares
+/// stay even.
+pub fn here_set(parts: &[Part], m: usize) -> Vec<usize> {
+    let mut left: Vec<bool> = vec![true; parts.len()];
+    let mut out = Vec::with_capacity(m);
+    for _ in 0..m.min(parts.len()) {
+        let mut load: std::collections::BTreeMap<usize, u64> = Default::default();
+        for (i, p) in parts.iter().enumerate() {
+            if left[i] {
+                *load.entry(p.node).or_default() += p.rows;
+            }
+        }
+        let busiest = load
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(n, _)| *n);
+        let pick = parts
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| left[*i] && Some(p.node) == busiest)
+            .max_by(|a, b| a.1.rows.cmp(&b.1.rows).then(b.0.cmp(&a.0)))
+            .map(|(i, _)| i);
+        let Some(i) = pick else { break };
+        left[i] = false;
+        out.push(i);
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Prices every split and share.
 pub fn plan(i: &PlanInputs) -> Plan {
     let n = i.stages.len();
-    let samples = i.samples as f64;
+    let parts: Vec<Part> = if i.parts.is_empty() {
+        vec![Part {
+            node: 0,
+            rows: i.samples,
+        }]
+    } else {
+        i.parts.clone()
+    };
+    let samples = parts.iter().map(|p| p.rows).sum::<u64>().max(1) as f64;
     let share = i.node_share.clamp(0.01, 1.0);
-    let batches = (i.samples as f64 / i.batch.max(1) as f64).max(1.0);
-    let mut candidates = Vec::with_capacity(n + 1);
+    let batches = (samples / i.batch.max(1) as f64).max(1.0);
+    let raw_bytes = i.node.sample_bytes.max(i.compute.sample_bytes);
+    // Seconds per sample of the whole model here (decoding included).
+    let whole_here = i.compute.decode_s + i.compute.stage_s.iter().sum::<f64>();
+    let mut candidates = Vec::new();
     for k in 0..=n {
         let node_flops: u64 = i.stages[..k].iter().map(|s| s.flops).sum();
         let compute_flops: u64 = i.stages[k..].iter().map(|s| s.flops).sum();
-        let (node_per, compute_per) = if k == 0 {
-            (
-                0.0,
-                i.compute.decode_s + i.compute.stage_s.iter().sum::<f64>(),
-            )
+        let node_per = if k == 0 {
+            0.0
         } else {
-            (
-                (i.node.decode_s + i.node.stage_s[..k].iter().sum::<f64>()) / share,
-                // (+ 0.0: an empty f64 sum is -0.0)
-                i.compute.stage_s[k..].iter().sum::<f64>() + 0.0,
-            )
+            (i.node.decode_s + i.node.stage_s[..k].iter().sum::<f64>()) / share
         };
-        let bytes_per_sample = if k == 0 {
-            i.node.sample_bytes.max(i.compute.sample_bytes)
+        // (+ 0.0: an empty f64 sum is -0.0)
+        let tail_per = if k == 0 {
+            whole_here
+        } else {
+            i.compute.stage_s[k..].iter().sum::<f64>() + 0.0
+        };
+        let sent_per = if k == 0 {
+            raw_bytes
         } else {
             (i.stages[k - 1].out_elems() as u64 * i.feature_bytes) as f64
         };
-        let node_s = node_per * samples;
-        let link_s = bytes_per_sample * samples / i.link_bps.max(1.0);
-        let compute_s = compute_per * samples;
-        let epoch_s = node_s.max(link_s).max(compute_s) + (node_s + link_s + compute_s) / batches;
-        candidates.push(Candidate {
-            split: k,
-            at_node: if k == 0 {
-                "-".into()
-            } else {
-                i.stages[k - 1].name.clone()
-            },
-            node_flops,
-            compute_flops,
-            bytes_per_sample,
-            node_s,
-            link_s,
-            compute_s,
-            epoch_s,
-        });
+        // Split 0 reads every partition raw already: no share to weigh.
+        let shares = if k == 0 { 1 } else { parts.len() };
+        for m in 0..shares {
+            let here = here_set(&parts, m);
+            let here_rows: u64 = here.iter().map(|&j| parts[j].rows).sum();
+            let mut per_node: std::collections::BTreeMap<usize, u64> = Default::default();
+            for (j, p) in parts.iter().enumerate() {
+                if !here.contains(&j) {
+                    *per_node.entry(p.node).or_default() += p.rows;
+                }
+            }
+            let busiest = per_node.values().copied().max().unwrap_or(0) as f64;
+            let (here_rows, node_rows) = (here_rows as f64, samples - here_rows as f64);
+            let node_s = node_per * busiest;
+            let sent = sent_per * node_rows + raw_bytes * here_rows;
+            let link_s = sent / i.link_bps.max(1.0);
+            let compute_s = tail_per * node_rows + whole_here * here_rows;
+            let epoch_s =
+                node_s.max(link_s).max(compute_s) + (node_s + link_s + compute_s) / batches;
+            candidates.push(Candidate {
+                split: k,
+                at_node: if k == 0 {
+                    "-".into()
+                } else {
+                    i.stages[k - 1].name.clone()
+                },
+                here_samples: here_rows as u64,
+                here,
+                node_flops,
+                compute_flops,
+                bytes_per_sample: sent / samples,
+                node_s,
+                link_s,
+                compute_s,
+                epoch_s,
+            });
+        }
     }
     let least = candidates
         .iter()
         .map(|c| c.epoch_s)
         .fold(f64::INFINITY, f64::min);
-    // Among the splits predicted within NEAR of the least, the fewest bytes (then the
-    // least time): see [`NEAR`].
+    // Among the candidates predicted within NEAR of the least, the fewest bytes (then
+    // the least time): see [`NEAR`].
     let best = candidates
         .iter()
         .enumerate()
@@ -154,37 +240,80 @@ impl Plan {
         self.candidates[self.best].split
     }
 
-    /// The candidate table, one line per split, the chosen one marked.
+    /// The partitions (indices into [`PlanInputs::parts`]) the chosen candidate runs
+    /// whole here.
+    pub fn here(&self) -> &[usize] {
+        &self.candidates[self.best].here
+    }
+
+    /// The candidate table, one line per split (its fastest share of the partitions,
+    /// or the chosen one), the chosen one marked.
     pub fn explain(&self) -> String {
+        let parts = self
+            .candidates
+            .iter()
+            .filter(|c| c.split > 0)
+            .map(|c| c.here.len() + 1)
+            .max()
+            .unwrap_or(1);
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:>5}  {:<8} {:>10} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9}",
+            "{:>5}  {:<8} {:>10} {:>10} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9}",
             "split",
             "at node",
             "node MFLOP",
             "here MFLOP",
+            "parts here",
             "bytes/sample",
             "node s",
             "link s",
             "here s",
             "epoch s"
         );
-        for (i, c) in self.candidates.iter().enumerate() {
+        let mut i = 0;
+        while i < self.candidates.len() {
+            let k = self.candidates[i].split;
+            let end = (i..self.candidates.len())
+                .find(|&j| self.candidates[j].split != k)
+                .unwrap_or(self.candidates.len());
+            let shown = if (i..end).contains(&self.best) {
+                self.best
+            } else {
+                (i..end)
+                    .min_by(|a, b| {
+                        self.candidates[*a]
+                            .epoch_s
+                            .total_cmp(&self.candidates[*b].epoch_s)
+                    })
+                    .unwrap_or(i)
+            };
+            let c = &self.candidates[shown];
+            let here = if k == 0 {
+                "all".to_string()
+            } else {
+                format!("{}/{parts}", c.here.len())
+            };
             let _ = writeln!(
                 s,
-                "{:>5}  {:<8} {:>10.1} {:>10.1} {:>12.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2}{}",
+                "{:>5}  {:<8} {:>10.1} {:>10.1} {:>10} {:>12.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2}{}",
                 c.split,
                 c.at_node,
                 c.node_flops as f64 / 1e6,
                 c.compute_flops as f64 / 1e6,
+                here,
                 c.bytes_per_sample,
                 c.node_s,
                 c.link_s,
                 c.compute_s,
                 c.epoch_s,
-                if i == self.best { "  <- chosen" } else { "" }
+                if shown == self.best {
+                    "  <- chosen"
+                } else {
+                    ""
+                }
             );
+            i = end;
         }
         s
     }
@@ -213,6 +342,7 @@ mod tests {
         };
         assert_eq!(node.stage_s.len(), n);
         PlanInputs {
+            parts: vec![],
             samples: 10_000,
             stages,
             node,
@@ -298,5 +428,79 @@ mod tests {
             "{}",
             p.explain()
         );
+    }
+
+    #[test]
+    fn here_set_takes_from_the_busiest_node_first() {
+        let p = |node, rows| Part { node, rows };
+        let parts = [p(0, 100), p(1, 100), p(0, 50), p(1, 60)];
+        assert_eq!(here_set(&parts, 0), Vec::<usize>::new());
+        // Node 1 holds 160 samples, node 0 150: node 1's largest partition.
+        assert_eq!(here_set(&parts, 1), vec![1]);
+        // Then node 0 (150 against 60).
+        assert_eq!(here_set(&parts, 2), vec![0, 1]);
+        assert_eq!(here_set(&parts, 9).len(), 4);
+    }
+
+    #[test]
+    fn equal_sides_share_the_partitions_when_no_layer_split_balances_them() {
+        // Equal sides, and one stage holding all of the model's time: every layer
+        // split leaves that stage to one side while the other idles; half the
+        // partitions here, the other half whole at the node, halves the epoch.
+        let mut i = inputs(1000.0, 1.0);
+        let n = i.stages.len();
+        i.compute.decode_s = 0.0;
+        i.compute.stage_s = vec![0.0; n];
+        i.compute.stage_s[n / 2] = 0.08;
+        i.node = i.compute.clone();
+        i.link_bps = 1e12;
+        i.parts = vec![
+            Part {
+                node: 0,
+                rows: 5_000,
+            },
+            Part {
+                node: 0,
+                rows: 5_000,
+            },
+        ];
+        let n = i.stages.len();
+        let p = plan(&i);
+        let chosen = &p.candidates[p.best];
+        assert_eq!(chosen.here.len(), 1, "{}", p.explain());
+        assert_eq!(chosen.here_samples, 5_000);
+        let unshared = p
+            .candidates
+            .iter()
+            .filter(|c| c.here.is_empty())
+            .map(|c| c.epoch_s)
+            .fold(f64::INFINITY, f64::min);
+        assert!(chosen.epoch_s < 0.6 * unshared, "{}", p.explain());
+        // Every split's line is in the table once, with its share.
+        let table = p.explain();
+        assert_eq!(table.lines().count(), n + 2, "{table}");
+        assert!(table.contains("1/2"), "{table}");
+        assert_eq!(p.here(), chosen.here.as_slice());
+    }
+
+    #[test]
+    fn nodes_work_in_parallel() {
+        // The same samples over two nodes instead of one: the node side of a split
+        // that runs everything at the nodes takes half as long.
+        let mut one = inputs(1000.0, 1.0);
+        let part = |node| Part { node, rows: 5_000 };
+        one.parts = vec![part(0), part(0)];
+        let mut two = one.clone();
+        two.parts = vec![part(0), part(1)];
+        let n = one.stages.len();
+        let full = |p: &Plan| {
+            p.candidates
+                .iter()
+                .find(|c| c.split == n && c.here.is_empty())
+                .map(|c| c.node_s)
+                .unwrap_or_default()
+        };
+        let (a, b) = (full(&plan(&one)), full(&plan(&two)));
+        assert!(a > 0.0 && (b - a / 2.0).abs() < 1e-9 * a, "{a} {b}");
     }
 }

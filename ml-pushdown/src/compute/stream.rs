@@ -1,8 +1,9 @@
 //! The compute side: a stream of training batches.
 //!
 //! [`open`] asks every (node, partition) for stage `split - 1`'s output (`split = 0`:
-//! the encoded samples), in parallel. A partition the node pushes back is read raw and
-//! its prefix is run here, so the stream is the same either way. Rows are re-cut into
+//! the encoded samples), in parallel. A partition the node pushes back, or one the
+//! job keeps here ([`FeatureJob::here`]), is read raw and its prefix is run here, so
+//! the stream is the same either way. Rows are re-cut into
 //! the *training* batch size, independent of the node's batch size, and the remaining
 //! stages `[split, n)` run here; each [`TrainBatch`] holds `[B, D]` features.
 
@@ -69,6 +70,13 @@ pub struct FeatureJob {
     pub keep: Option<KeepFeatures>,
     /// An ONNX model's pixel normalisation.
     pub pixels: Option<crate::model::PixelNorm>,
+    /// Partitions (indices into the sources given to [`open`]) read raw and run
+    /// whole here, the planner's share of the samples for this side.
+    pub here: Vec<usize>,
+    /// Ask the nodes to queue their partitions rather than hand them back when
+    /// busy: the work was divided between the sides by plan, and a partition handed
+    /// back by chance would load this side twice.
+    pub patient: bool,
 }
 
 /// Features kept at the nodes between epochs (results by reference, HAPI with
@@ -198,6 +206,8 @@ async fn local_prefix(
             let (pool, skip) = (job.pool.clone(), job.skip_bad_samples);
             async move {
                 blocking(pool, move || {
+                    let t = std::time::Instant::now();
+                    tracing::debug!(rows = b.num_rows(), "local batch start");
                     let s = Samples::from_batch(&b)?;
                     let raw: u64 = s.bytes()?.iter().map(|d| d.len() as u64).sum();
                     stats.bytes_received.fetch_add(raw, Ordering::Relaxed);
@@ -205,6 +215,7 @@ async fn local_prefix(
                     stats.skipped.fetch_add(bad, Ordering::Relaxed);
                     let Some(x) = x else { return Ok(None) };
                     let x = model.forward_range(&x, 0, split)?;
+                    tracing::debug!(secs = t.elapsed().as_secs_f64(), "local batch done");
                     Ok(Some(Boundary {
                         ids: s.ids,
                         labels: s.labels,
@@ -277,7 +288,13 @@ async fn partition(
     let asked = match &job.keep {
         None => {
             src.client
-                .operator(OPERATOR_NAME, req.encode(), job.compression)
+                .operator_with(
+                    OPERATOR_NAME,
+                    req.encode(),
+                    job.compression,
+                    job.patient,
+                    if job.patient { 1.0 } else { 0.0 },
+                )
                 .await
         }
         Some(k) => {
@@ -338,6 +355,7 @@ async fn partition(
             if b.num_rows() == 0 {
                 return Ok(None);
             }
+            tracing::debug!(rows = b.num_rows(), "node batch");
             let x = features_tensor(&b, &shape)?;
             let (ids, labels) = dataset::ids_labels(&b)?;
             Ok(Some(Boundary { ids, labels, x }))
@@ -381,9 +399,25 @@ pub fn open(
         ));
     }
     let stats = Arc::new(FeatureStats::default());
-    let parts = futures::stream::iter(sources.into_iter().map({
+    if let Some(i) = job.here.iter().find(|&&i| i >= sources.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "partition {i} to run here is past the {} partitions of {}",
+            sources.len(),
+            job.dataset
+        )));
+    }
+    let parts = futures::stream::iter(sources.into_iter().enumerate().map({
         let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
-        move |src| partition(src, job.clone(), model.clone(), stats.clone())
+        move |(i, src)| {
+            let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
+            async move {
+                if job.here.contains(&i) {
+                    local_prefix(src, job, model, stats).await
+                } else {
+                    partition(src, job, model, stats).await
+                }
+            }
+        }
     }))
     .buffer_unordered(usize::MAX)
     .try_flatten_unordered(None)
