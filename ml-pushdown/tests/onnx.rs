@@ -323,13 +323,17 @@ mod features {
     }
 
     async fn node() -> (RunningNode, NodeClient) {
+        node_with(2).await
+    }
+
+    async fn node_with(cpus: usize) -> (RunningNode, NodeClient) {
         let node = node::start_with(
             &NodeConfig {
                 device: "emulated:mem".into(),
                 capacity: ByteSize::mib(512),
                 listen: "127.0.0.1:0".into(),
                 memory: "1GiB".parse().unwrap(),
-                cpus: 2,
+                cpus,
                 ..NodeConfig::default()
             },
             csd_ml_pushdown::registry(),
@@ -405,6 +409,24 @@ mod features {
         }
     }
 
+    /// EfficientNet-Lite0 written as ONNX at `path` from its safetensors weights.
+    fn effnet_onnx(weights: &Path, path: &Path) -> Vec<u8> {
+        let home = csd_ml_pushdown::assets_dir();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/effnet_lite0_onnx.py");
+        let out = std::process::Command::new(home.join("venv/bin/python"))
+            .arg(script)
+            .arg(weights)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(path).unwrap()
+    }
+
     async fn dataset(
         side: u32,
         n: usize,
@@ -475,18 +497,7 @@ mod features {
         }
         let (tmp, _node, client, files) = dataset(224, 6).await;
         let path = tmp.path().join("effnet.onnx");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/effnet_lite0_onnx.py");
-        let out = std::process::Command::new(home.join("venv/bin/python"))
-            .arg(script)
-            .args([&weights, &path])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bytes = std::fs::read(&path).unwrap();
+        let bytes = effnet_onnx(&weights, &path);
         let want = reference(&path, &tmp.path().join("imgs"));
         let m = OnnxModelStages::load(&bytes, NORM).unwrap();
         let n = m.stages().len();
@@ -643,5 +654,94 @@ mod features {
         let bytes = std::fs::read(models.join("chain.onnx")).unwrap();
         let (_, got) = run(clients, &bytes, SplitChoice::Fixed(3), None).await;
         assert_eq!(got.len(), files.len(), "the node still serves");
+    }
+
+    /// A node with one core keeps serving other requests while its ML operator runs
+    /// a model: each batch runs off the node's async workers (one, with one core).
+    /// Raw reads of another partition, one after another while a stream of model
+    /// batches is read: several answer before the stream ends, none waits for half
+    /// of it. (Before: the first read was answered after the stream's last batch.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_one_core_node_answers_raw_reads_while_a_model_runs() {
+        let weights = csd_ml_pushdown::assets_dir().join("efficientnet-lite0.safetensors");
+        if !weights.is_file() {
+            eprintln!("SKIPPED: EfficientNet-Lite0 weights missing (run scripts/setup-ml.sh)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("imgs");
+        images(&dir, 224, 96);
+        let (_node, client) = node_with(1).await;
+        put_images(
+            std::slice::from_ref(&client),
+            "imgs",
+            &dir,
+            None,
+            2,
+            1,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let bytes = effnet_onnx(&weights, &tmp.path().join("effnet.onnx"));
+        let table = csd_ml_pushdown::weights::ensure(&client, &bytes)
+            .await
+            .unwrap();
+        let split = OnnxModelStages::load(&bytes, NORM).unwrap().stages().len();
+        let req = csd_ml_pushdown::request::FeatureRequest {
+            dataset: "imgs".into(),
+            partition: "0".into(),
+            model: Arch::Onnx,
+            weights: table,
+            split,
+            dtype: FeatureType::F32,
+            max_batch: Some(8),
+            limit: None,
+            mode: csd_ml_pushdown::request::Mode::Features,
+            skip_bad_samples: false,
+            pixels: Some(NORM),
+        };
+        let name = csd_ml_pushdown::request::OPERATOR_NAME;
+        // Once first, so the node holds the model and its session.
+        let reply = client
+            .operator(name, req.encode(), Compression::None)
+            .await
+            .unwrap();
+        let _: Vec<_> = reply.batches.try_collect().await.unwrap();
+        let t0 = std::time::Instant::now();
+        let ml = tokio::spawn({
+            let (c, args) = (client.clone(), req.encode());
+            async move {
+                let reply = c.operator(name, args, Compression::None).await.unwrap();
+                let batches: Vec<_> = reply.batches.try_collect().await.unwrap();
+                (batches.len(), t0.elapsed())
+            }
+        });
+        let (mut worst, mut reads) = (std::time::Duration::ZERO, 0);
+        while !ml.is_finished() {
+            let t = std::time::Instant::now();
+            let rows: Vec<_> = client
+                .scan_limit("imgs", Some("1"), &[], Some(1))
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            assert!(!rows.is_empty());
+            if !ml.is_finished() {
+                worst = worst.max(t.elapsed());
+                reads += 1;
+            }
+        }
+        let (batches, took) = ml.await.unwrap();
+        assert_eq!(batches, 6, "48 samples in batches of 8");
+        assert!(
+            reads >= 3,
+            "{reads} raw reads answered in the {took:?} of the stream"
+        );
+        assert!(
+            worst < took / 2,
+            "a raw read waited {worst:?} of the stream's {took:?}"
+        );
     }
 }
