@@ -1,6 +1,7 @@
 //! Nodes in QEMU guests on an emulated NVMe controller, driven through io_uring NVMe
 //! passthrough (`--device nvme:/dev/ng0n1`): tables stored, read, deleted (Dataset
-//! Management) and kept across a `kill -9` of the whole machine.
+//! Management) and kept across a `kill -9` of the whole machine; a media error
+//! injected under the namespace is data loss for the table above it alone.
 //!
 //! Needs `scripts/setup-qemu.sh` (run by `scripts/test.sh`); without its kit the
 //! tests say so and pass only when `CSD_REQUIRE_QEMU` is unset.
@@ -343,4 +344,65 @@ async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
         md.contains("each in a QEMU guest") && md.contains("nvme:/dev/ng0n1"),
         "{md}"
     );
+}
+
+/// A media error under a stored table, injected below the guest: QEMU's `blkdebug`
+/// fails the reads of one sector in the middle of the table's data, and the emulated
+/// controller answers them with Unrecovered Read Error, as a failing drive does.
+/// Reading that table fails with DATA_LOSS naming the NVMe status; the other table
+/// reads as stored, and the node serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_media_error_under_a_table_is_data_loss_for_that_table_alone() {
+    if kit().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = boot(dir.path(), 256).await;
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let victim = batch(5, 50_000);
+    put(&c, "victim", &victim).await;
+    let bystander = batch(6, 50_000);
+    put(&c, "bystander", &bystander).await;
+    let block = c.stats().await.unwrap().device.geometry.block_size as u64;
+    let objects = c.objects("victim").await.unwrap();
+    let e = objects
+        .iter()
+        .flat_map(|o| o.extents.iter())
+        .max_by_key(|e| e.blocks)
+        .copied()
+        .expect("the victim's extents");
+    let at = (e.lba + e.blocks / 2) * block;
+
+    g.restart_failing_reads(vec![at]).await.unwrap();
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let read: Result<Vec<RecordBatch>, (Option<tonic::Code>, String)> = async {
+        let s = c
+            .scan("victim", None, &[])
+            .await
+            .map_err(|e| (e.code(), e.to_string()))?;
+        s.try_collect().await.map_err(|e| {
+            let e = csd_runtime::node_client::Error::from(e);
+            (e.code(), e.to_string())
+        })
+    }
+    .await;
+    let (code, msg) = match read {
+        Ok(b) => panic!(
+            "the victim read whole ({} rows) over a failing sector at byte {at}",
+            b.iter().map(|b| b.num_rows()).sum::<usize>()
+        ),
+        Err(e) => e,
+    };
+    assert_eq!(code, Some(tonic::Code::DataLoss), "{msg}");
+    // The NVMe status, as the controller answered it, and where.
+    assert!(msg.contains("unrecovered read error"), "{msg}");
+    assert!(msg.contains("nvme:/dev/ng0n1"), "{msg}");
+    assert_holds(&c, "bystander", &bystander, "beside a media error").await;
+    let stats = c.stats().await.unwrap();
+    assert!(stats.device.stats.reads > 0, "{:?}", stats.device.stats);
+    // The drive reads the sector again: the node kept the table, nothing dropped.
+    g.restart_failing_reads(vec![]).await.unwrap();
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    assert_holds(&c, "victim", &victim, "once the sector reads again").await;
+    assert_holds(&c, "bystander", &bystander, "once the sector reads again").await;
 }

@@ -59,6 +59,12 @@ pub struct GuestSpec {
     pub run: Option<Vec<String>>,
     /// Where the serial log goes (the initramfs is kept in the kit's folder).
     pub work: PathBuf,
+    /// Byte offsets on the namespace whose reads fail: QEMU's `blkdebug` driver
+    /// under the namespace fails every read of the 512-byte sector holding each
+    /// one with EIO, which the emulated controller answers with the NVMe status
+    /// Unrecovered Read Error — a media error as a drive reports it (see
+    /// [`Guest::restart_failing_reads`]).
+    pub failing_reads: Vec<u64>,
 }
 
 impl GuestSpec {
@@ -76,6 +82,7 @@ impl GuestSpec {
             node_args: Vec::new(),
             run: None,
             work,
+            failing_reads: Vec::new(),
         }
     }
 }
@@ -257,7 +264,7 @@ impl Guest {
             .arg("-drive")
             .arg(format!(
                 "file={},if=none,id=nvm,format=raw,cache=writeback",
-                s.disk.display()
+                self.backing()
             ))
             .arg("-device")
             .arg(format!(
@@ -274,6 +281,31 @@ impl Guest {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         c
+    }
+
+    /// The namespace's backing file as QEMU's `-drive file=` names it: the disk, or
+    /// `blkdebug:CONFIG:DISK` with a rule per failing read (the config written next
+    /// to the serial log).
+    fn backing(&self) -> String {
+        let s = &self.spec;
+        if s.failing_reads.is_empty() {
+            return s.disk.display().to_string();
+        }
+        let conf = s.work.join("blkdebug.conf");
+        let rules: String = s
+            .failing_reads
+            .iter()
+            .map(|at| {
+                format!(
+                    "[inject-error]\nevent = \"read_aio\"\nerrno = \"5\"\nsector = \"{}\"\n\n",
+                    at / 512
+                )
+            })
+            .collect();
+        if let Err(e) = std::fs::write(&conf, rules) {
+            tracing::warn!("writing {}: {e}", conf.display());
+        }
+        format!("blkdebug:{}:{}", conf.display(), s.disk.display())
     }
 
     /// Starts QEMU on a fresh forwarded port, with a fresh serial log.
@@ -339,6 +371,14 @@ impl Guest {
     pub async fn restart(&mut self) -> Result<()> {
         self.kill();
         self.start().await
+    }
+
+    /// Kills the guest and boots it again with reads of the sectors holding these
+    /// byte offsets failing as media errors ([`GuestSpec::failing_reads`]; empty:
+    /// none).
+    pub async fn restart_failing_reads(&mut self, at: Vec<u64>) -> Result<()> {
+        self.spec.failing_reads = at;
+        self.restart().await
     }
 
     /// The last `lines` lines of the serial console.
