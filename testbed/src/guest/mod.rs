@@ -284,15 +284,34 @@ impl Guest {
     }
 
     /// The namespace's backing file as QEMU's `-drive file=` names it: the disk, or
-    /// `blkdebug:CONFIG:DISK` with a rule per failing read (the config written next
-    /// to the serial log).
+    /// `blkdebug:CONFIG:DISK` with a rule per failing read (see
+    /// [`write_blkdebug_rules`](Self::write_blkdebug_rules)).
     fn backing(&self) -> String {
         let s = &self.spec;
         if s.failing_reads.is_empty() {
-            return s.disk.display().to_string();
+            s.disk.display().to_string()
+        } else {
+            format!(
+                "blkdebug:{}:{}",
+                self.blkdebug_rules().display(),
+                s.disk.display()
+            )
         }
-        let conf = s.work.join("blkdebug.conf");
-        let rules: String = s
+    }
+
+    /// Where the `blkdebug` rules go: next to the serial log.
+    fn blkdebug_rules(&self) -> PathBuf {
+        self.spec.work.join("blkdebug.conf")
+    }
+
+    /// Writes one `blkdebug` rule per failing read: reads of its 512-byte sector
+    /// fail with EIO (errno 5) each time.
+    fn write_blkdebug_rules(&self) -> Result<()> {
+        if self.spec.failing_reads.is_empty() {
+            return Ok(());
+        }
+        let rules: String = self
+            .spec
             .failing_reads
             .iter()
             .map(|at| {
@@ -302,10 +321,9 @@ impl Guest {
                 )
             })
             .collect();
-        if let Err(e) = std::fs::write(&conf, rules) {
-            tracing::warn!("writing {}: {e}", conf.display());
-        }
-        format!("blkdebug:{}:{}", conf.display(), s.disk.display())
+        let path = self.blkdebug_rules();
+        std::fs::write(&path, rules)
+            .map_err(|e| Error::Guest(format!("writing {}: {e}", path.display())))
     }
 
     /// Starts QEMU on a fresh forwarded port, with a fresh serial log.
@@ -313,6 +331,7 @@ impl Guest {
         self.port = free_port()?;
         self.url = format!("grpc://127.0.0.1:{}", self.port);
         let _ = std::fs::remove_file(&self.log);
+        self.write_blkdebug_rules()?;
         self.command()
             .spawn()
             .map_err(|e| Error::Guest(format!("starting {}: {e}", self.kit.qemu.display())))
