@@ -322,10 +322,6 @@ mod features {
         found.into_iter().map(|(k, v)| (dir.join(k), v)).collect()
     }
 
-    async fn node() -> (RunningNode, NodeClient) {
-        node_with(2).await
-    }
-
     async fn node_with(cpus: usize) -> (RunningNode, NodeClient) {
         let node = node::start_with(
             &NodeConfig {
@@ -427,19 +423,24 @@ mod features {
         std::fs::read(path).unwrap()
     }
 
-    async fn dataset(
-        side: u32,
-        n: usize,
-    ) -> (
+    /// A stored image dataset: its folder, node, client and files.
+    type Dataset = (
         tempfile::TempDir,
         RunningNode,
         NodeClient,
         Vec<(PathBuf, i64)>,
-    ) {
+    );
+
+    async fn dataset(side: u32, n: usize) -> Dataset {
+        dataset_with(2, side, n).await
+    }
+
+    /// `n` images of `side`² in 2 partitions on a node of `cpus` cores.
+    async fn dataset_with(cpus: usize, side: u32, n: usize) -> Dataset {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("imgs");
         images(&dir, side, n);
-        let (node, client) = node().await;
+        let (node, client) = node_with(cpus).await;
         put_images(
             std::slice::from_ref(&client),
             "imgs",
@@ -668,21 +669,7 @@ mod features {
             eprintln!("SKIPPED: EfficientNet-Lite0 weights missing (run scripts/setup-ml.sh)");
             return;
         }
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("imgs");
-        images(&dir, 224, 96);
-        let (_node, client) = node_with(1).await;
-        put_images(
-            std::slice::from_ref(&client),
-            "imgs",
-            &dir,
-            None,
-            2,
-            1,
-            |_| {},
-        )
-        .await
-        .unwrap();
+        let (tmp, _node, client, _) = dataset_with(1, 224, 96).await;
         let bytes = effnet_onnx(&weights, &tmp.path().join("effnet.onnx"));
         let table = csd_ml_pushdown::weights::ensure(&client, &bytes)
             .await
