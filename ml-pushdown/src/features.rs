@@ -135,8 +135,11 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// Times decoding and every stage (per sample) on `batches` (the first samples), after
-/// one untimed warm-up sample.
-pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profile> {
+/// one untimed warm-up sample. A model whose ranges run fused (one onnxruntime
+/// session) has its whole time per sample taken at `batch` samples (the first ones
+/// repeated; see [`PROFILE_BATCH`](crate::request::PROFILE_BATCH)), and its stages
+/// scaled to it.
+pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -> Result<Profile> {
     let mut n = 0usize;
     let mut bytes = 0u64;
     let mut decode = 0f64;
@@ -177,6 +180,23 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch]) -> Result<Profi
             x = model.forward_stage(i, &x)?;
             *acc += t.elapsed().as_secs_f64();
         }
+    }
+    // The whole model at the batch size epochs run: the first samples repeated.
+    if model.runs_ranges_fused()
+        && n > 0
+        && batch > n
+        && let Some(b) = batches.iter().find(|b| b.num_rows() > 0)
+    {
+        let x = inputs(model, &Samples::from_batch(b)?)?;
+        let rows = x.dim(0)?;
+        let xs = vec![x; batch.div_ceil(rows)];
+        let big = Tensor::cat(&xs, 0)?;
+        // Once untimed: onnxruntime's first run at a new batch size grows its
+        // memory arena, which an epoch pays once.
+        model.forward_range(&big, 0, stage.len())?;
+        let t = Instant::now();
+        model.forward_range(&big, 0, stage.len())?;
+        whole = t.elapsed().as_secs_f64() * n as f64 / big.dim(0)? as f64;
     }
     // Stage by stage, a model whose ranges run fused is slower than it runs
     // (EfficientNet-Lite0 as ONNX, its 93 stages timed one session each, added up to

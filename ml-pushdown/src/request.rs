@@ -10,6 +10,11 @@ use crate::{Error, Result};
 pub const OPERATOR_NAME: &str = "ml";
 /// Samples a profile request times.
 pub const PROFILE_SAMPLES: usize = 4;
+/// Samples per batch the whole model is timed at in a profile (the profile's
+/// samples repeated; at most the node's batch): epochs run batches of tens, and a
+/// small batch costs more per sample (the weights are read once per batch), which
+/// made a node look slower than it runs.
+pub const PROFILE_BATCH: usize = 16;
 /// Node batch when the request sets no cap.
 pub const DEFAULT_NODE_BATCH: usize = 32;
 

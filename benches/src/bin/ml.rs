@@ -285,7 +285,13 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     )
     .unwrap_or_else(|e| die(e));
     let profile = pool
-        .install(|| csd_ml_pushdown::features::profile(model.as_ref(), &[batch]))
+        .install(|| {
+            csd_ml_pushdown::features::profile(
+                model.as_ref(),
+                &[batch],
+                csd_ml_pushdown::request::PROFILE_BATCH,
+            )
+        })
         .unwrap_or_else(|e| die(e));
 
     println!("rate: the storage-side operator end to end (node pinned to cores {list}) ...");

@@ -18,7 +18,7 @@ use crate::model::{OnnxModelStages, PixelNorm, StagedModel};
 use crate::planner::{self, Part, Plan, PlanInputs};
 use crate::profile::{Profile, ProfileCache};
 use crate::request::{
-    DEFAULT_NODE_BATCH, FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME,
+    DEFAULT_NODE_BATCH, FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME, PROFILE_BATCH,
     PROFILE_SAMPLES,
 };
 use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
@@ -293,7 +293,7 @@ pub async fn plan_inputs(
         }
         let take = vec![first];
         let m = model.clone();
-        let p = blocking(pool, move || profile(m.as_ref(), &take)).await?;
+        let p = blocking(pool, move || profile(m.as_ref(), &take, PROFILE_BATCH)).await?;
         COMPUTE_PROFILES.insert(key, p.clone());
         Ok::<_, Error>(p)
     };

@@ -36,7 +36,7 @@ use crate::model::{Arch, OnnxModelStages, PixelNorm, StageInfo, StagedModel};
 use crate::profile::ProfileCache;
 use crate::request::{
     DEFAULT_NODE_BATCH, FeatureRequest, MAX_NODE_BATCH, MlDetails, Mode, OPERATOR_NAME,
-    PROFILE_SAMPLES,
+    PROFILE_BATCH, PROFILE_SAMPLES,
 };
 use crate::{Error, Result};
 
@@ -391,8 +391,11 @@ impl MlCall {
                     let limit = Some(PROFILE_SAMPLES as u64);
                     let batches = read_table(&ctx, objects, PROFILE_SAMPLES, limit).await?;
                     let m = model.clone();
-                    let p =
-                        blocking(Some(pool.clone()), move || profile(m.as_ref(), &batches)).await?;
+                    let batch = plan.batch.min(PROFILE_BATCH);
+                    let p = blocking(Some(pool.clone()), move || {
+                        profile(m.as_ref(), &batches, batch)
+                    })
+                    .await?;
                     op.profiles.insert(key, p.clone());
                     p
                 }
