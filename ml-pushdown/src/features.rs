@@ -145,6 +145,8 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
     let mut decode = 0f64;
     let mut stage = vec![0f64; model.stages().len()];
     let mut whole = 0f64;
+    // The first timed samples as decoded, for the whole model at `batch` below.
+    let mut first: Option<Tensor> = None;
     // One sample through every stage first, untimed and stage by stage as timed
     // below: a first pass pays for thread start-up and page faults on fresh scratch
     // buffers (and, for an ONNX model, for creating each stage's session), which an
@@ -169,6 +171,7 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
         bytes += s.bytes()?.iter().map(|b| b.len() as u64).sum::<u64>();
         let t = Instant::now();
         let mut x = inputs(model, &s)?;
+        first.get_or_insert_with(|| x.clone());
         decode += t.elapsed().as_secs_f64();
         if model.runs_ranges_fused() {
             let t = Instant::now();
@@ -185,9 +188,8 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
     if model.runs_ranges_fused()
         && n > 0
         && batch > n
-        && let Some(b) = batches.iter().find(|b| b.num_rows() > 0)
+        && let Some(x) = first
     {
-        let x = inputs(model, &Samples::from_batch(b)?)?;
         let rows = x.dim(0)?;
         let xs = vec![x; batch.div_ceil(rows)];
         let big = Tensor::cat(&xs, 0)?;
