@@ -212,9 +212,7 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
     }
     // The stages' own sessions served the timing only (a profile is kept, not
     // measured again).
-    if let Some(m) = model.onnx() {
-        m.release_stage_sessions();
-    }
+    model.release_stage_sessions();
     if n == 0 {
         return Err(Error::InvalidArgument(
             "the dataset partition is empty: nothing to profile".into(),

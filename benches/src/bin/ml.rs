@@ -1,10 +1,12 @@
 //! ML pushdown bench, two parts side by side in one run.
 //!
-//! **rate**: EfficientNet-Lite0 feature extraction (224×224, stem to pool) on the same
-//! cores: onnxruntime (PyPI, the same weights written as ONNX by
-//! `scripts/effnet_lite0_onnx.py`) against our candle model, and the storage-side
-//! operator end to end (a real node: decode, preprocess, layers, Arrow IPC over gRPC).
-//! The features are compared, and a per-stage profile says where our time goes.
+//! **rate**: a built-in image model's feature extraction (224×224, stem to pool) on the
+//! same cores: onnxruntime in Python (EfficientNet-Lite0: the same weights written as
+//! ONNX by `scripts/effnet_lite0_onnx.py`; ResNet: csd's own export), the model as csd
+//! runs it (exported to ONNX, on onnxruntime), the model on csd's own kernels, and the
+//! storage-side operator end to end (a real node: decode, preprocess, layers, Arrow IPC
+//! over gRPC). The features are compared, and a per-stage profile says where the time
+//! goes.
 //!
 //! **splits**: the testbed's HAPI scenario with every split as a policy, plus
 //! compute-only, full pushdown and the planner's auto split, over throttled links of
@@ -12,7 +14,7 @@
 //!
 //! Needs `scripts/setup-ml.sh` (weights, textures, onnxruntime and onnx).
 //!
-//! `cargo run --release -p csd-benches --bin ml -- [--only rate|splits] [--cores 1]`
+//! `cargo run --release -p csd-benches --bin ml -- [--only rate|splits] [--cores 1] [--model resnet50]`
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use csd_benches::{default_json_path, median, repo_root, write_json};
-use csd_ml_pushdown::model::{Arch, ImageSpec};
+use csd_ml_pushdown::model::{Arch, ImageSpec, Kernels, StagedModel};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
 use csd_runtime::config::{ByteSize, NodeConfig};
@@ -51,6 +53,11 @@ struct Args {
     /// alternating), and the ratio reported is the median of the rounds'.
     #[arg(long, default_value_t = 3)]
     rate_rounds: usize,
+    /// The built-in model of the rate part: `efficientnet-lite0` (its ImageNet
+    /// weights) or `resnet18`/`resnet50` (random weights from the tests' reference
+    /// script, the same on both sides).
+    #[arg(long, default_value = "efficientnet-lite0")]
+    model: Arch,
     /// Run one part only: `rate` or `splits`.
     #[arg(long)]
     only: Option<String>,
@@ -86,15 +93,20 @@ struct Out {
 struct Rate {
     cores: Vec<usize>,
     batch: usize,
+    model: String,
     onnxruntime: String,
     ort_images_per_s: f64,
-    candle_images_per_s: f64,
+    /// The model as csd runs it by default: on onnxruntime, in-process.
+    ours_images_per_s: f64,
+    /// The model on csd's own kernels (`CSD_ML_KERNELS=csd`).
+    kernels_images_per_s: f64,
     operator_images_per_s: f64,
     /// The median of the rounds' ratios.
-    candle_vs_ort: f64,
+    ours_vs_ort: f64,
+    kernels_vs_ort: f64,
     operator_vs_ort: f64,
-    /// Each round's images/s: onnxruntime, ours.
-    rounds: Vec<(f64, f64)>,
+    /// Each round's images/s: onnxruntime in Python, ours, csd's kernels.
+    rounds: Vec<(f64, f64, f64)>,
     max_rel_err_vs_ort: f64,
     /// Seconds per image: decode+preprocess, then each stage.
     profile_decode_s: f64,
@@ -157,8 +169,16 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let list: Vec<String> = cores.iter().map(usize::to_string).collect();
     let list = list.join(",");
     let py = home.join("venv/bin/python");
-    let onnx = home.join("efficientnet-lite0.onnx");
-    if !onnx.is_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| die(e));
+    let arch = args.model;
+    let onnx = match arch {
+        Arch::EfficientNetLite0 => home.join("efficientnet-lite0.onnx"),
+        _ => dir.path().join("model.onnx"),
+    };
+    if arch != Arch::EfficientNetLite0 {
+        let bytes = csd_ml_pushdown::model::export_onnx(arch, weights).unwrap_or_else(|e| die(e));
+        std::fs::write(&onnx, bytes).unwrap_or_else(|e| die(e));
+    } else if !onnx.is_file() {
         let st = std::process::Command::new(&py)
             .arg(repo_root().join("scripts/effnet_lite0_onnx.py"))
             .arg(home.join("efficientnet-lite0.safetensors"))
@@ -180,8 +200,11 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
         .map(|(p, _)| std::fs::read(p).unwrap_or_else(|e| die(format!("{}: {e}", p.display()))))
         .collect();
     let refs: Vec<&[u8]> = files.iter().map(Vec::as_slice).collect();
-    let model = Arch::EfficientNetLite0
-        .load(weights, &Device::Cpu)
+    let model = arch
+        .load_with(weights, &Device::Cpu, Kernels::Onnxruntime)
+        .unwrap_or_else(|e| die(e));
+    let kernels = arch
+        .load_with(weights, &Device::Cpu, Kernels::Csd)
         .unwrap_or_else(|e| die(e));
     let n = model.stages().len();
     let pool =
@@ -191,7 +214,6 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             csd_ml_pushdown::preprocess::images(&refs, &ImageSpec::IMAGENET_224, &Device::Cpu)
         })
         .unwrap_or_else(|e| die(e));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| die(e));
     let npy = dir.path().join("input.npy");
     write_npy(&npy, &x).unwrap_or_else(|e| die(e));
 
@@ -219,7 +241,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             .unwrap_or_else(|e| die(format!("ml_ort.py output: {e}")))
     };
     let y = pool.install(|| model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e)));
-    let run_ours = || {
+    let run = |model: &dyn StagedModel| {
         pool.install(|| {
             model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
             let t = Instant::now();
@@ -236,27 +258,32 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let n_rounds = args.rate_rounds.max(1);
     for r in 0..n_rounds {
         println!(
-            "rate: round {}/{n_rounds}: onnxruntime and the candle model on cores {list} ...",
+            "rate: round {}/{n_rounds}: onnxruntime in Python, csd on onnxruntime and csd's \
+             kernels on cores {list} ...",
             r + 1
         );
-        let (o, c) = if r % 2 == 0 {
+        let (o, c, k) = if r % 2 == 0 {
             let o = run_ort();
-            (o, run_ours())
+            (o, run(model.as_ref()), run(kernels.as_ref()))
         } else {
-            let c = run_ours();
-            (run_ort(), c)
+            let k = run(kernels.as_ref());
+            let c = run(model.as_ref());
+            (run_ort(), c, k)
         };
         let o_rate = o["images_per_s"].as_f64().unwrap_or(0.0);
         println!(
-            "  onnxruntime {o_rate:.1}/s, ours {c:.1}/s: {:.2}",
-            c / o_rate
+            "  onnxruntime {o_rate:.1}/s, ours {c:.1}/s ({:.2}), csd's kernels {k:.1}/s ({:.2})",
+            c / o_rate,
+            k / o_rate
         );
-        rounds.push((o_rate, c));
+        rounds.push((o_rate, c, k));
         ort = o;
     }
     let ort_rate = median(rounds.iter().map(|r| r.0).collect());
     let ours = median(rounds.iter().map(|r| r.1).collect());
+    let kernels_rate = median(rounds.iter().map(|r| r.2).collect());
     let ratio = median(rounds.iter().map(|r| r.1 / r.0).collect());
+    let kernels_ratio = median(rounds.iter().map(|r| r.2 / r.0).collect());
     let y: Vec<Vec<f32>> = y
         .flatten_from(1)
         .and_then(|t| t.to_vec2())
@@ -299,17 +326,50 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     Rate {
         cores,
         batch: args.batch,
+        model: arch.name().into(),
         onnxruntime: ort["onnxruntime"].as_str().unwrap_or("?").into(),
         ort_images_per_s: ort_rate,
-        candle_images_per_s: ours,
+        ours_images_per_s: ours,
+        kernels_images_per_s: kernels_rate,
         operator_images_per_s: op,
-        candle_vs_ort: ratio,
+        ours_vs_ort: ratio,
+        kernels_vs_ort: kernels_ratio,
         operator_vs_ort: op / ort_rate,
         rounds,
         max_rel_err_vs_ort: err,
         profile_decode_s: profile.decode_s,
         profile_stage_s: profile.stage_s,
     }
+}
+
+/// Random ResNet weights (torchvision's names), written by the tests' reference script.
+fn random_weights(arch: Arch, home: &Path) -> Vec<u8> {
+    let depth = match arch {
+        Arch::ResNet18 => "18",
+        Arch::ResNet50 => "50",
+        other => die(format!(
+            "--model {other}: the rate part runs efficientnet-lite0, resnet18 or resnet50"
+        )),
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| die(e));
+    let input = dir.path().join("input.safetensors");
+    let x = Tensor::zeros((1, 3, 224, 224), candle_core::DType::F32, &Device::Cpu)
+        .unwrap_or_else(|e| die(e));
+    candle_core::safetensors::save(&[("input", x)].into_iter().collect(), &input)
+        .unwrap_or_else(|e| die(e));
+    let weights = dir.path().join("weights.safetensors");
+    let st = std::process::Command::new(home.join("venv/bin/python"))
+        .arg(repo_root().join("ml-pushdown/tests/reference/resnet.py"))
+        .arg(depth)
+        .arg(&weights)
+        .arg(&input)
+        .arg(dir.path().join("out.safetensors"))
+        .status()
+        .unwrap_or_else(|e| die(e));
+    if !st.success() {
+        die("the reference script failed to write ResNet weights (run scripts/setup-ml.sh)");
+    }
+    std::fs::read(&weights).unwrap_or_else(|e| die(e))
 }
 
 /// Images/s of full pushdown from a real node on `cores`, over loopback (no throttle).
@@ -355,8 +415,8 @@ async fn operator_rate(
     let table = csd_ml_pushdown::weights::ensure(&client, weights)
         .await
         .unwrap_or_else(|e| die(e));
-    let model: Arc<dyn csd_ml_pushdown::model::StagedModel> = Arc::from(
-        Arch::EfficientNetLite0
+    let model: Arc<dyn StagedModel> = Arc::from(
+        args.model
             .load(weights, &Device::Cpu)
             .unwrap_or_else(|e| die(e)),
     );
@@ -365,7 +425,7 @@ async fn operator_rate(
         .unwrap_or_else(|e| die(e));
     let job = FeatureJob {
         dataset: "bench_images".into(),
-        arch: Arch::EfficientNetLite0,
+        arch: args.model,
         weights: table,
         split: model.stages().len(),
         node_split: None,
@@ -618,7 +678,11 @@ async fn main() {
     });
     let mut out = Out::default();
     if args.only.as_deref() != Some("splits") {
-        let r = rate(&args, &home, &weights).await;
+        let rate_weights = match args.model {
+            Arch::EfficientNetLite0 => weights.clone(),
+            arch => random_weights(arch, &home),
+        };
+        let r = rate(&args, &home, &rate_weights).await;
         println!(
             "\n| cores {:?}, batch {} | images/s | vs onnxruntime |\n|---|---|---|",
             r.cores, r.batch
@@ -628,8 +692,12 @@ async fn main() {
             r.onnxruntime, r.ort_images_per_s
         );
         println!(
-            "| candle model (ours) | {:.1} | {:.2} |",
-            r.candle_images_per_s, r.candle_vs_ort
+            "| {} in csd, on onnxruntime (the default) | {:.1} | {:.2} |",
+            r.model, r.ours_images_per_s, r.ours_vs_ort
+        );
+        println!(
+            "| {} on csd's kernels (CSD_ML_KERNELS=csd) | {:.1} | {:.2} |",
+            r.model, r.kernels_images_per_s, r.kernels_vs_ort
         );
         println!(
             "| node operator end to end (decode + model + Flight) | {:.1} | {:.2} |",
@@ -645,7 +713,7 @@ async fn main() {
             r.profile_decode_s * 1e3,
             100.0 * r.profile_decode_s / total
         );
-        let names = Arch::EfficientNetLite0.stages();
+        let names = args.model.stages();
         for (i, t) in r.profile_stage_s.iter().enumerate() {
             println!(
                 "  stage {i:>2} {:<14} {:>7.2} ms ({:>4.1}%)  {:>6.1} MFLOP",

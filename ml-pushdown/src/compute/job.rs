@@ -283,8 +283,9 @@ pub async fn plan_inputs(
         .unwrap_or_else(rayon::current_num_threads);
     // Not the node's address: the same node can be reached by several (a proxy).
     let key = format!(
-        "{dataset}/{}/{arch}/{weights_table}/{threads}/{}x{bytes}",
+        "{dataset}/{}/{arch}:{}/{weights_table}/{threads}/{}x{bytes}",
         src.partition,
+        model.engine(),
         first.num_rows()
     );
     let compute = async {

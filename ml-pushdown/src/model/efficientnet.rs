@@ -10,8 +10,10 @@ use candle_core::{D, Device, Tensor};
 
 use super::cpu::Act;
 use super::cpu::{self, Host, MbConv, Window};
+use super::exported::{self, Classifier};
 use super::{Arch, StageInfo, StagedModel, Weights, bytes_of, classify, depthwise_conv2d};
 use crate::Result;
+use crate::onnx::write::GraphWriter;
 
 const EPS: f64 = 1e-3;
 /// (repeats, kernel, stride, expand ratio, in channels, out channels) per stage.
@@ -71,6 +73,18 @@ fn folded(w: &Weights, conv: &str, bn: &str, shape: &[usize], dev: &Device) -> R
         wt
     };
     Ok(Conv { w: wt, b })
+}
+
+/// `c` written as an ONNX convolution (1×1 ones as `[out, in, 1, 1]`).
+fn conv(
+    g: &mut GraphWriter,
+    x: &str,
+    c: &Conv,
+    stride: usize,
+    groups: usize,
+    out: Option<&str>,
+) -> Result<String> {
+    exported::conv(g, x, (&c.w, &c.b), stride, groups, out)
 }
 
 /// 1×1 convolution as a matrix product, plus bias and optional ReLU6.
@@ -227,6 +241,45 @@ impl EfficientNetLite0 {
         })
     }
 
+    /// The model as ONNX (each stage's output named after the stage, the batch
+    /// norms folded as loaded), and its classifier, for onnxruntime
+    /// ([`Exported`](super::exported::Exported)).
+    pub(crate) fn into_onnx(self) -> Result<(Vec<u8>, Classifier)> {
+        let mut g = GraphWriter::default();
+        let mut x = "input".to_string();
+        for (s, info) in self.stages.iter().zip(&self.info) {
+            let out = Some(info.name.as_str());
+            x = match s {
+                Stage::Stem(c) => {
+                    let y = conv(&mut g, &x, c, 2, 1, None)?;
+                    g.relu6(&y, out)
+                }
+                Stage::Block(b) => {
+                    let mut h = x.clone();
+                    if let Some(e) = &b.expand {
+                        let y = conv(&mut g, &h, e, 1, 1, None)?;
+                        h = g.relu6(&y, None);
+                    }
+                    let groups = b.dw.w.dim(0)?;
+                    let y = conv(&mut g, &h, &b.dw, b.stride, groups, None)?;
+                    let h = g.relu6(&y, None);
+                    if b.skip {
+                        let y = conv(&mut g, &h, &b.project, 1, 1, None)?;
+                        g.node("Add", &[&y, &x], &[], out)
+                    } else {
+                        conv(&mut g, &h, &b.project, 1, 1, out)?
+                    }
+                }
+                Stage::Head(c) => {
+                    let y = conv(&mut g, &x, c, 1, 1, None)?;
+                    g.relu6(&y, out)
+                }
+                Stage::Pool => g.global_pool(&x, out),
+            };
+        }
+        Ok((g.finish("input", &[3, INPUT, INPUT], &x, &[HEAD]), self.fc))
+    }
+
     /// Uses candle's ops even on the CPU (to check the fused kernels against them).
     #[cfg(test)]
     pub(crate) fn with_candle_ops(mut self) -> Self {
@@ -378,5 +431,28 @@ mod tests {
             assert_stages_match(&fused, &plain, x, &format!("{side}px"))?;
         }
         Ok(())
+    }
+    /// The model written as ONNX and run on onnxruntime against csd's kernels, stage
+    /// by stage and whole, at ImageNet's size.
+    #[test]
+    fn onnx_export_matches_the_kernels() -> crate::Result<()> {
+        if !crate::onnx::runtime::available() {
+            eprintln!("SKIPPED: onnxruntime is not installed (scripts/setup-ml.sh)");
+            return Ok(());
+        }
+        let w = random_weights()?;
+        let ours = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?;
+        let (onnx, fc) = EfficientNetLite0::from_tensors(&w, &Device::Cpu)?.into_onnx()?;
+        let ort = crate::model::Exported::new(Arch::EfficientNetLite0, &onnx, fc)?;
+        let x = Tensor::randn(0f32, 1., (2, 3, INPUT, INPUT), &Device::Cpu)?;
+        let n = ours.stages().len();
+        let (a, b) = (ort.forward_range(&x, 0, n)?, ours.forward_range(&x, 0, n)?);
+        let err = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(
+            err <= 1e-4 * scale,
+            "EfficientNet-Lite0 whole: max error {err}, scale {scale}"
+        );
+        assert_stages_match(&ort, &ours, x, "EfficientNet-Lite0 on onnxruntime")
     }
 }

@@ -9,6 +9,7 @@
 mod bert;
 mod cpu;
 mod efficientnet;
+mod exported;
 mod onnx;
 mod ops;
 mod resnet;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bert::MiniLm;
 pub use efficientnet::EfficientNetLite0;
+pub use exported::{Exported, KERNELS_VAR, Kernels};
 pub use onnx::{OnnxModelStages, PixelNorm};
 pub use ops::depthwise_conv2d;
 pub use resnet::ResNet;
@@ -94,8 +96,20 @@ impl Arch {
     }
 
     /// Builds the model from safetensors weights (for a text model, with its tokenizer
-    /// in the metadata: [`weights::with_tokenizer`](crate::weights::with_tokenizer)).
+    /// in the metadata: [`weights::with_tokenizer`](crate::weights::with_tokenizer)),
+    /// an image model on the kernels `CSD_ML_KERNELS` chooses ([`Kernels`]).
     pub fn load(self, weights: &[u8], device: &Device) -> Result<Box<dyn StagedModel>> {
+        self.load_with(weights, device, Kernels::from_env()?)
+    }
+
+    /// [`load`](Self::load) on the given kernels (onnxruntime where it loads, on the
+    /// CPU, for the image models; else csd's own).
+    pub fn load_with(
+        self,
+        weights: &[u8],
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Box<dyn StagedModel>> {
         if self == Arch::Onnx {
             return Ok(Box::new(OnnxModelStages::load(
                 weights,
@@ -105,18 +119,31 @@ impl Arch {
         let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
             .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
         let w = Weights::new(tensors, self);
+        // The image models run on onnxruntime where it loads (on the CPU), else on
+        // csd's kernels.
+        let on_ort =
+            device.is_cpu() && kernels == Kernels::Onnxruntime && crate::onnx::runtime::available();
+        let resnet = |depth| -> Result<Box<dyn StagedModel>> {
+            let m = ResNet::from_tensors(depth, &w, device)?;
+            Ok(if on_ort {
+                let (onnx, fc) = m.into_onnx()?;
+                Box::new(Exported::new(self, &onnx, fc)?)
+            } else {
+                Box::new(m)
+            })
+        };
         match self {
-            Arch::EfficientNetLite0 => Ok(Box::new(EfficientNetLite0::from_tensors(&w, device)?)),
-            Arch::ResNet18 => Ok(Box::new(ResNet::from_tensors(
-                resnet::Depth::R18,
-                &w,
-                device,
-            )?)),
-            Arch::ResNet50 => Ok(Box::new(ResNet::from_tensors(
-                resnet::Depth::R50,
-                &w,
-                device,
-            )?)),
+            Arch::EfficientNetLite0 => {
+                let m = EfficientNetLite0::from_tensors(&w, device)?;
+                Ok(if on_ort {
+                    let (onnx, fc) = m.into_onnx()?;
+                    Box::new(Exported::new(self, &onnx, fc)?)
+                } else {
+                    Box::new(m)
+                })
+            }
+            Arch::ResNet18 => resnet(resnet::Depth::R18),
+            Arch::ResNet50 => resnet(resnet::Depth::R50),
             Arch::Onnx => unreachable!("loaded above"),
             Arch::MiniLmL6 => {
                 let tokenizer = crate::weights::tokenizer(weights)?.ok_or_else(|| {
@@ -133,6 +160,33 @@ impl Arch {
             }
         }
     }
+}
+
+/// A built-in image model (`arch`, from safetensors `weights`) as the ONNX graph csd
+/// runs on onnxruntime: batch norms folded, each stage's output named after the stage.
+pub fn export_onnx(arch: Arch, weights: &[u8]) -> Result<Vec<u8>> {
+    let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
+        .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
+    let w = Weights::new(tensors, arch);
+    let dev = Device::Cpu;
+    Ok(match arch {
+        Arch::EfficientNetLite0 => EfficientNetLite0::from_tensors(&w, &dev)?.into_onnx()?.0,
+        Arch::ResNet18 => {
+            ResNet::from_tensors(resnet::Depth::R18, &w, &dev)?
+                .into_onnx()?
+                .0
+        }
+        Arch::ResNet50 => {
+            ResNet::from_tensors(resnet::Depth::R50, &w, &dev)?
+                .into_onnx()?
+                .0
+        }
+        Arch::MiniLmL6 | Arch::Onnx => {
+            return Err(Error::InvalidArgument(format!(
+                "{arch} has no ONNX export (the image models have)"
+            )));
+        }
+    })
 }
 
 impl fmt::Display for Arch {
@@ -237,6 +291,17 @@ pub trait StagedModel: Send + Sync {
     fn runs_ranges_fused(&self) -> bool {
         false
     }
+
+    /// What runs the model (`csd`: csd's kernels on candle; `onnxruntime`): part of
+    /// a profile's key, since the same weights run at different speeds on each.
+    fn engine(&self) -> &'static str {
+        "csd"
+    }
+
+    /// Lets go of what running single stages left behind (a profile runs each stage
+    /// alone: an onnxruntime session per stage, for ResNet-50 about twice the model's
+    /// size in all), keeping what longer ranges (feature requests) reuse.
+    fn release_stage_sessions(&self) {}
 
     /// The ONNX model this is, when it is one (its cut points by name).
     fn onnx(&self) -> Option<&OnnxModelStages> {

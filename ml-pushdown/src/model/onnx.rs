@@ -127,12 +127,10 @@ impl OnnxModelStages {
         }
     }
 
-    /// Lets go of the idle sessions of single stages (what a profile creates, one per
-    /// stage: for ResNet-50 about twice the model's size in all), keeping those of
-    /// longer ranges (what feature requests run).
-    pub fn release_stage_sessions(&self) {
+    /// Lets go of the idle sessions of the ranges (first cut, end cut) `keep` refuses.
+    pub(crate) fn release_sessions(&self, keep: impl Fn(usize, usize) -> bool) {
         if let Ok(mut m) = self.sessions.lock() {
-            m.retain(|(from, to), _| to - from > 1);
+            m.retain(|(from, to), _| keep(*from, *to));
         }
     }
 
@@ -160,6 +158,16 @@ impl OnnxModelStages {
         if let Ok(mut m) = self.sessions.lock() {
             m.entry((from, to)).or_default().push(s);
         }
+    }
+
+    /// Runs cuts `from..to` on `x` in one session.
+    fn run_range(&self, x: &Tensor, from: usize, to: usize) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let inputs = self.unpack(from, x)?;
+        let s = self.session(from, to)?;
+        let out = s.run(&inputs);
+        self.give_back(from, to, s);
+        self.pack(to, b, out?)
     }
 
     /// `x` (`[B, ...]`, as cut `i` sends it) as the cut's tensors.
@@ -307,11 +315,22 @@ impl StagedModel for OnnxModelStages {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Tensor::cat(&pieces, 0)?);
         }
-        let inputs = self.unpack(from, x)?;
-        let s = self.session(from, to)?;
-        let out = s.run(&inputs);
-        self.give_back(from, to, s);
-        self.pack(to, b, out?)
+        // One session runs one thread (the node's CPU budget counts threads): a batch
+        // runs in as many pieces as the pool it runs in has threads, as csd's own
+        // kernels run one image per task.
+        let threads = rayon::current_num_threads().min(b);
+        if threads > 1 {
+            use rayon::prelude::*;
+            let per = b.div_ceil(threads);
+            let pieces = (0..b)
+                .step_by(per)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|at| self.run_range(&x.narrow(0, at, per.min(b - at))?, from, to))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&pieces, 0)?);
+        }
+        self.run_range(x, from, to)
     }
 
     fn weight_bytes(&self) -> u64 {
@@ -336,5 +355,13 @@ impl StagedModel for OnnxModelStages {
 
     fn runs_ranges_fused(&self) -> bool {
         true
+    }
+
+    fn engine(&self) -> &'static str {
+        "onnxruntime"
+    }
+
+    fn release_stage_sessions(&self) {
+        self.release_sessions(|from, to| to - from > 1);
     }
 }

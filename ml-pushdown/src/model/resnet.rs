@@ -9,8 +9,10 @@
 use candle_core::{D, Device, Tensor};
 
 use super::cpu::{self, Act, Host, Window};
+use super::exported::{self, Classifier};
 use super::{Arch, StageInfo, StagedModel, Weights, bytes_of, classify};
 use crate::Result;
+use crate::onnx::write::{Attr, GraphWriter};
 
 const EPS: f64 = 1e-5;
 const INPUT: usize = 224;
@@ -247,6 +249,54 @@ impl ResNet {
         })
     }
 
+    /// The model as ONNX (each stage's output named after the stage, the batch
+    /// norms folded as loaded), and its classifier, for onnxruntime
+    /// ([`Exported`](super::exported::Exported)).
+    pub(crate) fn into_onnx(self) -> Result<(Vec<u8>, Classifier)> {
+        let mut g = GraphWriter::default();
+        let conv = |g: &mut GraphWriter, x: &str, c: &Conv, out: Option<&str>| {
+            exported::conv(g, x, (&c.w, &c.b), c.stride, 1, out)
+        };
+        let mut x = "input".to_string();
+        for (s, info) in self.stages.iter().zip(&self.info) {
+            let out = Some(info.name.as_str());
+            x = match s {
+                Stage::Stem(c) => {
+                    let y = conv(&mut g, &x, c, None)?;
+                    let y = g.node("Relu", &[&y], &[], None);
+                    g.node(
+                        "MaxPool",
+                        &[&y],
+                        &[
+                            Attr::Ints("kernel_shape", &[3, 3]),
+                            Attr::Ints("strides", &[2, 2]),
+                            Attr::Ints("pads", &[1, 1, 1, 1]),
+                        ],
+                        out,
+                    )
+                }
+                Stage::Block(b) => {
+                    let mut h = x.clone();
+                    let last = b.convs.len() - 1;
+                    for c in &b.convs[..last] {
+                        let y = conv(&mut g, &h, c, None)?;
+                        h = g.node("Relu", &[&y], &[], None);
+                    }
+                    let shortcut = match &b.down {
+                        Some(d) => conv(&mut g, &x, d, None)?,
+                        None => x.clone(),
+                    };
+                    let y = conv(&mut g, &h, &b.convs[last], None)?;
+                    let sum = g.node("Add", &[&y, &shortcut], &[], None);
+                    g.node("Relu", &[&sum], &[], out)
+                }
+                Stage::Pool => g.global_pool(&x, out),
+            };
+        }
+        let out = [self.depth.features()];
+        Ok((g.finish("input", &[3, INPUT, INPUT], &x, &out), self.fc))
+    }
+
     /// Uses candle's ops even on the CPU (to check the kernels against them).
     #[cfg(test)]
     pub(crate) fn with_candle_ops(mut self) -> Self {
@@ -438,5 +488,28 @@ mod tests {
             assert_stages_match(&fast, &plain, x, &format!("{depth:?}"))?;
         }
         Ok(())
+    }
+    /// The model written as ONNX and run on onnxruntime against csd's kernels, stage
+    /// by stage and whole, at ImageNet's size.
+    #[test]
+    fn onnx_export_matches_the_kernels() -> crate::Result<()> {
+        if !crate::onnx::runtime::available() {
+            eprintln!("SKIPPED: onnxruntime is not installed (scripts/setup-ml.sh)");
+            return Ok(());
+        }
+        let w = random_weights(Depth::R18)?;
+        let ours = ResNet::from_tensors(Depth::R18, &w, &Device::Cpu)?;
+        let (onnx, fc) = ResNet::from_tensors(Depth::R18, &w, &Device::Cpu)?.into_onnx()?;
+        let ort = crate::model::Exported::new(Arch::ResNet18, &onnx, fc)?;
+        let x = Tensor::randn(0f32, 1., (2, 3, INPUT, INPUT), &Device::Cpu)?;
+        let n = ours.stages().len();
+        let (a, b) = (ort.forward_range(&x, 0, n)?, ours.forward_range(&x, 0, n)?);
+        let err = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(
+            err <= 1e-4 * scale,
+            "ResNet-18 whole: max error {err}, scale {scale}"
+        );
+        assert_stages_match(&ort, &ours, x, "ResNet-18 on onnxruntime")
     }
 }

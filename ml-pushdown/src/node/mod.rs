@@ -105,10 +105,15 @@ pub struct MlOperator {
 
 /// What a profile depends on: the partition's objects (ids change when replaced), the
 /// model and weights, and the pool's threads.
-fn profile_key(r: &FeatureRequest, objects: &[ParquetObject], threads: usize) -> String {
+fn profile_key(
+    r: &FeatureRequest,
+    engine: &str,
+    objects: &[ParquetObject],
+    threads: usize,
+) -> String {
     let ids: Vec<String> = objects.iter().map(|o| o.object.id.to_string()).collect();
     format!(
-        "{}/{}/{}/{}/{threads}/{}",
+        "{}/{}/{}:{engine}/{}/{threads}/{}",
         r.dataset,
         r.partition,
         r.model,
@@ -382,7 +387,7 @@ impl MlCall {
         op.memory_used.fetch_add(plan.memory, Ordering::Relaxed);
         let guard = MemoryGuard(op.memory_used.clone(), plan.memory);
         if r.mode == Mode::Profile {
-            let key = profile_key(&r, &objects, ctx.node.pool.threads());
+            let key = profile_key(&r, model.engine(), &objects, ctx.node.pool.threads());
             let cached = op.profiles.get(&key);
             let profile_cached = cached.is_some();
             let profile = match cached {

@@ -7,6 +7,7 @@
 //! | [`graph`] | a model as surgery sees it: nodes, initializers, inputs, outputs, types |
 //! | [`split`] | cut points; the head and tail models of a cut |
 //! | [`runtime`] | onnxruntime through `ort`, loaded at run time |
+//! | `write` | a model written from scratch (the built-in image models' export) |
 //!
 //! [`Analysis`] puts them together: a model's cut points with the type, shape and
 //! size per sample of what each sends, learned from one onnxruntime run.
@@ -15,6 +16,7 @@ pub mod graph;
 pub mod runtime;
 pub mod split;
 mod wire;
+pub(crate) mod write;
 
 use std::collections::HashMap;
 
