@@ -2,8 +2,9 @@
 # What a storage node in a QEMU guest needs (`[nodes] system = "qemu"`, the NVMe
 # passthrough tests): QEMU (TCG), a static busybox, and Debian's cloud kernel — its
 # vmlinuz (NVMe and io_uring built in) and the virtio-net modules, in load order —
-# unpacked into $CSD_QEMU_HOME (default ~/.cache/csd/qemu). Idempotent; no install
-# hooks run for the kernel (it is only unpacked).
+# unpacked into $CSD_QEMU_HOME (default ~/.cache/csd/qemu), with uio and
+# uio_pci_generic for guests whose node drives the controller with SPDK. Idempotent;
+# no install hooks run for the kernel (it is only unpacked).
 set -euo pipefail
 home="${CSD_QEMU_HOME:-$HOME/.cache/csd/qemu}"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -15,7 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root apt-get install -y -qq "${need[@]}"
 fi
-if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ]; then
+if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ] && [ -f "$home/modules/spdk/uio_pci_generic.ko" ]; then
   exit 0
 fi
 mkdir -p "$home"
@@ -37,6 +38,13 @@ for m in "${order[@]}"; do
   cp "$ko" "$home/modules.new/"
 done
 printf '%s\n' "${order[@]}" > "$home/modules.new/order"
+# Loaded only in SPDK guests, by their own script (testbed/src/guest/spdk.rs).
+mkdir -p "$home/modules.new/spdk"
+for m in uio uio_pci_generic; do
+  ko="$(find root -name "$m.ko" -path "*/modules/*" | head -n1)"
+  [ -n "$ko" ] || { echo "setup-qemu: $pkg has no $m.ko" >&2; exit 1; }
+  cp "$ko" "$home/modules.new/spdk/"
+done
 cp root/boot/vmlinuz-* "$home/vmlinuz.new"
 echo "$pkg" > "$home/kernel"
 rm -rf "$home/modules" && mv "$home/modules.new" "$home/modules"

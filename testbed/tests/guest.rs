@@ -1,7 +1,8 @@
 //! Nodes in QEMU guests on an emulated NVMe controller, driven through io_uring NVMe
 //! passthrough (`--device nvme:/dev/ng0n1`): tables stored, read, deleted (Dataset
 //! Management) and kept across a `kill -9` of the whole machine; a media error
-//! injected under the namespace is data loss for the table above it alone.
+//! injected under the namespace is data loss for the table above it alone. With an
+//! SPDK build, the same through SPDK's user-space PCIe driver (`--device spdk:pcie=…`).
 //!
 //! Needs `scripts/setup-qemu.sh` (run by `scripts/test.sh`); without its kit the
 //! tests say so and pass only when `CSD_REQUIRE_QEMU` is unset.
@@ -405,4 +406,76 @@ async fn a_media_error_under_a_table_is_data_loss_for_that_table_alone() {
     let c = NodeClient::connect(&g.url).await.unwrap();
     assert_holds(&c, "victim", &victim, "once the sector reads again").await;
     assert_holds(&c, "bystander", &bystander, "once the sector reads again").await;
+}
+
+/// SPDK's user-space NVMe driver on the guest's emulated controller (bound to
+/// `uio_pci_generic`): tables stored, read, deleted (unmapped) and kept across a
+/// `kill -9` of the whole machine. Needs `SPDK_DIR` (a build of
+/// `scripts/build-spdk.sh`) and `CSD_GUEST_SPDK_BINARY` (a `csd` built with
+/// `--features spdk` against it); says so and passes without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_node_stores_through_spdks_pcie_driver_and_survives_kill_9() {
+    if kit().is_none() {
+        return;
+    }
+    let (Some(spdk), Some(binary)) = (
+        std::env::var_os("SPDK_DIR"),
+        std::env::var_os("CSD_GUEST_SPDK_BINARY"),
+    ) else {
+        eprintln!(
+            "skipping SPDK in a guest: set SPDK_DIR (scripts/build-spdk.sh) and \
+             CSD_GUEST_SPDK_BINARY (cargo build -p csd-client --features spdk)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = GuestSpec::new(
+        binary.into(),
+        dir.path().join("node.img"),
+        dir.path().into(),
+    )
+    .with_spdk(spdk.into());
+    spec.disk_bytes = 256 << 20;
+    spec.cpus = 2;
+    spec.node_args = vec!["--memory".into(), "256MiB".into()];
+    let mut g = match Guest::boot(spec).await {
+        Ok(g) => g,
+        Err(e) => panic!("{e}"),
+    };
+    eprintln!("SPDK guest booted in {:.1} s", g.boot_s);
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let geo = c.stats().await.unwrap().device.geometry;
+    assert!(
+        geo.name.starts_with("spdk:pcie="),
+        "the node runs on {:?}, not on SPDK's PCIe driver",
+        geo.name
+    );
+    assert_eq!((geo.block_size, geo.num_blocks), (4096, 65536), "{geo:?}");
+    let kept = batch(1, 50_000);
+    put(&c, "kept", &kept).await;
+    let gone = batch(2, 50_000);
+    put(&c, "gone", &gone).await;
+    assert_holds(&c, "kept", &kept, "stored").await;
+    assert_holds(&c, "gone", &gone, "stored").await;
+    c.delete("gone", None).await.unwrap();
+    let again = batch(3, 50_000);
+    put(&c, "again", &again).await;
+    let stats = c.stats().await.unwrap().device.stats;
+    assert!(
+        stats.writes > 0 && stats.flushes > 0 && stats.reads > 0,
+        "{stats:?}"
+    );
+    assert!(stats.bytes_deallocated > 0, "{stats:?}: deleting unmaps");
+    g.restart().await.unwrap();
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    assert_holds(&c, "kept", &kept, "after kill -9").await;
+    assert_holds(&c, "again", &again, "after kill -9").await;
+    let tables: Vec<String> = c
+        .list_tables("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(!tables.contains(&"gone".to_string()), "{tables:?}");
 }

@@ -9,7 +9,12 @@
 //!    through `nvme:/dev/ng0n1` and through `uring:/dev/nvme0n1`: wall time and
 //!    latency per configuration (the `qemu` testbed scenario).
 //!
-//! `sudo target/release/nvme [--mib 256] [--secs 4] [--lba 512] [--json PATH]`
+//! 3. With `--spdk SPDK_DIR` (this binary built with `--features csd-runtime/spdk`
+//!    against that SPDK build): the device tests again in a second guest, through
+//!    SPDK's user-space PCIe driver on the same emulated controller (bound to
+//!    `uio_pci_generic`, hugepages reserved).
+//!
+//! `sudo target/release/nvme [--mib 256] [--secs 4] [--lba 512] [--spdk DIR] [--json PATH]`
 //! (needs `scripts/setup-qemu.sh`; `csd` built beside this binary).
 //!
 //! `--inside=SPEC,…` runs the device tests right here on any `--device` specs: on
@@ -48,6 +53,10 @@ struct Args {
     /// Skip the TPC-H part.
     #[arg(long)]
     no_tpch: bool,
+    /// Also run the device tests through SPDK's PCIe driver in a guest, loading SPDK
+    /// from this build (`SPDK_DIR`).
+    #[arg(long)]
+    spdk: Option<std::path::PathBuf>,
     /// JSON output path.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -183,6 +192,26 @@ async fn inside(specs: &[String], mib: u64, secs: f64) {
     }
 }
 
+/// Boots `spec` (which runs this binary `--inside`) and returns the device rows it
+/// printed for its `n` specs, and the seconds the guest ran.
+async fn device_tests(spec: GuestSpec, n: usize) -> (Vec<DeviceRow>, f64) {
+    let (log, guest_s) = Guest::run_to_exit(spec, Duration::from_secs(900))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let device: Vec<DeviceRow> = log
+        .lines()
+        .filter_map(|l| l.split_once(MARK).map(|(_, j)| j))
+        .map(|j| serde_json::from_str(j.trim()).expect("a bench line"))
+        .collect();
+    assert!(
+        device.len() == 5 * n,
+        "the guest printed {} of {} results:\n{log}",
+        device.len(),
+        5 * n
+    );
+    (device, guest_s)
+}
+
 /// On the host: the guest's device tests, then TPC-H on guest nodes per device.
 async fn host(args: Args) {
     let scratch = tempfile::tempdir().expect("scratch dir");
@@ -205,20 +234,21 @@ async fn host(args: Args) {
         "device tests in a QEMU guest (TCG, 1 vCPU), {} MiB region, {}-byte LBAs...",
         args.mib, args.lba
     );
-    let (log, guest_s) = Guest::run_to_exit(spec, Duration::from_secs(900))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let device: Vec<DeviceRow> = log
-        .lines()
-        .filter_map(|l| l.split_once(MARK).map(|(_, j)| j))
-        .map(|j| serde_json::from_str(j.trim()).expect("a bench line"))
-        .collect();
-    assert!(
-        device.len() == 5 * specs.len(),
-        "the guest printed {} of {} results:\n{log}",
-        device.len(),
-        5 * specs.len()
-    );
+    let spdk_spec = args.spdk.clone().map(|dir| {
+        let mut s = spec.clone().with_spdk(dir);
+        s.disk = scratch.path().join("bench-spdk.img");
+        s.run = Some(vec![
+            format!("--inside={}", s.device),
+            format!("--mib={}", args.mib),
+            format!("--secs={}", args.secs),
+        ]);
+        s
+    });
+    let (mut device, guest_s) = device_tests(spec, specs.len()).await;
+    if let Some(s) = spdk_spec {
+        println!("device tests through SPDK's PCIe driver in a second guest...");
+        device.extend(device_tests(s, 1).await.0);
+    }
     println!(
         "\n{:<24} {:<24} {:>4} {:>10} {:>10} {:>12}",
         "device", "test", "QD", "IOPS", "MB/s", "latency us"

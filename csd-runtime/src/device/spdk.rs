@@ -2,9 +2,11 @@
 //! controller driven by SPDK's user-space driver over PCIe or NVMe-oF/TCP, or a
 //! malloc bdev — through SPDK's bdev layer.
 //!
-//! One OS thread is SPDK's: it initialises SPDK's environment (without hugepages:
-//! `--no-huge`, memory from the heap), its thread library, the bdev subsystem and a
-//! JSON configuration that creates or attaches the bdev, then polls. The node's async
+//! One OS thread is SPDK's: it initialises SPDK's environment (for a PCIe controller
+//! on hugepages with IOVA = physical addresses, which a controller bound to
+//! `uio_pci_generic` — no IOMMU — needs; otherwise without hugepages: `--no-huge`,
+//! memory from the heap), its thread library, the bdev subsystem and a JSON
+//! configuration that creates or attaches the bdev, then polls. The node's async
 //! code hands it commands over a channel; the thread copies each write into a buffer
 //! from `spdk_dma_zmalloc` (DMA-able for the PCIe driver), submits it, polls until
 //! the completion callback runs, copies a read back into the caller's [`DmaBuf`] and
@@ -178,7 +180,8 @@ pub struct SpdkDevice {
 
 static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Memory SPDK's environment takes without hugepages, MiB (its buffer pools).
+/// Memory SPDK's environment takes without hugepages (no PCIe device), MiB (its
+/// buffer pools).
 const SPDK_MEM_MB: c_int = 1024;
 
 impl SpdkDevice {
@@ -421,12 +424,22 @@ fn spdk_thread(
         eo.opts_size = std::mem::size_of::<sys::spdk_env_opts>();
         lib().spdk_env_opts_init(&mut eo);
         eo.name = name.as_ptr();
-        eo.no_huge = true;
-        eo.mem_size = SPDK_MEM_MB;
-        eo.no_pci = !matches!(target, SpdkTarget::Pcie { .. });
+        let pcie = matches!(target, SpdkTarget::Pcie { .. });
+        if pcie {
+            // A controller bound to uio_pci_generic (no IOMMU) DMAs to physical
+            // addresses, which DPDK knows only for hugepage memory: without hugepages
+            // SPDK forces IOVA = VA and DPDK's PCI bus skips the device.
+            eo.no_huge = false;
+            eo.mem_size = -1;
+            eo.iova_mode = c"pa".as_ptr();
+        } else {
+            eo.no_huge = true;
+            eo.mem_size = SPDK_MEM_MB;
+        }
+        eo.no_pci = !pcie;
         if lib().spdk_env_init(&eo) != 0 {
             let _ = ready.send(Err(
-                "spdk_env_init failed (see SPDK's messages above; a PCIe device must be bound to uio_pci_generic or vfio-pci)".into(),
+                "spdk_env_init failed (see SPDK's messages above; a PCIe device must be bound to uio_pci_generic, with 2 MiB hugepages reserved and hugetlbfs mounted)".into(),
             ));
             return;
         }

@@ -1,14 +1,18 @@
 //! The guest's root file system: busybox, an `/init` that brings up the network and
 //! runs `/csd` with the arguments on the kernel command line (`csd.arg=…`, one per
 //! argument), the `csd` binary stripped of debug info, the shared libraries it
-//! links, and the virtio-net modules. Built once per binary and kept.
+//! links, and the virtio-net modules. Built once per binary (and variant: an SPDK
+//! guest's adds what [`super::spdk`] lists) and kept.
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::collections::BTreeMap;
+
 use super::cpio::CpioWriter;
 use super::kit::Kit;
+use super::spdk::{self, Entry};
 use crate::{Error, Result};
 
 /// The guest's `/init`.
@@ -19,6 +23,7 @@ const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "csd-guest: insmod $m failed"; done
+[ -f /prestart ] && . /prestart
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
@@ -56,8 +61,9 @@ fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Builds (or finds, when one of this binary and kit is already there) the guest's
-/// initramfs in `dir`, keeping no other binary's.
-pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
+/// initramfs in `dir`, keeping no other binary's of the same variant: with
+/// `spdk_dir` (the SPDK build the binary loads), an SPDK guest's.
+pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> Result<PathBuf> {
     let io = |what: &str, e: std::io::Error| Error::Guest(format!("{what}: {e}"));
     let meta =
         std::fs::metadata(binary).map_err(|e| io(&format!("reading {}", binary.display()), e))?;
@@ -66,7 +72,18 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
-    let key = format!("{:x}-{:x}-{}", meta.len(), stamp, kit.kernel);
+    // An SPDK guest's archive also depends on SPDK's files and the guest's script.
+    let spdk_files = spdk_dir.map(spdk::files).transpose()?;
+    let variant = match &spdk_files {
+        Some(f) => {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            format!("{f:?}{}", spdk::prestart()).hash(&mut h);
+            format!("-spdk{:x}", h.finish())
+        }
+        None => String::new(),
+    };
+    let key = format!("{:x}-{:x}-{}{variant}", meta.len(), stamp, kit.kernel);
     std::fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
     let out = dir.join(format!("initramfs-{key}.cpio"));
     // One build at a time in this process (guests boot together); another process
@@ -76,6 +93,31 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
     if out.is_file() {
         return Ok(out);
     }
+    // Shared libraries by archive path: csd's (as ldd lists them), then an SPDK
+    // guest's files (libraries csd loads at run time), each path once.
+    let mut libs: BTreeMap<String, Entry> = BTreeMap::new();
+    for lib in libraries(binary)? {
+        let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
+        // Follow symlinks: the archive holds the library's bytes.
+        let real = std::fs::canonicalize(&lib)
+            .map_err(|e| io(&format!("resolving {}", lib.display()), e))?;
+        libs.insert(rel, Entry::File(real));
+    }
+    let uio = match spdk_files {
+        Some(files) => {
+            for (k, v) in files {
+                libs.entry(k).or_insert(v);
+            }
+            Some(kit.uio.clone().ok_or_else(|| {
+                Error::Guest(format!(
+                    "no uio_pci_generic module under {}/modules/spdk: run scripts/setup-qemu.sh \
+                     again (it unpacks it)",
+                    super::kit::home().display()
+                ))
+            })?)
+        }
+        None => None,
+    };
     // Strip debug info: the guest keeps the whole archive in memory.
     let stripped = dir.join(format!("csd.{}.stripped", std::process::id()));
     let ok = Command::new("strip")
@@ -110,12 +152,19 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
             order.push('\n');
         }
         w.file("modules/order", 0o644, order.as_bytes())?;
+        if let Some(uio) = &uio {
+            w.dir("modules/spdk")?;
+            for m in uio {
+                let name = m.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                w.file_from(&format!("modules/spdk/{name}"), 0o644, m)?;
+            }
+            w.file("prestart", 0o644, spdk::prestart().as_bytes())?;
+        }
         w.file_from("csd", 0o755, &csd)?;
         let mut made = std::collections::BTreeSet::new();
-        for lib in libraries(binary).map_err(|e| std::io::Error::other(e.to_string()))? {
-            let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
+        for (rel, entry) in &libs {
             // Parent folders first (lib/x86_64-linux-gnu, …); the top ones exist.
-            let mut parents: Vec<String> = Path::new(&rel)
+            let mut parents: Vec<String> = Path::new(rel)
                 .ancestors()
                 .skip(1)
                 .map(|p| p.to_string_lossy().into_owned())
@@ -127,20 +176,27 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path) -> Result<PathBuf> {
                     w.dir(&p)?;
                 }
             }
-            // Follow symlinks: the archive holds the library's bytes.
-            w.file_from(&rel, 0o755, &std::fs::canonicalize(&lib)?)?;
+            match entry {
+                Entry::File(real) => w.file_from(rel, 0o755, real)?,
+                Entry::Link(target) => w.symlink(rel, target)?,
+            }
         }
         w.finish()?;
         Ok(())
     })();
     let _ = std::fs::remove_file(&stripped);
     wrote.map_err(|e| io(&format!("writing {}", tmp.display()), e))?;
-    // Keep only this binary's archive.
+    // Keep only this binary's archive of this variant.
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            if n.starts_with("initramfs-") && n.ends_with(".cpio") && e.path() != out {
+            let same_variant = n.contains("-spdk") == spdk_dir.is_some();
+            if n.starts_with("initramfs-")
+                && n.ends_with(".cpio")
+                && same_variant
+                && e.path() != out
+            {
                 let _ = std::fs::remove_file(e.path());
             }
         }

@@ -15,6 +15,9 @@ pub struct Kit {
     pub vmlinuz: PathBuf,
     /// Kernel modules, in the order they load.
     pub modules: Vec<PathBuf>,
+    /// `uio` and `uio_pci_generic`, in that order, when unpacked: what an SPDK
+    /// guest binds its controller to.
+    pub uio: Option<[PathBuf; 2]>,
     /// A statically linked busybox (the guest's shell and tools).
     pub busybox: PathBuf,
     /// The kernel package's name.
@@ -69,6 +72,8 @@ impl Kit {
         if let Some(m) = modules.iter().find(|m| !m.is_file()) {
             return Err(missing(format!("module {} is missing", m.display())));
         }
+        let uio = ["uio", "uio_pci_generic"].map(|m| dir.join(format!("modules/spdk/{m}.ko")));
+        let uio = uio.iter().all(|p| p.is_file()).then_some(uio);
         let kernel = std::fs::read_to_string(dir.join("kernel"))
             .unwrap_or_default()
             .trim()
@@ -77,6 +82,7 @@ impl Kit {
             qemu,
             vmlinuz,
             modules,
+            uio,
             busybox,
             kernel,
         })

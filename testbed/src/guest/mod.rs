@@ -9,10 +9,12 @@
 //!
 //! * [`kit`]: QEMU, busybox and the guest kernel on the host.
 //! * [`initramfs`]: the guest's root file system, written with [`cpio`].
+//! * [`spdk`]: what a guest whose node runs SPDK's PCIe driver adds.
 
 mod cpio;
 pub mod initramfs;
 pub mod kit;
+mod spdk;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -65,6 +67,10 @@ pub struct GuestSpec {
     /// Unrecovered Read Error — a media error as a drive reports it (see
     /// [`Guest::restart_failing_reads`]).
     pub failing_reads: Vec<u64>,
+    /// The SPDK build (`SPDK_DIR`) a `binary` built with the `spdk` feature loads:
+    /// set by [`with_spdk`](Self::with_spdk), the node drives the controller with
+    /// SPDK's user-space PCIe driver.
+    pub spdk: Option<PathBuf>,
 }
 
 impl GuestSpec {
@@ -83,7 +89,19 @@ impl GuestSpec {
             run: None,
             work,
             failing_reads: Vec::new(),
+            spdk: None,
         }
+    }
+
+    /// The node drives the emulated controller with SPDK's PCIe driver
+    /// (`--device spdk:pcie=…`), loading SPDK from `spdk_dir`'s build: the guest
+    /// binds the controller to `uio_pci_generic`, reserves hugepages and advertises
+    /// the CPU features SPDK and DPDK were built for; it gets at least 2 GiB.
+    pub fn with_spdk(mut self, spdk_dir: PathBuf) -> Self {
+        self.device = format!("spdk:pcie={}", spdk::BDF);
+        self.memory_mib = self.memory_mib.max(spdk::MIN_MEMORY_MIB);
+        self.spdk = Some(spdk_dir);
+        self
     }
 }
 
@@ -153,11 +171,13 @@ impl Guest {
             )));
         }
         let initramfs = {
-            let (kit, binary) = (kit.clone(), spec.binary.clone());
+            let (kit, binary, spdk) = (kit.clone(), spec.binary.clone(), spec.spdk.clone());
             let dir = kit::home().join("initramfs");
-            tokio::task::spawn_blocking(move || initramfs::build(&kit, &binary, &dir))
-                .await
-                .map_err(|e| Error::Guest(format!("building the initramfs: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                initramfs::build(&kit, &binary, &dir, spdk.as_deref())
+            })
+            .await
+            .map_err(|e| Error::Guest(format!("building the initramfs: {e}")))??
         };
         let disk = std::fs::OpenOptions::new()
             .create(true)
@@ -231,6 +251,9 @@ impl Guest {
     fn command(&self) -> Command {
         let s = &self.spec;
         let mut append = String::from("console=ttyS0 quiet panic=-1");
+        if s.spdk.is_some() {
+            append.push_str(&format!(" hugepages={}", spdk::HUGEPAGES));
+        }
         let advertise = format!("grpc://127.0.0.1:{}", self.port);
         let args = [
             "serve",
@@ -268,8 +291,10 @@ impl Guest {
             ))
             .arg("-device")
             .arg(format!(
-                "nvme,serial=csd0,drive=nvm,logical_block_size={0},physical_block_size={0}",
-                s.lba_bytes
+                "nvme,serial=csd0,drive=nvm,logical_block_size={0},physical_block_size={0}{1}",
+                s.lba_bytes,
+                // SPDK is told the controller's address.
+                if s.spdk.is_some() { ",addr=0x10" } else { "" }
             ))
             .args(["-netdev"])
             .arg(format!(
@@ -280,6 +305,9 @@ impl Guest {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if s.spdk.is_some() {
+            c.args(["-cpu", spdk::CPU]);
+        }
         c
     }
 
