@@ -60,6 +60,7 @@ mod link {
         "spdk_bdev_flush_blocks",
         "spdk_bdev_unmap_blocks",
         "spdk_bdev_free_io",
+        "spdk_dma_malloc",
         "spdk_dma_zmalloc",
         "spdk_dma_free",
     ];

@@ -257,6 +257,10 @@ pub struct DeviceStats {
     /// Bytes the device was told are free (NVMe Dataset Management, deallocate).
     #[serde(default)]
     pub bytes_deallocated: u64,
+    /// Commands the kernel gave up on before the device answered (EINTR, EAGAIN)
+    /// and that were sent again.
+    #[serde(default)]
+    pub retried: u64,
 }
 
 /// Store figures for `DoAction stats`.

@@ -220,6 +220,7 @@ pub(crate) struct DeviceCounters {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     bytes_deallocated: AtomicU64,
+    retried: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -238,6 +239,9 @@ impl DeviceCounters {
     pub(crate) fn record_flush(&self) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn record_retry(&self) {
+        self.retried.fetch_add(1, Ordering::Relaxed);
+    }
     /// Current values.
     pub(crate) fn snapshot(&self) -> DeviceStats {
         DeviceStats {
@@ -247,6 +251,7 @@ impl DeviceCounters {
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             bytes_deallocated: self.bytes_deallocated.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
         }
     }
 }

@@ -117,6 +117,9 @@ impl Commands for NvmeCommands {
     }
 }
 
+/// Times a command interrupted in the kernel is sent again.
+const RETRIES: usize = 4;
+
 /// Sends one admin command through the ioctl (Identify: a few per open).
 fn admin(file: &File, cmd: &mut NvmeCmd) -> std::io::Result<()> {
     // SAFETY: the ioctl reads and writes one `struct nvme_admin_cmd` (72 bytes, our
@@ -287,14 +290,33 @@ impl NvmeDevice {
     }
 
     /// Runs one command, mapping an NVMe status for `what` (the operation and range).
+    /// A command the kernel gave up on before the controller answered (EINTR: its
+    /// wait for a free request was interrupted; EAGAIN) is sent again, a few times:
+    /// reads and writes of the same bytes are idempotent.
     async fn run(
         &self,
         op: Op,
         offset: u64,
-        buf: Option<DmaBuf>,
+        mut buf: Option<DmaBuf>,
         what: impl Fn() -> String,
     ) -> Result<Option<DmaBuf>> {
-        let (res, buf) = self.ring.submit(op, offset, buf).await?;
+        let mut tries = 0;
+        let (res, buf) = loop {
+            let (res, back) = self.ring.submit(op, offset, buf).await?;
+            let again = matches!(&res, Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)));
+            if !again || tries == RETRIES {
+                break (res, back);
+            }
+            tries += 1;
+            self.counters.record_retry();
+            tracing::debug!(
+                ?op,
+                offset,
+                tries,
+                "NVMe command interrupted in the kernel; sending it again"
+            );
+            buf = back;
+        };
         match res {
             Ok(_) => Ok(buf),
             Err(e) => Err(
