@@ -451,6 +451,27 @@ pub(crate) mod testing {
         Ok(())
     }
 
+    /// `ort` (a model's ONNX export on onnxruntime) against `ours` (csd's kernels) on
+    /// two random images of `side`: the whole model within 1e-4 of the largest
+    /// feature, and stage by stage.
+    pub(crate) fn assert_onnx_export_matches(
+        ort: &dyn StagedModel,
+        ours: &dyn StagedModel,
+        side: usize,
+        what: &str,
+    ) -> crate::Result<()> {
+        let x = Tensor::randn(0f32, 1., (2, 3, side, side), &Device::Cpu)?;
+        let n = ours.stages().len();
+        let (a, b) = (ort.forward_range(&x, 0, n)?, ours.forward_range(&x, 0, n)?);
+        let err = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(
+            err <= 1e-4 * scale,
+            "{what} whole: max error {err}, scale {scale}"
+        );
+        assert_stages_match(ort, ours, x, &format!("{what} on onnxruntime"))
+    }
+
     /// Runs `x` through every stage of `fast` and `plain`, feeding `plain`'s output
     /// on, and checks each stage's outputs agree within 1e-5 of their largest value.
     pub(crate) fn assert_stages_match(

@@ -455,7 +455,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
-    use crate::model::testing::{assert_stages_match, random_conv_bn};
+    use crate::model::testing::{assert_onnx_export_matches, assert_stages_match, random_conv_bn};
 
     /// Random weights with torchvision's ResNet names and shapes.
     fn random_weights(depth: Depth) -> candle_core::Result<Weights> {
@@ -501,15 +501,6 @@ mod tests {
         let ours = ResNet::from_tensors(Depth::R18, &w, &Device::Cpu)?;
         let (onnx, fc) = ResNet::from_tensors(Depth::R18, &w, &Device::Cpu)?.into_onnx()?;
         let ort = crate::model::Exported::new(Arch::ResNet18, &onnx, fc)?;
-        let x = Tensor::randn(0f32, 1., (2, 3, INPUT, INPUT), &Device::Cpu)?;
-        let n = ours.stages().len();
-        let (a, b) = (ort.forward_range(&x, 0, n)?, ours.forward_range(&x, 0, n)?);
-        let err = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(
-            err <= 1e-4 * scale,
-            "ResNet-18 whole: max error {err}, scale {scale}"
-        );
-        assert_stages_match(&ort, &ours, x, "ResNet-18 on onnxruntime")
+        assert_onnx_export_matches(&ort, &ours, INPUT, "ResNet-18")
     }
 }
