@@ -447,9 +447,16 @@ batch = 16
     assert_eq!(five.extra["split"], 5.0);
     // Only a planned (auto) split records its plan.
     assert!(!five.extra.contains_key("plan_s") && !full.extra.contains_key("predicted_epoch_s"));
-    // The same features (bit-identical in f32) whatever runs where.
-    assert_eq!(full.extra["max_rel_err_vs_baseline"], 0.0);
-    assert_eq!(five.extra["max_rel_err_vs_baseline"], 0.0);
+    // The same features whatever runs where: bit-identical in f32 on csd's kernels,
+    // within float tolerance on onnxruntime (where it loads), which fuses the
+    // operators of each part differently.
+    for (what, r) in [("full", full), ("split 5", five)] {
+        let err = r.extra["max_rel_err_vs_baseline"];
+        assert!(
+            err < 1e-5,
+            "{what}: relative error {err} against compute-only"
+        );
+    }
     // 1,280 floats per sample against 96×96 PNGs, and block4's 40×28×28 maps.
     assert!(full.bytes_from_nodes < raw.bytes_from_nodes);
     assert!(five.bytes_from_nodes > raw.bytes_from_nodes);
