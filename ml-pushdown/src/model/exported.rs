@@ -5,7 +5,7 @@
 //! classifier: splits, requests and profiles mean what they mean for the kernels.
 //!
 //! Used where onnxruntime loads ([`Kernels`]); onnxruntime ran these models faster
-//! than csd's kernels on the same core (benches/RESULTS.md, `ml-kernels`).
+//! than csd's kernels on the same core (benches/RESULTS.md, `ml`).
 
 use candle_core::Tensor;
 

@@ -121,30 +121,20 @@ impl Arch {
         let w = Weights::new(tensors, self);
         // The image models run on onnxruntime where it loads (on the CPU), else on
         // csd's kernels.
-        let on_ort =
-            device.is_cpu() && kernels == Kernels::Onnxruntime && crate::onnx::runtime::available();
-        let resnet = |depth| -> Result<Box<dyn StagedModel>> {
-            let m = ResNet::from_tensors(depth, &w, device)?;
-            Ok(if on_ort {
-                let (onnx, fc) = m.into_onnx()?;
-                Box::new(Exported::new(self, &onnx, fc)?)
-            } else {
-                Box::new(m)
-            })
-        };
-        match self {
-            Arch::EfficientNetLite0 => {
-                let m = EfficientNetLite0::from_tensors(&w, device)?;
-                Ok(if on_ort {
-                    let (onnx, fc) = m.into_onnx()?;
-                    Box::new(Exported::new(self, &onnx, fc)?)
-                } else {
-                    Box::new(m)
-                })
+        if let Some(m) = ImageModel::build(self, &w, device)? {
+            let on_ort = device.is_cpu()
+                && kernels == Kernels::Onnxruntime
+                && crate::onnx::runtime::available();
+            if !on_ort {
+                return Ok(m.into_kernels());
             }
-            Arch::ResNet18 => resnet(resnet::Depth::R18),
-            Arch::ResNet50 => resnet(resnet::Depth::R50),
-            Arch::Onnx => unreachable!("loaded above"),
+            let (onnx, fc) = m.into_onnx()?;
+            return Ok(Box::new(Exported::new(self, &onnx, fc)?));
+        }
+        match self {
+            Arch::EfficientNetLite0 | Arch::ResNet18 | Arch::ResNet50 | Arch::Onnx => {
+                unreachable!("built above")
+            }
             Arch::MiniLmL6 => {
                 let tokenizer = crate::weights::tokenizer(weights)?.ok_or_else(|| {
                     Error::InvalidArgument(format!(
@@ -168,25 +158,49 @@ pub fn export_onnx(arch: Arch, weights: &[u8]) -> Result<Vec<u8>> {
     let tensors = candle_core::safetensors::load_buffer(weights, &Device::Cpu)
         .map_err(|e| Error::InvalidArgument(format!("weights are not safetensors: {e}")))?;
     let w = Weights::new(tensors, arch);
-    let dev = Device::Cpu;
-    Ok(match arch {
-        Arch::EfficientNetLite0 => EfficientNetLite0::from_tensors(&w, &dev)?.into_onnx()?.0,
-        Arch::ResNet18 => {
-            ResNet::from_tensors(resnet::Depth::R18, &w, &dev)?
-                .into_onnx()?
-                .0
+    let m = ImageModel::build(arch, &w, &Device::Cpu)?.ok_or_else(|| {
+        Error::InvalidArgument(format!("{arch} has no ONNX export (the image models have)"))
+    })?;
+    Ok(m.into_onnx()?.0)
+}
+
+/// A built-in image model on csd's kernels, before it runs there or is written as
+/// ONNX.
+enum ImageModel {
+    EfficientNet(EfficientNetLite0),
+    ResNet(ResNet),
+}
+
+impl ImageModel {
+    /// `arch` from `w`, when it is an image model.
+    fn build(arch: Arch, w: &Weights, device: &Device) -> Result<Option<ImageModel>> {
+        Ok(Some(match arch {
+            Arch::EfficientNetLite0 => {
+                ImageModel::EfficientNet(EfficientNetLite0::from_tensors(w, device)?)
+            }
+            Arch::ResNet18 => {
+                ImageModel::ResNet(ResNet::from_tensors(resnet::Depth::R18, w, device)?)
+            }
+            Arch::ResNet50 => {
+                ImageModel::ResNet(ResNet::from_tensors(resnet::Depth::R50, w, device)?)
+            }
+            Arch::MiniLmL6 | Arch::Onnx => return Ok(None),
+        }))
+    }
+
+    fn into_kernels(self) -> Box<dyn StagedModel> {
+        match self {
+            ImageModel::EfficientNet(m) => Box::new(m),
+            ImageModel::ResNet(m) => Box::new(m),
         }
-        Arch::ResNet50 => {
-            ResNet::from_tensors(resnet::Depth::R50, &w, &dev)?
-                .into_onnx()?
-                .0
+    }
+
+    fn into_onnx(self) -> Result<(Vec<u8>, exported::Classifier)> {
+        match self {
+            ImageModel::EfficientNet(m) => m.into_onnx(),
+            ImageModel::ResNet(m) => m.into_onnx(),
         }
-        Arch::MiniLmL6 | Arch::Onnx => {
-            return Err(Error::InvalidArgument(format!(
-                "{arch} has no ONNX export (the image models have)"
-            )));
-        }
-    })
+    }
 }
 
 impl fmt::Display for Arch {

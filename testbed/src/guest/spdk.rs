@@ -100,7 +100,7 @@ pub(crate) fn files(spdk_dir: &Path) -> Result<BTreeMap<String, Entry>> {
         }
         dirs.into_iter().map(|d| d.join(name)).find(|p| p.exists())
     };
-    let mut files = Vec::new();
+    let mut loaded = Vec::new();
     for (name, dir) in names {
         // Linker scripts (libm.so) and absent names (librt.so) fail to load in the
         // guest as on the host, where csd skips them.
@@ -114,7 +114,7 @@ pub(crate) fn files(spdk_dir: &Path) -> Result<BTreeMap<String, Entry>> {
             continue;
         }
         add(&mut out, dir, &name, &real);
-        files.push((dir, real));
+        loaded.push((dir, real));
     }
     let ssl = Path::new("/usr/lib/ssl/openssl.cnf");
     let real = std::fs::canonicalize(ssl).map_err(|e| {
@@ -125,7 +125,7 @@ pub(crate) fn files(spdk_dir: &Path) -> Result<BTreeMap<String, Entry>> {
     })?;
     out.insert("usr/lib/ssl/openssl.cnf".into(), Entry::File(real));
     // What those need (NEEDED, by SONAME), where the loader looks for them.
-    for (dir, real) in files {
+    for (dir, real) in loaded {
         for (soname, path) in needed(&real)? {
             if let Ok(r) = std::fs::canonicalize(&path) {
                 add(&mut out, dir, &soname, &r);
