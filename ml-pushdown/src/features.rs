@@ -137,29 +137,32 @@ pub async fn blocking<T: Send + 'static>(
 /// Times decoding and every stage (per sample) on `batches` (the first samples), after
 /// one untimed warm-up sample. A model whose ranges run fused (one onnxruntime
 /// session) has its whole time per sample taken at `batch` samples (the first ones
-/// repeated; see [`PROFILE_BATCH`](crate::request::PROFILE_BATCH)), and its stages
-/// scaled to it.
+/// repeated; see [`PROFILE_BATCH`](crate::request::PROFILE_BATCH)), and its stages'
+/// shares of it from onnxruntime's profile of one run of the whole model
+/// ([`StagedModel::stage_times`]).
 pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -> Result<Profile> {
     let mut n = 0usize;
     let mut bytes = 0u64;
     let mut decode = 0f64;
     let mut stage = vec![0f64; model.stages().len()];
-    let mut whole = 0f64;
-    // The first timed samples as decoded, for the whole model at `batch` below.
-    let mut first: Option<Tensor> = None;
-    // One sample through every stage first, untimed and stage by stage as timed
-    // below: a first pass pays for thread start-up and page faults on fresh scratch
-    // buffers (and, for an ONNX model, for creating each stage's session), which an
+    // The timed samples as decoded, for the fused model's whole-model timings.
+    let mut decoded: Vec<Tensor> = Vec::new();
+    // Whether the model's stages are timed in one run of the whole (fused) model.
+    let fused = model.runs_ranges_fused();
+    // One sample through the model first, untimed (stage by stage where stages are
+    // timed so): a first pass pays for thread start-up and page faults on fresh
+    // scratch buffers (and, for an ONNX model, for creating its session), which an
     // epoch does not, and would make two profiles of the same thing disagree.
     if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
         let s = Samples::from_batch(&b.slice(0, 1))?;
-        let x0 = inputs(model, &s)?;
-        if model.runs_ranges_fused() {
-            model.forward_range(&x0, 0, model.stages().len())?;
-        }
-        let mut x = x0;
-        for i in 0..model.stages().len() {
-            x = model.forward_stage(i, &x)?;
+        let x = inputs(model, &s)?;
+        if fused {
+            model.forward_range(&x, 0, stage.len())?;
+        } else {
+            let mut x = x;
+            for i in 0..stage.len() {
+                x = model.forward_stage(i, &x)?;
+            }
         }
     }
     for b in batches {
@@ -171,12 +174,10 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
         bytes += s.bytes()?.iter().map(|b| b.len() as u64).sum::<u64>();
         let t = Instant::now();
         let mut x = inputs(model, &s)?;
-        first.get_or_insert_with(|| x.clone());
         decode += t.elapsed().as_secs_f64();
-        if model.runs_ranges_fused() {
-            let t = Instant::now();
-            model.forward_range(&x, 0, stage.len())?;
-            whole += t.elapsed().as_secs_f64();
+        if fused {
+            decoded.push(x);
+            continue;
         }
         for (i, acc) in stage.iter_mut().enumerate() {
             let t = Instant::now();
@@ -184,39 +185,13 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
             *acc += t.elapsed().as_secs_f64();
         }
     }
-    // The whole model at the batch size epochs run: the first samples repeated.
-    if model.runs_ranges_fused()
-        && n > 0
-        && batch > n
-        && let Some(x) = first
-    {
-        let rows = x.dim(0)?;
-        let xs = vec![x; batch.div_ceil(rows)];
-        let big = Tensor::cat(&xs, 0)?;
-        // Once untimed: onnxruntime's first run at a new batch size grows its
-        // memory arena, which an epoch pays once.
-        model.forward_range(&big, 0, stage.len())?;
-        let t = Instant::now();
-        model.forward_range(&big, 0, stage.len())?;
-        whole = t.elapsed().as_secs_f64() * n as f64 / big.dim(0)? as f64;
-    }
-    // Stage by stage, a model whose ranges run fused is slower than it runs
-    // (EfficientNet-Lite0 as ONNX, its 93 stages timed one session each, added up to
-    // about 8x its whole-model session, which made the link look cheap next to the
-    // layers): the stages keep their proportions and add up to the whole model's time.
-    let staged: f64 = stage.iter().sum();
-    if whole > 0.0 && staged > 0.0 {
-        for s in &mut stage {
-            *s *= whole / staged;
-        }
-    }
-    // The stages' own sessions served the timing only (a profile is kept, not
-    // measured again).
-    model.release_stage_sessions();
     if n == 0 {
         return Err(Error::InvalidArgument(
             "the dataset partition is empty: nothing to profile".into(),
         ));
+    }
+    if fused {
+        stage = fused_stage_times(model, &decoded, batch.max(n))?;
     }
     let per = |v: f64| v / n as f64;
     Ok(Profile {
@@ -224,5 +199,33 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
         sample_bytes: bytes as f64 / n as f64,
         decode_s: per(decode),
         stage_s: stage.into_iter().map(per).collect(),
+    })
+}
+
+/// Seconds of every stage on `decoded` (the profiled samples, `n` of them) for a
+/// model whose ranges run fused: the whole model timed at `batch` samples (the first
+/// ones repeated; once untimed first, as onnxruntime's first run at a new batch size
+/// grows its memory arena, which an epoch pays once), shared among the stages as one
+/// profiled run of the whole model shares it. Timed stage by stage, a fused model is
+/// slower than it runs (EfficientNet-Lite0 as ONNX, its 93 stages one session each,
+/// added up to about 8x its whole-model session, which made the link look cheap next
+/// to the layers), and each stage's session costs its creation.
+fn fused_stage_times(model: &dyn StagedModel, decoded: &[Tensor], batch: usize) -> Result<Vec<f64>> {
+    let x = Tensor::cat(decoded, 0)?;
+    let rows = x.dim(0)?;
+    let big = Tensor::cat(&vec![x.clone(); batch.div_ceil(rows)], 0)?.narrow(0, 0, batch)?;
+    let stages = model.stages().len();
+    model.forward_range(&big, 0, stages)?;
+    let t = Instant::now();
+    model.forward_range(&big, 0, stages)?;
+    let whole = t.elapsed().as_secs_f64() * rows as f64 / batch as f64;
+    let shares = model
+        .stage_times(&x)
+        .unwrap_or_else(|| Ok(vec![1.0; stages]))?;
+    let total: f64 = shares.iter().sum();
+    Ok(if total > 0.0 {
+        shares.iter().map(|s| whole * s / total).collect()
+    } else {
+        vec![whole / stages.max(1) as f64; stages]
     })
 }

@@ -176,8 +176,8 @@ fn residual_cuts_carry_the_skip_connection() {
     );
 }
 
-/// A profile times every stage in a session of its own and lets them go after; the
-/// whole model's session stays for the requests that follow.
+/// A profile times the stages in a profiled run of the whole model, with no session
+/// per stage: the whole model's session alone stays for the requests that follow.
 #[test]
 fn a_profile_keeps_no_stage_sessions() {
     let Some(dir) = models() else { return };
@@ -199,6 +199,7 @@ fn a_profile_keeps_no_stage_sessions() {
     use csd_ml_pushdown::StagedModel;
     assert_eq!(p.stage_s.len(), m.stages().len());
     assert!(p.stage_s.iter().all(|s| *s >= 0.0));
+    assert!(p.stage_s.iter().sum::<f64>() > 0.0, "{:?}", p.stage_s);
     assert_eq!(m.idle_sessions(), 1, "only the whole model's session stays");
 }
 

@@ -140,14 +140,19 @@ impl StagedModel for Exported {
         true
     }
 
-    fn engine(&self) -> &'static str {
-        "onnxruntime"
+    fn stage_times(&self, x: &Tensor) -> Option<Result<Vec<f64>>> {
+        let cuts = match self.inner.cut_times(x) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(self
+            .cut_of
+            .windows(2)
+            .map(|w| cuts[w[0]..w[1]].iter().sum())
+            .collect()))
     }
 
-    fn release_stage_sessions(&self) {
-        let stage = |cut| self.cut_of.iter().position(|c| *c == cut);
-        self.inner.release_sessions(
-            |from, to| matches!((stage(from), stage(to)), (Some(a), Some(b)) if b - a > 1),
-        );
+    fn engine(&self) -> &'static str {
+        "onnxruntime"
     }
 }

@@ -300,10 +300,17 @@ pub trait StagedModel: Send + Sync {
     }
 
     /// Whether [`forward_range`](Self::forward_range) runs a range faster than its
-    /// stages one by one (fused), so that a profile must scale per-stage times to the
-    /// whole model's.
+    /// stages one by one (fused), so that a profile must time the whole model and
+    /// share it among the stages as [`stage_times`](Self::stage_times) says.
     fn runs_ranges_fused(&self) -> bool {
         false
+    }
+
+    /// Seconds of each stage on `x` (`[B, ...]`, prepared samples) measured in one
+    /// run of the whole model, for a model whose ranges run fused (a stage alone is
+    /// not what it is inside the whole); `None` where stages are timed one by one.
+    fn stage_times(&self, _x: &Tensor) -> Option<Result<Vec<f64>>> {
+        None
     }
 
     /// What runs the model (`csd`: csd's kernels on candle; `onnxruntime`): part of
@@ -311,11 +318,6 @@ pub trait StagedModel: Send + Sync {
     fn engine(&self) -> &'static str {
         "csd"
     }
-
-    /// Lets go of what running single stages left behind (a profile runs each stage
-    /// alone: an onnxruntime session per stage, for ResNet-50 about twice the model's
-    /// size in all), keeping what longer ranges (feature requests) reuse.
-    fn release_stage_sessions(&self) {}
 
     /// The ONNX model this is, when it is one (its cut points by name).
     fn onnx(&self) -> Option<&OnnxModelStages> {

@@ -127,11 +127,15 @@ impl OnnxModelStages {
         }
     }
 
-    /// Lets go of the idle sessions of the ranges (first cut, end cut) `keep` refuses.
-    pub(crate) fn release_sessions(&self, keep: impl Fn(usize, usize) -> bool) {
-        if let Ok(mut m) = self.sessions.lock() {
-            m.retain(|(from, to), _| keep(*from, *to));
-        }
+    /// Seconds of each of its cut-to-cut stages on `x` (`[B, ...]`, the model's
+    /// input), measured in one run of the whole model ([`Analysis::stage_times`]).
+    pub(crate) fn cut_times(&self, x: &Tensor) -> Result<Vec<f64>> {
+        let b = x.dim(0)?;
+        let x = match self.fixed_batch.filter(|f| *f < b) {
+            Some(fixed) => x.narrow(0, 0, fixed)?,
+            None => x.clone(),
+        };
+        self.analysis.stage_times(&self.unpack(0, &x)?)
     }
 
     /// Idle sessions held.
@@ -357,11 +361,11 @@ impl StagedModel for OnnxModelStages {
         true
     }
 
-    fn engine(&self) -> &'static str {
-        "onnxruntime"
+    fn stage_times(&self, x: &Tensor) -> Option<Result<Vec<f64>>> {
+        Some(self.cut_times(x))
     }
 
-    fn release_stage_sessions(&self) {
-        self.release_sessions(|from, to| to - from > 1);
+    fn engine(&self) -> &'static str {
+        "onnxruntime"
     }
 }

@@ -7,12 +7,14 @@
 //! | [`graph`] | a model as surgery sees it: nodes, initializers, inputs, outputs, types |
 //! | [`split`] | cut points; the head and tail models of a cut |
 //! | [`runtime`] | onnxruntime through `ort`, loaded at run time |
+//! | `profiler` | each stage's seconds from onnxruntime's profile of one run |
 //! | `write` | a model written from scratch (the built-in image models' export) |
 //!
 //! [`Analysis`] puts them together: a model's cut points with the type, shape and
 //! size per sample of what each sends, learned from one onnxruntime run.
 
 pub mod graph;
+pub(crate) mod profiler;
 pub mod runtime;
 pub mod split;
 mod wire;
@@ -165,6 +167,17 @@ impl Analysis {
             &self.cut(to)?.point,
             &self.types,
         )
+    }
+
+    /// Seconds of each stage (from cut `i` to cut `i + 1`) in a run of the whole
+    /// model on `inputs` (what cut 0 sends), from onnxruntime's profiler: one session
+    /// for every stage (see [`profiler`]). Two runs, the second reported: the first
+    /// grows onnxruntime's memory arena to the batch, which an epoch pays once.
+    pub(crate) fn stage_times(&self, inputs: &[FloatTensor]) -> Result<Vec<f64>> {
+        let whole = self.segment(0, self.cuts.len() - 1)?;
+        let kernels = OnnxSession::kernel_times(&whole, inputs, 2)?;
+        let ats: Vec<usize> = self.cuts.iter().map(|c| c.point.at).collect();
+        Ok(profiler::charge(&self.model, &ats, &kernels))
     }
 
     /// Cut `i`.
