@@ -235,6 +235,7 @@ pub async fn plan_inputs(
     // a few samples ends inside it: the link looked unlimited (a 200 Mbit/s veth
     // measured at the 4x cap, so splits sending 6x the images' bytes won). The rate
     // read is therefore at least LINK_PROBE_BYTES when the profile's samples are less.
+    let started = Instant::now();
     let (bytes, secs, first) = probe(src, dataset, PROFILE_SAMPLES as u64).await?;
     let per_sample = bytes / first.num_rows().max(1) as f64;
     let n = ((LINK_PROBE_BYTES as f64 / per_sample.max(1.0)).ceil() as u64)
@@ -247,6 +248,7 @@ pub async fn plan_inputs(
     };
     let (one_bytes, one_s, _) = probe(src, dataset, 1).await?;
     let link_bps = link_bandwidth((one_bytes, one_s), large);
+    let probed_s = started.elapsed().as_secs_f64();
     // Then both sides' per-stage times at once (different CPUs): the node's (a
     // zero-row request whose report carries the timings; the node reuses a recent one)
     // and this side's on the same samples (reused likewise).
@@ -264,17 +266,19 @@ pub async fn plan_inputs(
         pixels,
     };
     let node = async {
+        let t = Instant::now();
         let reply = src
             .client
             .operator(OPERATOR_NAME, req.encode(), Compression::None)
             .await?;
         let stats = reply.stats.clone();
         let _: Vec<_> = reply.batches.try_collect().await?;
-        let node: Profile = stats
-            .report()
-            .and_then(|r| r.details::<MlDetails>())
+        let details = stats.report().and_then(|r| r.details::<MlDetails>());
+        let cached = details.as_ref().and_then(|d| d.profile_cached);
+        let node: Profile = details
             .and_then(|d| d.profile)
             .ok_or_else(|| protocol("the node's profile report is missing"))?;
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), ?cached, "the node's profile");
         Ok::<_, Error>(node)
     };
     let threads = pool
@@ -292,13 +296,20 @@ pub async fn plan_inputs(
         if let Some(p) = COMPUTE_PROFILES.get(&key) {
             return Ok(p);
         }
+        let t = Instant::now();
         let take = vec![first];
         let m = model.clone();
         let p = blocking(pool, move || profile(m.as_ref(), &take, PROFILE_BATCH)).await?;
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), "this side's profile");
         COMPUTE_PROFILES.insert(key, p.clone());
         Ok::<_, Error>(p)
     };
     let (node, compute) = futures::future::try_join(node, compute).await?;
+    tracing::debug!(
+        probed_s,
+        profiled_s = started.elapsed().as_secs_f64() - probed_s,
+        "planning: the link probe, then both profiles"
+    );
     // The node's load; a tenant without `admin` may not read it: plan for an idle node.
     let (slots, running, waiting) = match src.client.stats().await {
         Ok(s) => (
