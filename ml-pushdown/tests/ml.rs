@@ -547,6 +547,46 @@ fn minilm_matches_numpy_reference_and_groups_topics() {
     assert!(right * 10 >= n * 8, "{right}/{n}");
 }
 
+/// MiniLM's encoder layers on onnxruntime (the default where it loads) and on csd's
+/// own kernels agree stage by stage, on texts of every length the tests have (the
+/// numpy reference test above checks whichever runs by default).
+#[test]
+fn minilm_on_onnxruntime_matches_csds_kernels() {
+    use csd_ml_pushdown::model::Kernels;
+    let Some((bytes, _, _)) = minilm_assets() else {
+        return;
+    };
+    if !csd_ml_pushdown::onnx::runtime::available() {
+        eprintln!("SKIPPED: onnxruntime is not installed (run scripts/setup-ml.sh)");
+        return;
+    }
+    let ort = Arch::MiniLmL6
+        .load_with(&bytes, &Device::Cpu, Kernels::Onnxruntime)
+        .unwrap();
+    let csd = Arch::MiniLmL6
+        .load_with(&bytes, &Device::Cpu, Kernels::Csd)
+        .unwrap();
+    assert_eq!((ort.engine(), csd.engine()), ("onnxruntime", "csd"));
+    let mut texts = sentences().texts;
+    texts.extend([String::new(), "a".into(), "word ".repeat(400)]);
+    let refs: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+    let x = ort.prepare(&refs).unwrap();
+    let (mut a, mut b) = (x.clone(), x);
+    for i in 0..ort.stages().len() {
+        a = ort.forward_stage(i, &a).unwrap();
+        b = csd.forward_stage(i, &b).unwrap();
+        let e = max_rel_err(&a, &b);
+        assert!(e < 1e-4, "stage {i}: relative error {e}");
+    }
+    // Ranges as the node and the compute tier run them.
+    let x = ort.prepare(&refs).unwrap();
+    let n = ort.stages().len();
+    let split = ort
+        .forward_range(&ort.forward_range(&x, 0, 3).unwrap(), 3, n)
+        .unwrap();
+    assert!(max_rel_err(&split, &b) < 1e-4);
+}
+
 /// Text through the node: `put_text` spreads the sentences over partitions, and
 /// features with the embeddings, three layers or the whole encoder at the node equal
 /// those computed here from the raw text.

@@ -20,20 +20,21 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module};
 use rayon::prelude::*;
 
-use super::{Arch, StageInfo, StagedModel, Weights, bytes_of};
+use super::bert_onnx::OrtLayers;
+use super::{Arch, Kernels, StageInfo, StagedModel, Weights, bytes_of};
 use crate::{Error, Result};
 
 /// Tokens per sample (the shipped tokenizer's own truncation length).
 pub(crate) const SEQ: usize = 128;
 /// Hidden width.
 pub(crate) const HIDDEN: usize = 384;
-const HEADS: usize = 12;
-const HEAD_DIM: usize = HIDDEN / HEADS;
+pub(crate) const HEADS: usize = 12;
+pub(crate) const HEAD_DIM: usize = HIDDEN / HEADS;
 const FF: usize = 1536;
 const LAYERS: usize = 6;
 const VOCAB: usize = 30522;
 const MAX_POSITIONS: usize = 512;
-const EPS: f32 = 1e-12;
+pub(crate) const EPS: f32 = 1e-12;
 /// Longest text sample accepted (a guard for the tokenizer's time and memory).
 pub(crate) const MAX_TEXT_BYTES: usize = 1 << 20;
 
@@ -66,15 +67,15 @@ pub(crate) fn layout() -> Vec<StageInfo> {
     out
 }
 
-struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    ln1: (Tensor, Tensor),
-    up: Linear,
-    down: Linear,
-    ln2: (Tensor, Tensor),
+pub(crate) struct Layer {
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ln1: (Tensor, Tensor),
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+    pub(crate) ln2: (Tensor, Tensor),
 }
 
 /// all-MiniLM-L6-v2, staged.
@@ -85,6 +86,8 @@ pub struct MiniLm {
     token_type: Tensor,
     ln: (Tensor, Tensor),
     layers: Vec<Layer>,
+    /// The layers on onnxruntime, where it runs them ([`super::bert_onnx`]).
+    ort: Option<OrtLayers>,
     info: Vec<StageInfo>,
     weight_bytes: u64,
     device: Device,
@@ -111,8 +114,14 @@ fn layer_norm(x: &Tensor, (g, b): &(Tensor, Tensor)) -> Result<Tensor> {
 }
 
 impl MiniLm {
-    /// Builds the model from `BertModel` weights and the model's `tokenizer.json`.
-    pub(crate) fn from_tensors(w: &Weights, tokenizer: &[u8], dev: &Device) -> Result<Self> {
+    /// Builds the model from `BertModel` weights and the model's `tokenizer.json`, its
+    /// encoder layers on `kernels` (onnxruntime where it loads, on the CPU).
+    pub(crate) fn from_tensors(
+        w: &Weights,
+        tokenizer: &[u8],
+        dev: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
         let mut tok = tokenizers::Tokenizer::from_bytes(tokenizer).map_err(|e| {
             Error::InvalidArgument(format!("the weights' tokenizer.json is not valid: {e}"))
         })?;
@@ -174,7 +183,18 @@ impl MiniLm {
             }
             tensors.extend([&l.ln1.0, &l.ln1.1, &l.ln2.0, &l.ln2.1]);
         }
-        let weight_bytes = bytes_of(tensors);
+        let mut weight_bytes = bytes_of(tensors);
+        let ort = if dev.is_cpu()
+            && kernels == Kernels::Onnxruntime
+            && crate::onnx::runtime::available()
+        {
+            let o = OrtLayers::new(&layers)?;
+            // onnxruntime holds its own copy of the layers' weights.
+            weight_bytes += o.weight_bytes();
+            Some(o)
+        } else {
+            None
+        };
         Ok(MiniLm {
             tokenizer: tok,
             word,
@@ -182,6 +202,7 @@ impl MiniLm {
             token_type,
             ln,
             layers,
+            ort,
             info: layout(),
             weight_bytes,
             device: dev.clone(),
@@ -363,10 +384,13 @@ impl StagedModel for MiniLm {
                     .collect::<Result<_>>()?;
                 self.stack(&outs, &state)
             }
-            i if i <= LAYERS => {
-                let l = &self.layers[i - 1];
-                self.per_sample(x, &state, |h| pack(&self.layer(l, h)?))
-            }
+            i if i <= LAYERS => match &self.ort {
+                Some(o) => self.per_sample(x, &state, |h| pack(&o.run(i - 1, h)?)),
+                None => {
+                    let l = &self.layers[i - 1];
+                    self.per_sample(x, &state, |h| pack(&self.layer(l, h)?))
+                }
+            },
             i if i == LAYERS + 1 => self.per_sample(x, &[HIDDEN], |h| self.pool(h)),
             _ => Err(Error::InvalidArgument(format!(
                 "{} has {} stages, not {}",
@@ -379,6 +403,14 @@ impl StagedModel for MiniLm {
 
     fn classify(&self, _features: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
+    }
+
+    fn engine(&self) -> &'static str {
+        if self.ort.is_some() {
+            "onnxruntime"
+        } else {
+            "csd"
+        }
     }
 }
 

@@ -17,10 +17,10 @@ use crate::{Error, Result};
 /// include one.
 pub(crate) type Classifier = Option<(Tensor, Tensor)>;
 
-/// The environment variable choosing what runs the built-in image models.
+/// The environment variable choosing what runs the built-in models.
 pub const KERNELS_VAR: &str = "CSD_ML_KERNELS";
 
-/// What runs the built-in image models.
+/// What runs the built-in models (MiniLM: its encoder layers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernels {
     /// onnxruntime, where it loads (the default), else csd's own.

@@ -7,6 +7,7 @@
 //! split and the node can size its batches from its memory budget before running.
 
 mod bert;
+mod bert_onnx;
 mod cpu;
 mod efficientnet;
 mod exported;
@@ -97,13 +98,13 @@ impl Arch {
 
     /// Builds the model from safetensors weights (for a text model, with its tokenizer
     /// in the metadata: [`weights::with_tokenizer`](crate::weights::with_tokenizer)),
-    /// an image model on the kernels `CSD_ML_KERNELS` chooses ([`Kernels`]).
+    /// on the kernels `CSD_ML_KERNELS` chooses ([`Kernels`]).
     pub fn load(self, weights: &[u8], device: &Device) -> Result<Box<dyn StagedModel>> {
         self.load_with(weights, device, Kernels::from_env()?)
     }
 
     /// [`load`](Self::load) on the given kernels (onnxruntime where it loads, on the
-    /// CPU, for the image models; else csd's own).
+    /// CPU; else csd's own).
     pub fn load_with(
         self,
         weights: &[u8],
@@ -146,6 +147,7 @@ impl Arch {
                     &w,
                     tokenizer.as_bytes(),
                     device,
+                    kernels,
                 )?))
             }
         }

@@ -11,6 +11,7 @@ const OPSET: u64 = 13;
 /// ONNX IR version 8 (onnxruntime reads 3..=10).
 const IR_VERSION: u64 = 8;
 const FLOAT: u64 = 1;
+const INT64: u64 = 7;
 const ATTR_INT: u64 = 2;
 const ATTR_INTS: u64 = 7;
 
@@ -50,6 +51,24 @@ impl GraphWriter {
         put_bytes(&mut t, 9, &raw);
         put_bytes(&mut self.inits, 5, &t);
         name
+    }
+
+    /// An int64 initializer of `data` (one dimension); returns its name.
+    pub(crate) fn ints(&mut self, prefix: &str, data: &[i64]) -> String {
+        let name = self.fresh(prefix);
+        let mut t = Vec::with_capacity(data.len() * 8 + 32);
+        put_varint(&mut t, 1, data.len() as u64);
+        put_varint(&mut t, 2, INT64);
+        put_bytes(&mut t, 8, name.as_bytes());
+        let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        put_bytes(&mut t, 9, &raw);
+        put_bytes(&mut self.inits, 5, &t);
+        name
+    }
+
+    /// A float32 scalar initializer; returns its name.
+    pub(crate) fn scalar(&mut self, prefix: &str, v: f32) -> String {
+        self.weight(prefix, &[], &[v])
     }
 
     /// A node `op` reading `inputs`; its one output is named `out` when given (a
@@ -140,6 +159,19 @@ impl GraphWriter {
         output: &str,
         output_dims: &[usize],
     ) -> Vec<u8> {
+        let fixed = |d: &[usize]| d.iter().map(|d| Some(*d)).collect::<Vec<_>>();
+        self.finish_with(input, &fixed(input_dims), output, &fixed(output_dims))
+    }
+
+    /// [`finish`](Self::finish) with some dimensions after the batch left to each
+    /// run (`None`: named `T`, the same size in the input and the output).
+    pub(crate) fn finish_with(
+        self,
+        input: &str,
+        input_dims: &[Option<usize>],
+        output: &str,
+        output_dims: &[Option<usize>],
+    ) -> Vec<u8> {
         let mut g = self.nodes;
         put_bytes(&mut g, 2, b"csd");
         g.extend_from_slice(&self.inits);
@@ -157,15 +189,19 @@ impl GraphWriter {
     }
 }
 
-/// A float tensor's `ValueInfoProto`: a batch dimension `N`, then `dims`.
-fn value_info(name: &str, dims: &[usize]) -> Vec<u8> {
+/// A float tensor's `ValueInfoProto`: a batch dimension `N`, then `dims` (`None`:
+/// named `T`).
+fn value_info(name: &str, dims: &[Option<usize>]) -> Vec<u8> {
     let mut shape = Vec::new();
     let mut batch = Vec::new();
     put_bytes(&mut batch, 2, b"N");
     put_bytes(&mut shape, 1, &batch);
     for d in dims {
         let mut dim = Vec::new();
-        put_varint(&mut dim, 1, *d as u64);
+        match d {
+            Some(d) => put_varint(&mut dim, 1, *d as u64),
+            None => put_bytes(&mut dim, 2, b"T"),
+        }
         put_bytes(&mut shape, 1, &dim);
     }
     let mut tensor = Vec::new();
