@@ -210,18 +210,30 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
 /// slower than it runs (EfficientNet-Lite0 as ONNX, its 93 stages one session each,
 /// added up to about 8x its whole-model session, which made the link look cheap next
 /// to the layers), and each stage's session costs its creation.
-fn fused_stage_times(model: &dyn StagedModel, decoded: &[Tensor], batch: usize) -> Result<Vec<f64>> {
+fn fused_stage_times(
+    model: &dyn StagedModel,
+    decoded: &[Tensor],
+    batch: usize,
+) -> Result<Vec<f64>> {
     let x = Tensor::cat(decoded, 0)?;
     let rows = x.dim(0)?;
     let big = Tensor::cat(&vec![x.clone(); batch.div_ceil(rows)], 0)?.narrow(0, 0, batch)?;
     let stages = model.stages().len();
+    let warm = Instant::now();
     model.forward_range(&big, 0, stages)?;
     let t = Instant::now();
     model.forward_range(&big, 0, stages)?;
     let whole = t.elapsed().as_secs_f64() * rows as f64 / batch as f64;
+    let t = Instant::now();
     let shares = model
         .stage_times(&x)
         .unwrap_or_else(|| Ok(vec![1.0; stages]))?;
+    tracing::debug!(
+        whole_s = t.duration_since(warm).as_secs_f64(),
+        shares_s = t.elapsed().as_secs_f64(),
+        batch,
+        "a fused model's profile: the whole model twice, then its stages' shares"
+    );
     let total: f64 = shares.iter().sum();
     Ok(if total > 0.0 {
         shares.iter().map(|s| whole * s / total).collect()

@@ -278,7 +278,11 @@ pub async fn plan_inputs(
         let node: Profile = details
             .and_then(|d| d.profile)
             .ok_or_else(|| protocol("the node's profile report is missing"))?;
-        tracing::debug!(secs = t.elapsed().as_secs_f64(), ?cached, "the node's profile");
+        tracing::debug!(
+            secs = t.elapsed().as_secs_f64(),
+            ?cached,
+            "the node's profile"
+        );
         Ok::<_, Error>(node)
     };
     let threads = pool

@@ -184,17 +184,16 @@ impl MiniLm {
             tensors.extend([&l.ln1.0, &l.ln1.1, &l.ln2.0, &l.ln2.1]);
         }
         let mut weight_bytes = bytes_of(tensors);
-        let ort = if dev.is_cpu()
-            && kernels == Kernels::Onnxruntime
-            && crate::onnx::runtime::available()
-        {
-            let o = OrtLayers::new(&layers)?;
-            // onnxruntime holds its own copy of the layers' weights.
-            weight_bytes += o.weight_bytes();
-            Some(o)
-        } else {
-            None
-        };
+        let ort =
+            if dev.is_cpu() && kernels == Kernels::Onnxruntime && crate::onnx::runtime::available()
+            {
+                let o = OrtLayers::new(&layers)?;
+                // onnxruntime holds its own copy of the layers' weights.
+                weight_bytes += o.weight_bytes();
+                Some(o)
+            } else {
+                None
+            };
         Ok(MiniLm {
             tokenizer: tok,
             word,

@@ -119,7 +119,12 @@ fn layer_graph(l: &Layer) -> Result<Vec<u8>> {
     let scaled = g.node("Mul", &[&scores, &scale], &[], None);
     let p = g.node("Softmax", &[&scaled], &[Attr::Int("axis", -1)], None);
     let ctx = g.node("MatMul", &[&p, &v], &[], None);
-    let ctx = g.node("Transpose", &[&ctx], &[Attr::Ints("perm", &[0, 2, 1, 3])], None);
+    let ctx = g.node(
+        "Transpose",
+        &[&ctx],
+        &[Attr::Ints("perm", &[0, 2, 1, 3])],
+        None,
+    );
     let merge = g.ints("hidden", &[0, 0, HIDDEN as i64]);
     let ctx = g.node("Reshape", &[&ctx, &merge], &[], None);
     let o = linear(&mut g, &ctx, &l.o)?;

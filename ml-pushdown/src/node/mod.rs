@@ -173,6 +173,7 @@ impl MlOperator {
         if let Some(m) = cached(&self.models) {
             return Ok(m);
         }
+        let started = std::time::Instant::now();
         let table = ctx.node.tables.table(weights).map_err(|e| match e {
             csd_protocol::Error::NotFound(_) => Error::InvalidArgument(format!(
                 "weights {weights} are not stored at this node (upload them first)"
@@ -197,6 +198,11 @@ impl MlOperator {
             })
         })
         .await?;
+        tracing::debug!(
+            secs = started.elapsed().as_secs_f64(),
+            engine = model.engine(),
+            "{arch} loaded"
+        );
         if let Ok(mut m) = self.models.lock() {
             m.push_front((key, model.clone()));
             m.truncate(CACHED_MODELS);

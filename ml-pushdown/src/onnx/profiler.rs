@@ -111,7 +111,9 @@ pub(crate) fn charge(m: &OnnxModel, ats: &[usize], kernels: &[Kernel]) -> Vec<f6
         last = node;
         let Some(node) = node else { continue };
         // The stage holding `node`: the last whose first node is at or before it.
-        let s = ats[1..].partition_point(|&at| at <= node).min(stages.max(1) - 1);
+        let s = ats[1..]
+            .partition_point(|&at| at <= node)
+            .min(stages.max(1) - 1);
         if let Some(slot) = secs.get_mut(s) {
             *slot += k.secs;
         }
@@ -181,7 +183,17 @@ mod tests {
     fn fused_kernels_are_charged_to_their_first_node_and_own_kernels_ride_along() {
         let (_, m) = two_convs();
         let ops: Vec<&str> = m.nodes.iter().map(|n| n.op_type.as_str()).collect();
-        assert_eq!(ops, ["Conv", "Clip", "Conv", "Clip", "GlobalAveragePool", "Flatten"]);
+        assert_eq!(
+            ops,
+            [
+                "Conv",
+                "Clip",
+                "Conv",
+                "Clip",
+                "GlobalAveragePool",
+                "Flatten"
+            ]
+        );
         let out = |i: usize| m.nodes[i].outputs[0].clone();
         // What onnxruntime runs: each convolution fused with its clip and named
         // after the clip's output, a layout reorder of its own, the pool, and the
@@ -224,7 +236,10 @@ mod tests {
         assert!(!kernels.is_empty());
         let total: f64 = kernels.iter().map(|k| k.secs).sum();
         let stages = charge(&m, &[0, 2, 6], &kernels);
-        assert!(stages.iter().all(|s| *s > 0.0), "{stages:?} from {kernels:?}");
+        assert!(
+            stages.iter().all(|s| *s > 0.0),
+            "{stages:?} from {kernels:?}"
+        );
         assert!((stages.iter().sum::<f64>() - total).abs() < 1e-9);
         Ok(())
     }
