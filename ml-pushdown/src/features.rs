@@ -206,10 +206,9 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
 /// model whose ranges run fused: the whole model timed at `batch` samples (the first
 /// ones repeated; once untimed first, as onnxruntime's first run at a new batch size
 /// grows its memory arena, which an epoch pays once), shared among the stages as one
-/// profiled run of the whole model shares it. Timed stage by stage, a fused model is
-/// slower than it runs (EfficientNet-Lite0 as ONNX, its 93 stages one session each,
-/// added up to about 8x its whole-model session, which made the link look cheap next
-/// to the layers), and each stage's session costs its creation.
+/// profiled run of the whole model shares it. Timed stage by stage, a fused model
+/// adds up to more than it runs (which makes the link look cheap next to the layers),
+/// and each stage's session costs its creation.
 fn fused_stage_times(
     model: &dyn StagedModel,
     decoded: &[Tensor],

@@ -1,8 +1,8 @@
 //! MiniLM's encoder layers on onnxruntime: each layer written as an ONNX graph over
 //! one sample's tokens (`[1, T, HIDDEN]`, `T` left to each run), so that a text still
 //! runs on its own token count, with no padding work. Used where onnxruntime loads
-//! ([`Kernels`](super::Kernels)); on the same weights, core and texts onnxruntime ran
-//! the model 2.9x faster than csd's layers on candle (benches/RESULTS.md, `minilm`).
+//! ([`Kernels`](super::Kernels)): on the same weights, core and texts onnxruntime ran
+//! the model faster than csd's layers on candle (benches/RESULTS.md, `minilm`).
 //! Embedding and pooling (a gather and a mean) stay csd's.
 
 use std::sync::Mutex;
