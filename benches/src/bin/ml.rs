@@ -764,6 +764,12 @@ async fn main() {
             .clone()
             .unwrap_or_else(|| default_json_path("ml"))
             .with_extension("svg");
+        // The JSON, which makes the folder, is written after the chart.
+        if let Some(dir) = svg.parent()
+            && let Err(e) = std::fs::create_dir_all(dir)
+        {
+            eprintln!("{}: {e}", dir.display());
+        }
         match plot_splits(&svg, &rows) {
             Ok(()) => println!("wrote {}", svg.display()),
             Err(e) => eprintln!("{}: {e}", svg.display()),
