@@ -20,7 +20,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module};
 use rayon::prelude::*;
 
-use super::bert_onnx::OrtLayers;
+use super::bert_onnx::{Dims, LayerWeights, OrtLayers};
 use super::{Arch, Kernels, StageInfo, StagedModel, Weights, bytes_of};
 use crate::{Error, Result};
 
@@ -28,13 +28,13 @@ use crate::{Error, Result};
 pub(crate) const SEQ: usize = 128;
 /// Hidden width.
 pub(crate) const HIDDEN: usize = 384;
-pub(crate) const HEADS: usize = 12;
-pub(crate) const HEAD_DIM: usize = HIDDEN / HEADS;
+const HEADS: usize = 12;
+const HEAD_DIM: usize = HIDDEN / HEADS;
 const FF: usize = 1536;
 const LAYERS: usize = 6;
 const VOCAB: usize = 30522;
 const MAX_POSITIONS: usize = 512;
-pub(crate) const EPS: f32 = 1e-12;
+const EPS: f32 = 1e-12;
 /// Longest text sample accepted (a guard for the tokenizer's time and memory).
 pub(crate) const MAX_TEXT_BYTES: usize = 1 << 20;
 
@@ -67,15 +67,30 @@ pub(crate) fn layout() -> Vec<StageInfo> {
     out
 }
 
-pub(crate) struct Layer {
-    pub(crate) q: Linear,
-    pub(crate) k: Linear,
-    pub(crate) v: Linear,
-    pub(crate) o: Linear,
-    pub(crate) ln1: (Tensor, Tensor),
-    pub(crate) up: Linear,
-    pub(crate) down: Linear,
-    pub(crate) ln2: (Tensor, Tensor),
+struct Layer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    ln1: (Tensor, Tensor),
+    up: Linear,
+    down: Linear,
+    ln2: (Tensor, Tensor),
+}
+
+impl Layer {
+    fn weights(&self) -> LayerWeights<'_> {
+        LayerWeights {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            o: &self.o,
+            ln1: &self.ln1,
+            up: &self.up,
+            down: &self.down,
+            ln2: &self.ln2,
+        }
+    }
 }
 
 /// all-MiniLM-L6-v2, staged.
@@ -187,7 +202,13 @@ impl MiniLm {
         let ort =
             if dev.is_cpu() && kernels == Kernels::Onnxruntime && crate::onnx::runtime::available()
             {
-                let o = OrtLayers::new(&layers)?;
+                let weights: Vec<LayerWeights<'_>> = layers.iter().map(Layer::weights).collect();
+                let dims = Dims {
+                    hidden: HIDDEN,
+                    heads: HEADS,
+                    eps: EPS,
+                };
+                let o = OrtLayers::new(&weights, dims)?;
                 // onnxruntime holds its own copy of the layers' weights.
                 weight_bytes += o.weight_bytes();
                 Some(o)

@@ -10,14 +10,36 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use candle_nn::Linear;
 
-use super::bert::{EPS, HEAD_DIM, HEADS, HIDDEN, Layer};
 use crate::onnx::write::{Attr, GraphWriter};
 use crate::onnx::{FloatTensor, OnnxSession};
 use crate::{Error, Result};
 
+/// One encoder layer's weights, borrowed from the model (`Linear`: `[out, in]` and
+/// a bias; layer norms: gain and bias).
+pub(crate) struct LayerWeights<'a> {
+    pub q: &'a Linear,
+    pub k: &'a Linear,
+    pub v: &'a Linear,
+    pub o: &'a Linear,
+    pub ln1: &'a (Tensor, Tensor),
+    pub up: &'a Linear,
+    pub down: &'a Linear,
+    pub ln2: &'a (Tensor, Tensor),
+}
+
+/// The encoder's sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    /// Layer normalisation's epsilon.
+    pub eps: f32,
+}
+
 /// The encoder layers as onnxruntime sessions, idle ones kept per layer (one per
 /// sample running at once).
 pub(crate) struct OrtLayers {
+    hidden: usize,
     graphs: Vec<Vec<u8>>,
     idle: Vec<Mutex<Vec<OnnxSession>>>,
 }
@@ -25,13 +47,20 @@ pub(crate) struct OrtLayers {
 impl OrtLayers {
     /// Writes every layer as a graph and opens one session of each (so that a model
     /// onnxruntime refuses fails here, at load).
-    pub(crate) fn new(layers: &[Layer]) -> Result<OrtLayers> {
-        let graphs = layers.iter().map(layer_graph).collect::<Result<Vec<_>>>()?;
+    pub(crate) fn new(layers: &[LayerWeights<'_>], dims: Dims) -> Result<OrtLayers> {
+        let graphs = layers
+            .iter()
+            .map(|l| layer_graph(l, dims))
+            .collect::<Result<Vec<_>>>()?;
         let idle = graphs
             .iter()
             .map(|g| Ok(Mutex::new(vec![OnnxSession::new(g, 1)?])))
             .collect::<Result<Vec<_>>>()?;
-        Ok(OrtLayers { graphs, idle })
+        Ok(OrtLayers {
+            hidden: dims.hidden,
+            graphs,
+            idle,
+        })
     }
 
     /// Bytes of the layers' graphs (onnxruntime's copy of their weights).
@@ -39,14 +68,14 @@ impl OrtLayers {
         self.graphs.iter().map(|g| g.len() as u64).sum()
     }
 
-    /// Layer `i` on one sample's tokens (`[len, HIDDEN]`).
+    /// Layer `i` on one sample's tokens (`[len, hidden]`).
     pub(crate) fn run(&self, i: usize, h: &Tensor) -> Result<Tensor> {
         let (Some(graph), Some(idle)) = (self.graphs.get(i), self.idle.get(i)) else {
             return Err(Error::InvalidArgument(format!("no encoder layer {i}")));
         };
         let len = h.dim(0)?;
         let input = FloatTensor {
-            dims: vec![1, len as i64, HIDDEN as i64],
+            dims: vec![1, len as i64, self.hidden as i64],
             data: h.flatten_all()?.to_vec1::<f32>()?,
         };
         let taken = idle.lock().ok().and_then(|mut v| v.pop());
@@ -64,7 +93,7 @@ impl OrtLayers {
                 "an encoder layer returned nothing".into(),
             ))
         })?;
-        Ok(Tensor::from_vec(y.data, (len, HIDDEN), &Device::Cpu)?)
+        Ok(Tensor::from_vec(y.data, (len, self.hidden), &Device::Cpu)?)
     }
 }
 
@@ -84,38 +113,40 @@ fn linear(g: &mut GraphWriter, x: &str, l: &Linear) -> Result<String> {
 
 /// Layer normalisation over the last axis, written out (onnxruntime fuses it back
 /// into one kernel; `LayerNormalization` itself needs opset 17).
-fn layer_norm(g: &mut GraphWriter, x: &str, (w, b): &(Tensor, Tensor)) -> Result<String> {
+fn layer_norm(g: &mut GraphWriter, x: &str, (w, b): &(Tensor, Tensor), eps: f32) -> Result<String> {
     let last = [Attr::Ints("axes", &[-1])];
     let mu = g.node("ReduceMean", &[x], &last, None);
     let d = g.node("Sub", &[x, &mu], &[], None);
     let sq = g.node("Mul", &[&d, &d], &[], None);
     let var = g.node("ReduceMean", &[&sq], &last, None);
-    let eps = g.scalar("eps", EPS);
+    let eps = g.scalar("eps", eps);
     let v = g.node("Add", &[&var, &eps], &[], None);
     let sd = g.node("Sqrt", &[&v], &[], None);
     let n = g.node("Div", &[&d, &sd], &[], None);
-    let gain = g.weight("gain", &[HIDDEN], &w.to_vec1::<f32>()?);
-    let bias = g.weight("bias", &[HIDDEN], &b.to_vec1::<f32>()?);
+    let (w, b) = (w.to_vec1::<f32>()?, b.to_vec1::<f32>()?);
+    let gain = g.weight("gain", &[w.len()], &w);
+    let bias = g.weight("bias", &[b.len()], &b);
     let scaled = g.node("Mul", &[&n, &gain], &[], None);
     Ok(g.node("Add", &[&scaled, &bias], &[], None))
 }
 
 /// One post-LayerNorm BERT layer (masked attention needs no mask: a sample's tokens
 /// only), exact-erf GELU, as csd's `bert::MiniLm::layer`.
-fn layer_graph(l: &Layer) -> Result<Vec<u8>> {
+fn layer_graph(l: &LayerWeights<'_>, d: Dims) -> Result<Vec<u8>> {
     let mut g = GraphWriter::default();
     let x = "x";
-    let split = g.ints("heads", &[0, 0, HEADS as i64, HEAD_DIM as i64]);
+    let head_dim = d.hidden / d.heads;
+    let split = g.ints("heads", &[0, 0, d.heads as i64, head_dim as i64]);
     let heads = |g: &mut GraphWriter, lin: &Linear, perm: &[i64]| -> Result<String> {
         let y = linear(g, x, lin)?;
         let r = g.node("Reshape", &[&y, &split], &[], None);
         Ok(g.node("Transpose", &[&r], &[Attr::Ints("perm", perm)], None))
     };
-    let q = heads(&mut g, &l.q, &[0, 2, 1, 3])?;
-    let k = heads(&mut g, &l.k, &[0, 2, 3, 1])?;
-    let v = heads(&mut g, &l.v, &[0, 2, 1, 3])?;
+    let q = heads(&mut g, l.q, &[0, 2, 1, 3])?;
+    let k = heads(&mut g, l.k, &[0, 2, 3, 1])?;
+    let v = heads(&mut g, l.v, &[0, 2, 1, 3])?;
     let scores = g.node("MatMul", &[&q, &k], &[], None);
-    let scale = g.scalar("scale", 1.0 / (HEAD_DIM as f32).sqrt());
+    let scale = g.scalar("scale", 1.0 / (head_dim as f32).sqrt());
     let scaled = g.node("Mul", &[&scores, &scale], &[], None);
     let p = g.node("Softmax", &[&scaled], &[Attr::Int("axis", -1)], None);
     let ctx = g.node("MatMul", &[&p, &v], &[], None);
@@ -125,12 +156,12 @@ fn layer_graph(l: &Layer) -> Result<Vec<u8>> {
         &[Attr::Ints("perm", &[0, 2, 1, 3])],
         None,
     );
-    let merge = g.ints("hidden", &[0, 0, HIDDEN as i64]);
+    let merge = g.ints("hidden", &[0, 0, d.hidden as i64]);
     let ctx = g.node("Reshape", &[&ctx, &merge], &[], None);
-    let o = linear(&mut g, &ctx, &l.o)?;
+    let o = linear(&mut g, &ctx, l.o)?;
     let res = g.node("Add", &[&o, x], &[], None);
-    let a = layer_norm(&mut g, &res, &l.ln1)?;
-    let up = linear(&mut g, &a, &l.up)?;
+    let a = layer_norm(&mut g, &res, l.ln1, d.eps)?;
+    let up = linear(&mut g, &a, l.up)?;
     let root2 = g.scalar("sqrt2", std::f32::consts::SQRT_2);
     let (half, one) = (g.scalar("half", 0.5), g.scalar("one", 1.0));
     let z = g.node("Div", &[&up, &root2], &[], None);
@@ -138,10 +169,10 @@ fn layer_graph(l: &Layer) -> Result<Vec<u8>> {
     let e1 = g.node("Add", &[&e, &one], &[], None);
     let h = g.node("Mul", &[&up, &half], &[], None);
     let gelu = g.node("Mul", &[&h, &e1], &[], None);
-    let down = linear(&mut g, &gelu, &l.down)?;
+    let down = linear(&mut g, &gelu, l.down)?;
     let res = g.node("Add", &[&down, &a], &[], None);
-    let y = layer_norm(&mut g, &res, &l.ln2)?;
+    let y = layer_norm(&mut g, &res, l.ln2, d.eps)?;
     let y = g.node("Identity", &[&y], &[], Some("y"));
-    let dims = [None, Some(HIDDEN)];
+    let dims = [None, Some(d.hidden)];
     Ok(g.finish_with(x, &dims, &y, &dims))
 }

@@ -175,7 +175,7 @@ impl Analysis {
     /// grows onnxruntime's memory arena to the batch, which an epoch pays once.
     pub(crate) fn stage_times(&self, inputs: &[FloatTensor]) -> Result<Vec<f64>> {
         let whole = self.segment(0, self.cuts.len() - 1)?;
-        let kernels = OnnxSession::kernel_times(&whole, inputs, 2)?;
+        let kernels = profiler::kernel_times(&whole, inputs, 2)?;
         let ats: Vec<usize> = self.cuts.iter().map(|c| c.point.at).collect();
         Ok(profiler::charge(&self.model, &ats, &kernels))
     }

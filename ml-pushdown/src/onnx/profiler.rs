@@ -24,7 +24,36 @@
 use std::collections::HashMap;
 
 use super::graph::OnnxModel;
+use super::runtime::{FloatTensor, OnnxSession};
 use crate::{Error, Result};
+
+/// Seconds of each kernel of the last of `runs` runs of `model` on `inputs`, as
+/// onnxruntime's profiler reports them, in the order they ran (one intra-op thread,
+/// as every session).
+pub(crate) fn kernel_times(
+    model: &[u8],
+    inputs: &[FloatTensor],
+    runs: usize,
+) -> Result<Vec<Kernel>> {
+    let prefix = std::env::temp_dir().join(format!(
+        "csd-ort-profile-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let session = OnnxSession::profiling(model, &prefix)?;
+    let ran = (0..runs.max(1)).try_for_each(|_| session.run(inputs).map(drop));
+    let ended = session.end_profiling()?;
+    // A relative name is relative to this process's working directory.
+    let trace = std::fs::read(&ended);
+    let _ = std::fs::remove_file(&ended);
+    ran?;
+    let trace = trace.map_err(|e| {
+        Error::Node(csd_protocol::Error::Internal(format!(
+            "onnxruntime's profile {ended}: {e}"
+        )))
+    })?;
+    last_run(&trace)
+}
 
 /// One kernel run: the name onnxruntime gave it and its seconds.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,11 +257,11 @@ mod tests {
             return Ok(());
         }
         let (bytes, m) = two_convs();
-        let x = crate::onnx::FloatTensor {
+        let x = FloatTensor {
             dims: vec![2, 1, 256, 256],
             data: (0..2 * 256 * 256).map(|i| (i % 7) as f32).collect(),
         };
-        let kernels = crate::onnx::OnnxSession::kernel_times(&bytes, &[x], 2)?;
+        let kernels = kernel_times(&bytes, &[x], 2)?;
         assert!(!kernels.is_empty());
         let total: f64 = kernels.iter().map(|k| k.secs).sum();
         let stages = charge(&m, &[0, 2, 6], &kernels);

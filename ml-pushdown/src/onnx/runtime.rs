@@ -173,32 +173,23 @@ impl OnnxSession {
         Ok(OnnxSession::of(session))
     }
 
-    /// Seconds of each kernel of the last of `runs` runs of `model` on `inputs`, as
-    /// onnxruntime's profiler reports them, in the order they ran (one intra-op
-    /// thread, as every session; see [`super::profiler`]).
-    pub(crate) fn kernel_times(
-        model: &[u8],
-        inputs: &[FloatTensor],
-        runs: usize,
-    ) -> Result<Vec<super::profiler::Kernel>> {
+    /// Loads `model` as [`new`](Self::new) does (one intra-op thread), with
+    /// onnxruntime's profiler on: it records every run until
+    /// [`end_profiling`](Self::end_profiling) writes the trace to `{prefix}_{time}.json`.
+    pub(crate) fn profiling(model: &[u8], prefix: &std::path::Path) -> Result<OnnxSession> {
         let env = environment()?;
-        // onnxruntime writes the trace to `{prefix}_{time}.json` when profiling ends.
-        let dir = std::env::temp_dir();
-        let prefix = dir.join(format!(
-            "csd-ort-profile-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
         let session = builder(&env, 1)
-            .and_then(|b| Ok(b.with_profiling(&prefix)?))
+            .and_then(|b| Ok(b.with_profiling(prefix)?))
             .and_then(|mut b| b.commit_from_memory(model))
             .map_err(|e| {
                 Error::InvalidArgument(format!("onnxruntime refused the model: {}", e.message()))
             })?;
-        let profiled = OnnxSession::of(session);
-        let ran = (0..runs.max(1)).try_for_each(|_| profiled.run(inputs).map(drop));
-        let ended = profiled
-            .session
+        Ok(OnnxSession::of(session))
+    }
+
+    /// Ends a [`profiling`](Self::profiling) session's profile; returns the trace's path.
+    pub(crate) fn end_profiling(&self) -> Result<String> {
+        self.session
             .lock()
             .map_err(|_| Error::Node(csd_protocol::Error::Internal("a session panicked".into())))?
             .end_profiling()
@@ -207,17 +198,7 @@ impl OnnxSession {
                     "onnxruntime's profiler failed: {}",
                     e.message()
                 )))
-            })?;
-        // A relative name is relative to this process's working directory.
-        let trace = std::fs::read(&ended);
-        let _ = std::fs::remove_file(&ended);
-        ran?;
-        let trace = trace.map_err(|e| {
-            Error::Node(csd_protocol::Error::Internal(format!(
-                "onnxruntime's profile {ended}: {e}"
-            )))
-        })?;
-        super::profiler::last_run(&trace)
+            })
     }
 
     fn of(session: Session) -> OnnxSession {
