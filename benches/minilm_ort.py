@@ -11,30 +11,22 @@ line: texts/s both ways (tokenising included) and the embeddings of the first
 
 Usage: minilm_ort.py MODEL.onnx TOKENIZER.json TEXTS.json --threads N --batch B --seconds S
 """
-import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+sys.path.insert(0, os.path.dirname(__file__))
+from ml_ort import rate_args, session  # noqa: E402  (the baselines' shared session)
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("tokenizer")
-    ap.add_argument("texts")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    a = ap.parse_args()
-    o = ort.SessionOptions()
-    o.intra_op_num_threads = a.threads
-    o.inter_op_num_threads = 1
-    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    s = ort.InferenceSession(a.model, o, providers=["CPUExecutionProvider"])
+    a = rate_args("tokenizer", "texts")
+    s = session(a.model, a.threads)
     tok = Tokenizer.from_file(a.tokenizer)
     tok.enable_truncation(128)
     tok.enable_padding(pad_id=0)

@@ -16,20 +16,32 @@ import numpy as np
 import onnxruntime as ort
 
 
-def main():
+def rate_args(*inputs):
+    """The command line the baselines share: the model, `inputs`, threads, batch, seconds."""
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
-    ap.add_argument("input")
+    for name in inputs:
+        ap.add_argument(name)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=5.0)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def session(model, threads):
+    """A CPU session as csd runs one: `threads` intra-op threads, sequential, all
+    graph optimisations."""
     o = ort.SessionOptions()
-    o.intra_op_num_threads = a.threads
+    o.intra_op_num_threads = threads
     o.inter_op_num_threads = 1
     o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    s = ort.InferenceSession(a.model, o, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
+
+
+def main():
+    a = rate_args("input")
+    s = session(a.model, a.threads)
     x = np.load(a.input).astype(np.float32)
     assert x.shape[0] == a.batch, f"input has {x.shape[0]} rows, --batch is {a.batch}"
     for _ in range(2):

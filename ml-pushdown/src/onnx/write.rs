@@ -40,28 +40,26 @@ impl GraphWriter {
     /// A float32 initializer of `dims` (row-major `data`); returns its name.
     pub(crate) fn weight(&mut self, prefix: &str, dims: &[usize], data: &[f32]) -> String {
         debug_assert_eq!(dims.iter().product::<usize>(), data.len());
-        let name = self.fresh(prefix);
-        let mut t = Vec::with_capacity(data.len() * 4 + 64);
-        for d in dims {
-            put_varint(&mut t, 1, *d as u64);
-        }
-        put_varint(&mut t, 2, FLOAT);
-        put_bytes(&mut t, 8, name.as_bytes());
         let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        put_bytes(&mut t, 9, &raw);
-        put_bytes(&mut self.inits, 5, &t);
-        name
+        self.initializer(prefix, dims, FLOAT, &raw)
     }
 
     /// An int64 initializer of `data` (one dimension); returns its name.
     pub(crate) fn ints(&mut self, prefix: &str, data: &[i64]) -> String {
-        let name = self.fresh(prefix);
-        let mut t = Vec::with_capacity(data.len() * 8 + 32);
-        put_varint(&mut t, 1, data.len() as u64);
-        put_varint(&mut t, 2, INT64);
-        put_bytes(&mut t, 8, name.as_bytes());
         let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        put_bytes(&mut t, 9, &raw);
+        self.initializer(prefix, &[data.len()], INT64, &raw)
+    }
+
+    /// An initializer of `dims` and element type `elem` from its little-endian bytes.
+    fn initializer(&mut self, prefix: &str, dims: &[usize], elem: u64, raw: &[u8]) -> String {
+        let name = self.fresh(prefix);
+        let mut t = Vec::with_capacity(raw.len() + 64);
+        for d in dims {
+            put_varint(&mut t, 1, *d as u64);
+        }
+        put_varint(&mut t, 2, elem);
+        put_bytes(&mut t, 8, name.as_bytes());
+        put_bytes(&mut t, 9, raw);
         put_bytes(&mut self.inits, 5, &t);
         name
     }
