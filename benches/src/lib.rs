@@ -48,6 +48,24 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// The options of the benches that measure a model's rate on pinned cores (`ml`,
+/// `minilm`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RateOpts {
+    /// ML assets (default: $CSD_ML_HOME, else ~/.cache/csd/ml).
+    #[arg(long)]
+    pub home: Option<PathBuf>,
+    /// Cores of the rate measurement (`taskset -c` list; default: the last core).
+    #[arg(long)]
+    pub cores: Option<String>,
+    /// Samples per forward call.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 8.0)]
+    pub seconds: f64,
+}
+
 /// The `csd` binary beside this bench's own (build it: `cargo build --release -p csd-client`).
 pub fn csd_binary() -> PathBuf {
     std::env::current_exe()

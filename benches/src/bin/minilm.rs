@@ -16,25 +16,16 @@ use std::time::Instant;
 
 use candle_core::Device;
 use clap::Parser;
-use csd_benches::{default_json_path, median, repo_root, write_json};
+use csd_benches::{RateOpts, default_json_path, median, repo_root, write_json};
 use csd_ml_pushdown::model::{Arch, Kernels, StagedModel};
 use csd_runtime::pool::{available_cores, parse_core_list};
 use serde::Serialize;
 
+/// MiniLM as csd runs it against onnxruntime in Python, on the same weights and cores.
 #[derive(Parser)]
 struct Args {
-    /// ML assets (default: $CSD_ML_HOME, else ~/.cache/csd/ml).
-    #[arg(long)]
-    home: Option<PathBuf>,
-    /// Cores (`taskset -c` list; default: the last core).
-    #[arg(long)]
-    cores: Option<String>,
-    /// Texts per forward call.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 8.0)]
-    seconds: f64,
+    #[command(flatten)]
+    rate: RateOpts,
     /// Rounds (each side once per round).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -73,6 +64,7 @@ fn die(msg: impl std::fmt::Display) -> ! {
 fn main() {
     let args = Args::parse();
     let home = args
+        .rate
         .home
         .clone()
         .unwrap_or_else(csd_ml_pushdown::assets_dir);
@@ -86,7 +78,7 @@ fn main() {
     };
     let weights = csd_ml_pushdown::weights::with_tokenizer(&read(&wpath), &read(&tpath))
         .unwrap_or_else(|e| die(e));
-    let cores = match &args.cores {
+    let cores = match &args.rate.cores {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
         None => vec![*available_cores().last().unwrap_or(&0)],
     };
@@ -131,7 +123,7 @@ fn main() {
     let pool =
         csd_ml_pushdown::thread_pool("bench", cores.len(), Some(&cores)).unwrap_or_else(|e| die(e));
     let batches: Vec<Vec<&[u8]>> = texts
-        .chunks(args.batch.max(1))
+        .chunks(args.rate.batch.max(1))
         .map(|c| c.iter().map(|t| t.as_bytes()).collect())
         .collect();
     let embed = |model: &dyn StagedModel, b: &[&[u8]]| -> candle_core::Tensor {
@@ -145,7 +137,7 @@ fn main() {
                 embed(model, b);
             }
             let (t, mut done, mut i) = (Instant::now(), 0usize, 0usize);
-            while t.elapsed().as_secs_f64() < args.seconds {
+            while t.elapsed().as_secs_f64() < args.rate.seconds {
                 let b = &batches[i % batches.len()];
                 embed(model, b);
                 done += b.len();
@@ -161,8 +153,8 @@ fn main() {
             .arg(repo_root().join("benches/minilm_ort.py"))
             .args([&onnx, &tpath, &tfile])
             .args(["--threads", &cores.len().to_string()])
-            .args(["--batch", &args.batch.to_string()])
-            .args(["--seconds", &args.seconds.to_string()])
+            .args(["--batch", &args.rate.batch.to_string()])
+            .args(["--seconds", &args.rate.seconds.to_string()])
             .output()
             .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
         if !out.status.success() {
@@ -209,7 +201,7 @@ fn main() {
     }
     let out = Out {
         cores,
-        batch: args.batch,
+        batch: args.rate.batch,
         texts: texts.len(),
         onnxruntime: ort["onnxruntime"].as_str().unwrap_or("?").into(),
         ort_texts_per_s: median(rounds.iter().map(|r| r.0).collect()),

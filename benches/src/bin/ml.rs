@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use clap::Parser;
-use csd_benches::{default_json_path, median, repo_root, write_json};
+use csd_benches::{RateOpts, default_json_path, median, repo_root, write_json};
 use csd_ml_pushdown::model::{Arch, ImageSpec, Kernels, StagedModel};
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
@@ -35,20 +35,11 @@ use csd_testbed::scenario::{PolicyName, Scenario};
 use futures::TryStreamExt;
 use serde::Serialize;
 
+/// ML pushdown bench: the rate part and the splits part.
 #[derive(Parser)]
 struct Args {
-    /// ML assets (default: $CSD_ML_HOME, else ~/.cache/csd/ml).
-    #[arg(long)]
-    home: Option<PathBuf>,
-    /// Cores for the rate part (`taskset -c` list; default: the last core).
-    #[arg(long)]
-    cores: Option<String>,
-    /// Images per forward call in the rate part.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Seconds per measurement in the rate part.
-    #[arg(long, default_value_t = 8.0)]
-    seconds: f64,
+    #[command(flatten)]
+    rate: RateOpts,
     /// Rounds of the rate part: onnxruntime and our model take turns (order
     /// alternating), and the ratio reported is the median of the rounds'.
     #[arg(long, default_value_t = 3)]
@@ -162,7 +153,7 @@ fn write_npy(path: &Path, x: &Tensor) -> std::io::Result<()> {
 }
 
 async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
-    let cores = match &args.cores {
+    let cores = match &args.rate.cores {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
         None => vec![*available_cores().last().unwrap_or(&0)],
     };
@@ -196,7 +187,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
         .samples
         .iter()
         .cycle()
-        .take(args.batch)
+        .take(args.rate.batch)
         .map(|(p, _)| std::fs::read(p).unwrap_or_else(|e| die(format!("{}: {e}", p.display()))))
         .collect();
     let refs: Vec<&[u8]> = files.iter().map(Vec::as_slice).collect();
@@ -227,8 +218,8 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             .arg(&onnx)
             .arg(&npy)
             .args(["--threads", &cores.len().to_string()])
-            .args(["--batch", &args.batch.to_string()])
-            .args(["--seconds", &args.seconds.to_string()])
+            .args(["--batch", &args.rate.batch.to_string()])
+            .args(["--seconds", &args.rate.seconds.to_string()])
             .output()
             .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
         if !out.status.success() {
@@ -246,9 +237,9 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
             model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
             let t = Instant::now();
             let mut done = 0usize;
-            while t.elapsed().as_secs_f64() < args.seconds {
+            while t.elapsed().as_secs_f64() < args.rate.seconds {
                 model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e));
-                done += args.batch;
+                done += args.rate.batch;
             }
             done as f64 / t.elapsed().as_secs_f64()
         })
@@ -325,7 +316,7 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     let op = operator_rate(&cores, cores.len(), home, weights, args).await;
     Rate {
         cores,
-        batch: args.batch,
+        batch: args.rate.batch,
         model: arch.name().into(),
         onnxruntime: ort["onnxruntime"].as_str().unwrap_or("?").into(),
         ort_images_per_s: ort_rate,
@@ -433,7 +424,7 @@ async fn operator_rate(
         dtype: FeatureType::F32,
         compression: Compression::None,
         limit: None,
-        max_node_batch: Some(args.batch),
+        max_node_batch: Some(args.rate.batch),
         pool: None,
         skip_bad_samples: false,
         keep: None,
@@ -666,6 +657,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let home = args
+        .rate
         .home
         .clone()
         .unwrap_or_else(csd_ml_pushdown::assets_dir);
