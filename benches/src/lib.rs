@@ -66,6 +66,38 @@ pub struct RateOpts {
     pub seconds: f64,
 }
 
+impl RateOpts {
+    /// Runs a Python baseline (`script`, under `benches/`) with Python `py` pinned to
+    /// `cores` (`taskset`), as `script INPUTS… --threads N --batch B --seconds S`;
+    /// returns the JSON line it prints, or why not.
+    pub fn baseline(
+        &self,
+        py: &Path,
+        cores: &[usize],
+        script: &str,
+        inputs: &[&Path],
+    ) -> Result<serde_json::Value, String> {
+        let list: Vec<String> = cores.iter().map(usize::to_string).collect();
+        let out = std::process::Command::new("taskset")
+            .args(["-c", &list.join(",")])
+            .arg(py)
+            .arg(repo_root().join("benches").join(script))
+            .args(inputs)
+            .args(["--threads", &cores.len().to_string()])
+            .args(["--batch", &self.batch.to_string()])
+            .args(["--seconds", &self.seconds.to_string()])
+            .output()
+            .map_err(|e| format!("taskset {}: {e}", py.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "onnxruntime failed (run scripts/setup-ml.sh): {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{script} output: {e}"))
+    }
+}
+
 /// The `csd` binary beside this bench's own (build it: `cargo build --release -p csd-client`).
 pub fn csd_binary() -> PathBuf {
     std::env::current_exe()

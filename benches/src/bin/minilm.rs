@@ -82,11 +82,6 @@ fn main() {
         Some(c) => parse_core_list(c).unwrap_or_else(|e| die(e)),
         None => vec![*available_cores().last().unwrap_or(&0)],
     };
-    let list = cores
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
     let py = home.join("venv/bin/python");
     let dir = tempfile::tempdir().unwrap_or_else(|e| die(e));
     let onnx = dir.path().join("minilm.onnx");
@@ -147,24 +142,9 @@ fn main() {
         })
     };
     let run_ort = || {
-        let out = std::process::Command::new("taskset")
-            .args(["-c", &list])
-            .arg(&py)
-            .arg(repo_root().join("benches/minilm_ort.py"))
-            .args([&onnx, &tpath, &tfile])
-            .args(["--threads", &cores.len().to_string()])
-            .args(["--batch", &args.rate.batch.to_string()])
-            .args(["--seconds", &args.rate.seconds.to_string()])
-            .output()
-            .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
-        if !out.status.success() {
-            die(format!(
-                "onnxruntime failed (run scripts/setup-ml.sh): {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .unwrap_or_else(|e| die(format!("minilm_ort.py output: {e}")))
+        args.rate
+            .baseline(&py, &cores, "minilm_ort.py", &[&onnx, &tpath, &tfile])
+            .unwrap_or_else(|e| die(e))
     };
     let mut rounds = Vec::new();
     let mut ort = serde_json::Value::Null;

@@ -211,25 +211,9 @@ async fn rate(args: &Args, home: &Path, weights: &[u8]) -> Rate {
     // onnxruntime and our model take turns, `rate_rounds` times each, so that a slow
     // phase of a shared machine falls on both; the ratio is the median of the rounds'.
     let run_ort = || {
-        let out = std::process::Command::new("taskset")
-            .args(["-c", &list])
-            .arg(&py)
-            .arg(repo_root().join("benches/ml_ort.py"))
-            .arg(&onnx)
-            .arg(&npy)
-            .args(["--threads", &cores.len().to_string()])
-            .args(["--batch", &args.rate.batch.to_string()])
-            .args(["--seconds", &args.rate.seconds.to_string()])
-            .output()
-            .unwrap_or_else(|e| die(format!("taskset {}: {e}", py.display())));
-        if !out.status.success() {
-            die(format!(
-                "onnxruntime failed (run scripts/setup-ml.sh): {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .unwrap_or_else(|e| die(format!("ml_ort.py output: {e}")))
+        args.rate
+            .baseline(&py, &cores, "ml_ort.py", &[&onnx, &npy])
+            .unwrap_or_else(|e| die(e))
     };
     let y = pool.install(|| model.forward_range(&x, 0, n).unwrap_or_else(|e| die(e)));
     let run = |model: &dyn StagedModel| {
