@@ -275,6 +275,7 @@ fn features_stream(
         pixels: None,
         here: vec![],
         patient: false,
+        probed: None,
     };
     let src = vec![Source {
         client: client.clone(),
@@ -380,6 +381,7 @@ async fn planning_measures_once_and_reuses_profiles() {
             csd_ml_pushdown::job::plan_inputs(&s, 48, "textures", &m, &wt, FeatureType::F32, None)
                 .await
                 .unwrap()
+                .0
         }
     };
     let a = plan("test").await;
@@ -716,6 +718,66 @@ async fn an_undecodable_sample_is_named() {
     node.shutdown().await.unwrap();
 }
 
+/// The planner's link probe reads a partition's first rows; when that partition is
+/// read raw here (a share, or split 0) the stream starts with those rows and reads
+/// the partition from the next one: every sample once, the same features. When the
+/// node runs the partition, the probed rows are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probed_rows_are_reused_not_read_twice() {
+    let Some((w, tex, _)) = assets() else { return };
+    let (node, client, m, wt) = textures_node(&w, &tex).await;
+    let (base, _) = features("textures", &client, &m, &wt, "test", 0, FeatureType::F32).await;
+    let (ids0, labels0, f0) = by_id(&base);
+    for probed_rows in [5u64, 48] {
+        let rows: Vec<_> = client
+            .scan_limit("textures", Some("test"), &[], Some(probed_rows))
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let rows = arrow::compute::concat_batches(&rows[0].schema(), &rows).unwrap();
+        for (split, here) in [(0, vec![]), (5, vec![0]), (5, vec![])] {
+            let job = FeatureJob {
+                dataset: "textures".into(),
+                arch: m.arch(),
+                weights: wt.clone(),
+                split,
+                node_split: None,
+                train_batch: 7,
+                dtype: FeatureType::F32,
+                compression: Compression::Lz4Frame,
+                limit: None,
+                max_node_batch: None,
+                pool: None,
+                skip_bad_samples: false,
+                keep: None,
+                pixels: None,
+                here: here.clone(),
+                patient: false,
+                probed: Some(stream::Probed {
+                    part: 0,
+                    rows: rows.clone(),
+                }),
+            };
+            let src = vec![Source {
+                client: client.clone(),
+                partition: "test".into(),
+            }];
+            let (s, _) = stream::open(src, job, m.clone()).expect("open");
+            let b: Vec<TrainBatch> = s.try_collect().await.expect("stream");
+            let all: Vec<u64> = b.iter().flat_map(|b| b.ids.clone()).collect();
+            let what = format!("{probed_rows} probed, split {split}, here {here:?}");
+            assert_eq!(all.len(), 48, "{what}: every sample once");
+            let (ids, labels, f) = by_id(&b);
+            assert_eq!((&ids, &labels), (&ids0, &labels0), "{what}");
+            let e = max_rel_err(&f, &f0);
+            assert!(e < 1e-5, "{what}: relative error {e}");
+        }
+    }
+    node.shutdown().await.unwrap();
+}
+
 /// HAPI with references: epoch 1 keeps the node's output at the node; epoch 2 reads
 /// it back without running the node's stages (no operator request is admitted) and
 /// gets the same features, equal to the ones streamed without keeping.
@@ -755,6 +817,7 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
                 pixels: None,
                 here: vec![],
                 patient: false,
+                probed: None,
             };
             let src = vec![Source {
                 client,

@@ -388,7 +388,17 @@ mod features {
         model: &[u8],
         opts: &FeaturesOptions,
     ) -> (usize, Vec<usize>, HashMap<u64, Vec<f32>>) {
-        let (stream, r) = features(clients, model, opts, false).await.unwrap();
+        collect_planned(clients, model, opts, false).await
+    }
+
+    /// [`collect`], planning (and so probing the link) first when `explain`.
+    async fn collect_planned(
+        clients: &[NodeClient],
+        model: &[u8],
+        opts: &FeaturesOptions,
+        explain: bool,
+    ) -> (usize, Vec<usize>, HashMap<u64, Vec<f32>>) {
+        let (stream, r) = features(clients, model, opts, explain).await.unwrap();
         let batches: Vec<_> = stream.try_collect().await.unwrap();
         let mut out = HashMap::new();
         for b in batches {
@@ -541,6 +551,17 @@ mod features {
         assert_eq!((k, here.len()), (n / 2, 1));
         assert_close(
             "effnet split n/2, one partition here",
+            &got,
+            &want,
+            &files,
+            1e-3,
+        );
+        // Planned first: the link probe read the partition run here, and the stream
+        // starts from those rows instead of reading them again.
+        let (k, here, got) = collect_planned(clients, &bytes, &shared, true).await;
+        assert_eq!((k, here.len()), (n / 2, 1));
+        assert_close(
+            "effnet split n/2, one partition here, planned",
             &got,
             &want,
             &files,

@@ -415,6 +415,7 @@ async fn operator_rate(
         pixels: None,
         here: vec![],
         patient: false,
+        probed: None,
     };
     let mut best = 0f64;
     // The first pass also loads the model at the node; the second is the figure.

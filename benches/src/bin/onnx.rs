@@ -222,6 +222,7 @@ async fn node_rate(client: &NodeClient, bytes: &[u8], samples: usize) -> f64 {
         pixels: Some(IMAGENET),
         here: vec![],
         patient: false,
+        probed: None,
     };
     let t = Instant::now();
     let (s, _) = stream::open(srcs, job, model).unwrap_or_else(|e| die(e));

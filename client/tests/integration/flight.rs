@@ -94,6 +94,30 @@ async fn put_list_scan_range_delete_round_trip() {
         let n = (limit as usize).min(total);
         assert_eq!(got, whole.slice(0, n), "limit {limit}");
     }
+    // Rows skipped first: inside the first object, exactly at and across the
+    // boundary of the two partitions' objects, past the end; with and without a limit.
+    let first: u64 = parts[0].iter().map(|b| b.num_rows() as u64).sum();
+    for (skip, limit) in [
+        (1, None),
+        (700, Some(10)),
+        (first, None),
+        (first - 3, Some(7)),
+        (first + 2, Some(0)),
+        (total as u64 - 1, None),
+        (total as u64 + 4, Some(3)),
+    ] {
+        let got: Vec<RecordBatch> = c
+            .scan_rows("lineitem", None, &[], skip, limit)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let got = concat_batches(&schema, &got).unwrap();
+        let from = (skip as usize).min(total);
+        let n = (total - from).min(limit.map_or(usize::MAX, |l| l as usize));
+        assert_eq!(got, whole.slice(from, n), "skip {skip} limit {limit:?}");
+    }
     // Projection, asked out of table order, comes back in table order.
     let got = scan_all(&c, "lineitem", None, &["l_shipdate", "l_orderkey"]).await;
     let got = concat_batches(&got[0].schema(), &got).unwrap();

@@ -69,7 +69,9 @@ pub enum Ticket {
         partition: Option<String>,
         /// Columns to return (in table order, whatever order is asked); empty for all.
         columns: Vec<String>,
-        /// Only the first rows (in storage order); `None` for all.
+        /// Rows skipped first (in storage order); 0 for none.
+        skip: u64,
+        /// Only the first rows (in storage order) after those skipped; `None` for all.
         limit: Option<u64>,
     },
     /// Stream raw bytes `[offset, offset+length)` of one object.
@@ -250,6 +252,8 @@ struct ScanProto {
     columns: Vec<String>,
     #[prost(uint64, optional, tag = "4")]
     limit: Option<u64>,
+    #[prost(uint64, tag = "5")]
+    skip: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -270,12 +274,14 @@ impl Ticket {
                 table,
                 partition,
                 columns,
+                skip,
                 limit,
             } => Kind::Scan(ScanProto {
                 table,
                 partition,
                 columns,
                 limit,
+                skip,
             }),
             Ticket::Range {
                 object,
@@ -342,6 +348,7 @@ impl Ticket {
                 table: s.table,
                 partition: s.partition,
                 columns: s.columns,
+                skip: s.skip,
                 limit: s.limit,
             }),
             Some(Kind::Range(r)) => Ok(Ticket::Range {
@@ -401,6 +408,7 @@ mod tests {
             table: "t".into(),
             partition: Some("p".into()),
             columns: vec!["a".into()],
+            skip: 0,
             limit: None,
         };
         assert_eq!(Ticket::decode(&t.encode()).unwrap(), t);
@@ -408,6 +416,7 @@ mod tests {
             table: "t".into(),
             partition: None,
             columns: vec![],
+            skip: 3,
             limit: Some(8),
         };
         assert_eq!(Ticket::decode(&t.encode()).unwrap(), t);

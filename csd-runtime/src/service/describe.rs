@@ -95,6 +95,7 @@ impl FlightNode {
                 table: t.name.clone(),
                 partition: Some(p.clone()),
                 columns: vec![],
+                skip: 0,
                 limit: None,
             };
             info = info.with_endpoint(

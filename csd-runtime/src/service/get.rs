@@ -63,7 +63,7 @@ impl FlightNode {
                 .boxed(),
             Ticket::Ref { id } => {
                 let r = self.state.refs.get_readable(&id, Self::ref_owner(&who))?;
-                let scan = self.scan_request(&r.table, Some(&r.id), &[], None)?;
+                let scan = self.scan_request(&r.table, Some(&r.id), &[], 0, None)?;
                 let slot = self
                     .read_slot(self.scan_memory(&scan), "a kept result's stream")
                     .await?;
@@ -75,10 +75,12 @@ impl FlightNode {
                 table,
                 partition,
                 columns,
+                skip,
                 limit,
             } => {
                 self.check_table(&who, Permission::Read, &table)?;
-                let scan = self.scan_request(&table, partition.as_deref(), &columns, limit)?;
+                let scan =
+                    self.scan_request(&table, partition.as_deref(), &columns, skip, limit)?;
                 let slot = self.read_slot(self.scan_memory(&scan), "a scan").await?;
                 holding(self.scan(scan, None)?, slot)
             }

@@ -41,6 +41,7 @@ pub(super) struct ScanRequest {
     files: Vec<ParquetObject>,
     indices: Vec<usize>,
     schema: SchemaRef,
+    skip: u64,
     limit: Option<u64>,
 }
 
@@ -107,6 +108,7 @@ impl FlightNode {
         table: &str,
         partition: Option<&str>,
         columns: &[String],
+        skip: u64,
         limit: Option<u64>,
     ) -> Result<ScanRequest> {
         let t = self.state.node.tables.table(table)?;
@@ -150,6 +152,7 @@ impl FlightNode {
             files,
             indices,
             schema,
+            skip,
             limit,
         })
     }
@@ -164,11 +167,19 @@ impl FlightNode {
             files,
             indices,
             schema,
+            mut skip,
             limit,
         } = request;
         let store = self.state.store().clone();
         let mut streams = Vec::with_capacity(files.len());
         for f in files {
+            // Whole files inside the rows skipped are not opened; the first file
+            // past them skips the rest of its rows in its row selection.
+            let rows = f.metadata.metadata().file_metadata().num_rows().max(0) as u64;
+            if skip >= rows {
+                skip -= rows;
+                continue;
+            }
             let reader = ObjectReader::new(store.clone(), f.object.clone())
                 .with_metadata(f.metadata.metadata().clone());
             let mask = if indices.is_empty() {
@@ -183,6 +194,10 @@ impl FlightNode {
                 ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
                     .with_projection(mask)
                     .with_batch_size(SCAN_BATCH_ROWS);
+            if skip > 0 {
+                b = b.with_offset(skip as usize);
+                skip = 0;
+            }
             if let Some(n) = limit {
                 // Each file decodes no more than the whole scan may return.
                 b = b

@@ -21,7 +21,7 @@ use crate::request::{
     DEFAULT_NODE_BATCH, FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME, PROFILE_BATCH,
     PROFILE_SAMPLES,
 };
-use crate::stream::{self, FeatureJob, FeatureStats, Source, TrainBatch};
+use crate::stream::{self, FeatureJob, FeatureStats, Probed, Source, TrainBatch};
 use crate::{Arch, Error, Result, weights};
 
 fn protocol(m: impl Into<String>) -> Error {
@@ -210,7 +210,9 @@ impl std::str::FromStr for SplitChoice {
 }
 
 /// Measures what the planner needs: the node's and this machine's per-stage times on
-/// the first samples, the link's bandwidth, and the node's free CPU share.
+/// the first samples, the link's bandwidth, and the node's free CPU share. Also
+/// returns the first rows of `src` the link probe read (the stream reuses them when
+/// that partition is read raw).
 pub async fn plan_inputs(
     src: &Source,
     samples: u64,
@@ -219,7 +221,7 @@ pub async fn plan_inputs(
     weights_table: &str,
     dtype: FeatureType,
     pool: Option<Arc<rayon::ThreadPool>>,
-) -> Result<PlanInputs> {
+) -> Result<(PlanInputs, RecordBatch)> {
     let pixels = model.onnx().map(|m| m.pixels());
     let arch = model.arch();
     // The link first: the profile's samples, then one sample. Each read pays a round
@@ -240,11 +242,11 @@ pub async fn plan_inputs(
     let per_sample = bytes / first.num_rows().max(1) as f64;
     let n = ((LINK_PROBE_BYTES as f64 / per_sample.max(1.0)).ceil() as u64)
         .clamp(PROFILE_SAMPLES as u64, LINK_PROBE_SAMPLES);
-    let large = if n > PROFILE_SAMPLES as u64 {
-        let (b, s, _) = probe(src, dataset, n).await?;
-        (b, s)
+    let (large, probed) = if n > PROFILE_SAMPLES as u64 {
+        let (b, s, rows) = probe(src, dataset, n).await?;
+        ((b, s), rows)
     } else {
-        (bytes, secs)
+        ((bytes, secs), first.clone())
     };
     let (one_bytes, one_s, _) = probe(src, dataset, 1).await?;
     let link_bps = link_bandwidth((one_bytes, one_s), large);
@@ -324,7 +326,7 @@ pub async fn plan_inputs(
         Err(e) if e.code() == Some(tonic::Code::PermissionDenied) => (1.0, 0.0, 0.0),
         Err(e) => return Err(e.into()),
     };
-    Ok(PlanInputs {
+    let inputs = PlanInputs {
         // One partition of `samples` until the caller gives the layout.
         parts: Vec::new(),
         samples,
@@ -335,7 +337,8 @@ pub async fn plan_inputs(
         link_bps,
         feature_bytes: dtype.bytes(),
         batch: DEFAULT_NODE_BATCH as u64,
-    })
+    };
+    Ok((inputs, probed))
 }
 
 /// Bytes the link probe reads at least (see [`plan_inputs`]): several times a shaped
@@ -495,9 +498,13 @@ pub async fn features(
     }
     let n = model.stages().len();
     let planning = Instant::now();
+    // The link probe reads the partition the planner would run here first, so that
+    // its rows are not read twice when it does.
+    let probe_at = planner::here_set(&parts, 1).first().copied().unwrap_or(0);
+    let mut probed = None;
     let plan = if planned {
-        let mut inputs = plan_inputs(
-            &srcs[0],
+        let (mut inputs, rows) = plan_inputs(
+            &srcs[probe_at],
             samples,
             &opts.dataset,
             &model,
@@ -507,6 +514,10 @@ pub async fn features(
         )
         .await?;
         inputs.parts = parts.clone();
+        probed = Some(Probed {
+            part: probe_at,
+            rows,
+        });
         Some(planner::plan(&inputs))
     } else {
         None
@@ -582,6 +593,7 @@ pub async fn features(
         pixels: opts.pixels,
         here: here.clone(),
         patient,
+        probed,
     };
     let (s, stats) = stream::open(srcs, job, model)?;
     Ok((

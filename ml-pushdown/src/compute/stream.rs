@@ -1,9 +1,10 @@
 //! The compute side: a stream of training batches.
 //!
-//! [`open`] asks every (node, partition) for stage `split - 1`'s output (`split = 0`:
-//! the encoded samples), in parallel. A partition the node pushes back, or one the
-//! job keeps here ([`FeatureJob::here`]), is read raw and its prefix is run here, so
-//! the stream is the same either way. Rows are re-cut into
+//! [`open`] asks every (node, partition) for stage `split - 1`'s output, in
+//! parallel. A partition the node pushes back, one the job keeps here
+//! ([`FeatureJob::here`]), and every partition with `split = 0` is read raw (after
+//! the rows the planner's probe read of it, [`FeatureJob::probed`]) and its prefix is
+//! run here, so the stream is the same either way. Rows are re-cut into
 //! the *training* batch size, independent of the node's batch size, and the remaining
 //! stages `[split, n)` run here; each [`TrainBatch`] holds `[B, D]` features.
 
@@ -77,7 +78,36 @@ pub struct FeatureJob {
     /// busy: the work was divided between the sides by plan, and a partition handed
     /// back by chance would load this side twice.
     pub patient: bool,
+    /// The first rows of one partition, read already (the planner's link probe):
+    /// when that partition is read raw here, its read starts after them.
+    pub probed: Option<Probed>,
 }
+
+/// The first rows of a partition, read before the stream opened.
+#[derive(Debug, Clone)]
+pub struct Probed {
+    /// The partition (an index into the sources given to [`open`]).
+    pub part: usize,
+    /// Its first rows, in storage order, with the dataset's columns.
+    pub rows: RecordBatch,
+}
+
+impl Probed {
+    /// The rows in pieces of about [`PROBED_PIECE_BYTES`], as a scan sends them, so
+    /// that the first local batch does not wait for all of them.
+    fn pieces(&self) -> Vec<RecordBatch> {
+        let n = self.rows.num_rows();
+        let bytes = self.rows.get_array_memory_size().max(1);
+        let per = (n * PROBED_PIECE_BYTES / bytes).clamp(1, n.max(1));
+        (0..n)
+            .step_by(per)
+            .map(|at| self.rows.slice(at, per.min(n - at)))
+            .collect()
+    }
+}
+
+/// Bytes per piece of the probed rows run here.
+const PROBED_PIECE_BYTES: usize = 2 << 20;
 
 /// Features kept at the nodes between epochs (results by reference, HAPI with
 /// ProxyStore): the first epoch asks each node to keep its output (the features
@@ -177,22 +207,31 @@ struct Boundary {
     x: Tensor,
 }
 
-/// Reads a partition raw and runs the prefix here.
+/// Reads a partition raw (after the rows `probed` holds of it, when given) and runs
+/// the prefix here.
 async fn local_prefix(
     src: Source,
     job: FeatureJob,
     model: Arc<dyn StagedModel>,
     stats: Arc<FeatureStats>,
+    probed: Option<&Probed>,
 ) -> Result<BoxStream<'static, Result<Boundary>>> {
-    let raw = src
+    let (first, skip) = match probed {
+        Some(p) => (p.pieces(), p.rows.num_rows() as u64),
+        None => (Vec::new(), 0),
+    };
+    let rest = src
         .client
-        .scan(
+        .scan_rows(
             &job.dataset,
             Some(&src.partition),
             &[dataset::ID, dataset::LABEL, dataset::DATA],
+            skip,
+            None,
         )
         .await?
         .map_err(|e| Error::Client(node_client::Error::from(e)));
+    let raw = futures::stream::iter(first.into_iter().map(Ok)).chain(rest);
     let mut left = job.limit.unwrap_or(u64::MAX);
     let s = raw
         .try_take_while(move |_| futures::future::ready(Ok(left > 0)))
@@ -263,15 +302,15 @@ fn features_tensor(b: &RecordBatch, shape: &[usize]) -> Result<Tensor> {
     Ok(t)
 }
 
+/// Asks the node for a partition's rows at the split; runs them here if it hands
+/// the partition back.
 async fn partition(
     src: Source,
     job: FeatureJob,
     model: Arc<dyn StagedModel>,
     stats: Arc<FeatureStats>,
+    probed: Option<Probed>,
 ) -> Result<BoxStream<'static, Result<Boundary>>> {
-    if job.split == 0 {
-        return local_prefix(src, job, model, stats).await;
-    }
     let req = FeatureRequest {
         dataset: job.dataset.clone(),
         partition: src.partition.clone(),
@@ -329,7 +368,7 @@ async fn partition(
         Err(node_client::Error::PushedBack(p)) => {
             tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");
             stats.pushed_back.fetch_add(1, Ordering::Relaxed);
-            return local_prefix(src, job, model, stats).await;
+            return local_prefix(src, job, model, stats, probed.as_ref()).await;
         }
         Err(e) => return Err(e.into()),
     };
@@ -411,10 +450,11 @@ pub fn open(
         move |(i, src)| {
             let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
             async move {
-                if job.here.contains(&i) {
-                    local_prefix(src, job, model, stats).await
+                let probed = job.probed.clone().filter(|p| p.part == i);
+                if job.split == 0 || job.here.contains(&i) {
+                    local_prefix(src, job, model, stats, probed.as_ref()).await
                 } else {
-                    partition(src, job, model, stats).await
+                    partition(src, job, model, stats, probed).await
                 }
             }
         }

@@ -415,6 +415,7 @@ async fn tickets_are_bound_signed_and_expire() {
             table: "lineitem".into(),
             partition: None,
             columns: vec![],
+            skip: 0,
             limit: None,
         }
         .encode(),
@@ -442,6 +443,7 @@ async fn tickets_are_bound_signed_and_expire() {
             table: t.into(),
             partition: None,
             columns: vec![],
+            skip: 0,
             limit: None,
         }
         .encode()

@@ -315,10 +315,24 @@ impl NodeClient {
         columns: &[&str],
         limit: Option<u64>,
     ) -> Result<FlightRecordBatchStream> {
+        self.scan_rows(table, partition, columns, 0, limit).await
+    }
+
+    /// [`scan`](Self::scan) from row `skip` (in storage order), at most `limit` rows
+    /// when given: the rest of a partition whose first rows were read before.
+    pub async fn scan_rows(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        columns: &[&str],
+        skip: u64,
+        limit: Option<u64>,
+    ) -> Result<FlightRecordBatchStream> {
         let ticket = Ticket::Scan {
             table: table.into(),
             partition: partition.map(Into::into),
             columns: columns.iter().map(|c| c.to_string()).collect(),
+            skip,
             limit,
         };
         let inner = self.do_get(&ticket).await?;
