@@ -156,9 +156,8 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
     if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
         let s = Samples::from_batch(&b.slice(0, 1))?;
         let x = inputs(model, &s)?;
-        if fused {
-            model.forward_range(&x, 0, stage.len())?;
-        } else {
+        // (A fused model's timed run is warmed up where it runs, below.)
+        if !fused {
             let mut x = x;
             for i in 0..stage.len() {
                 x = model.forward_stage(i, &x)?;
@@ -203,10 +202,9 @@ pub fn profile(model: &dyn StagedModel, batches: &[RecordBatch], batch: usize) -
 }
 
 /// Seconds of every stage on `decoded` (the profiled samples, `n` of them) for a
-/// model whose ranges run fused: the whole model timed at `batch` samples (the first
-/// ones repeated; once untimed first, as onnxruntime's first run at a new batch size
-/// grows its memory arena, which an epoch pays once), shared among the stages as one
-/// profiled run of the whole model shares it. Timed stage by stage, a fused model
+/// model whose ranges run fused: one run of the whole model at `batch` samples (the
+/// first ones repeated) under onnxruntime's profiler, after an untimed one, gives
+/// the seconds per sample and each stage's share. Timed stage by stage, a fused model
 /// adds up to more than it runs (which makes the link look cheap next to the layers),
 /// and each stage's session costs its creation.
 fn fused_stage_times(
@@ -218,21 +216,25 @@ fn fused_stage_times(
     let rows = x.dim(0)?;
     let big = Tensor::cat(&vec![x.clone(); batch.div_ceil(rows)], 0)?.narrow(0, 0, batch)?;
     let stages = model.stages().len();
-    let warm = Instant::now();
-    model.forward_range(&big, 0, stages)?;
     let t = Instant::now();
-    model.forward_range(&big, 0, stages)?;
-    let whole = t.elapsed().as_secs_f64() * rows as f64 / batch as f64;
-    let t = Instant::now();
-    let shares = model
-        .stage_times(&x)
-        .unwrap_or_else(|| Ok(vec![1.0; stages]))?;
+    let (per_sample, shares) = match model.stage_times(&big) {
+        Some(r) => r?,
+        // A fused model that cannot say its shares: the whole model, timed after an
+        // untimed run, shared evenly.
+        None => {
+            model.forward_range(&big, 0, stages)?;
+            let t = Instant::now();
+            model.forward_range(&big, 0, stages)?;
+            (t.elapsed().as_secs_f64() / batch as f64, vec![1.0; stages])
+        }
+    };
     tracing::debug!(
-        whole_s = t.duration_since(warm).as_secs_f64(),
-        shares_s = t.elapsed().as_secs_f64(),
+        secs = t.elapsed().as_secs_f64(),
+        per_sample,
         batch,
-        "a fused model's profile: the whole model twice, then its stages' shares"
+        "a fused model's profile: the whole model run twice under onnxruntime's profiler"
     );
+    let whole = per_sample * rows as f64;
     let total: f64 = shares.iter().sum();
     Ok(if total > 0.0 {
         shares.iter().map(|s| whole * s / total).collect()

@@ -140,16 +140,18 @@ impl StagedModel for Exported {
         true
     }
 
-    fn stage_times(&self, x: &Tensor) -> Option<Result<Vec<f64>>> {
-        let cuts = match self.inner.cut_times(x) {
+    fn stage_times(&self, x: &Tensor) -> Option<Result<(f64, Vec<f64>)>> {
+        let (per_sample, cuts) = match self.inner.cut_times(x) {
             Ok(t) => t,
             Err(e) => return Some(Err(e)),
         };
-        Some(Ok(self
-            .cut_of
-            .windows(2)
-            .map(|w| cuts[w[0]..w[1]].iter().sum())
-            .collect()))
+        Some(Ok((
+            per_sample,
+            self.cut_of
+                .windows(2)
+                .map(|w| cuts[w[0]..w[1]].iter().sum())
+                .collect(),
+        )))
     }
 
     fn engine(&self) -> &'static str {

@@ -308,10 +308,11 @@ pub trait StagedModel: Send + Sync {
         false
     }
 
-    /// Seconds of each stage on `x` (`[B, ...]`, prepared samples) measured in one
-    /// run of the whole model, for a model whose ranges run fused (a stage alone is
-    /// not what it is inside the whole); `None` where stages are timed one by one.
-    fn stage_times(&self, _x: &Tensor) -> Option<Result<Vec<f64>>> {
+    /// One run of the whole model on `x` (`[B, ...]`, prepared samples), for a model
+    /// whose ranges run fused (a stage alone is not what it is inside the whole):
+    /// seconds per sample, and each stage's seconds inside that run (its share);
+    /// `None` where stages are timed one by one.
+    fn stage_times(&self, _x: &Tensor) -> Option<Result<(f64, Vec<f64>)>> {
         None
     }
 

@@ -127,15 +127,17 @@ impl OnnxModelStages {
         }
     }
 
-    /// Seconds of each of its cut-to-cut stages on `x` (`[B, ...]`, the model's
-    /// input), measured in one run of the whole model ([`Analysis::stage_times`]).
-    pub(crate) fn cut_times(&self, x: &Tensor) -> Result<Vec<f64>> {
+    /// One run of the whole model on `x` (`[B, ...]`, the model's input; at most its
+    /// fixed batch of it) under onnxruntime's profiler ([`Analysis::stage_times`]):
+    /// seconds per sample, and each cut-to-cut stage's seconds inside the run.
+    pub(crate) fn cut_times(&self, x: &Tensor) -> Result<(f64, Vec<f64>)> {
         let b = x.dim(0)?;
         let x = match self.fixed_batch.filter(|f| *f < b) {
             Some(fixed) => x.narrow(0, 0, fixed)?,
             None => x.clone(),
         };
-        self.analysis.stage_times(&self.unpack(0, &x)?)
+        let (secs, stages) = self.analysis.stage_times(&self.unpack(0, &x)?)?;
+        Ok((secs / x.dim(0)?.max(1) as f64, stages))
     }
 
     /// Idle sessions held.
@@ -361,7 +363,7 @@ impl StagedModel for OnnxModelStages {
         true
     }
 
-    fn stage_times(&self, x: &Tensor) -> Option<Result<Vec<f64>>> {
+    fn stage_times(&self, x: &Tensor) -> Option<Result<(f64, Vec<f64>)>> {
         Some(self.cut_times(x))
     }
 

@@ -169,15 +169,15 @@ impl Analysis {
         )
     }
 
-    /// Seconds of each stage (from cut `i` to cut `i + 1`) in a run of the whole
-    /// model on `inputs` (what cut 0 sends), from onnxruntime's profiler: one session
-    /// for every stage (see [`profiler`]). Two runs, the second reported: the first
-    /// grows onnxruntime's memory arena to the batch, which an epoch pays once.
-    pub(crate) fn stage_times(&self, inputs: &[FloatTensor]) -> Result<Vec<f64>> {
+    /// One run of the whole model on `inputs` (what cut 0 sends) under onnxruntime's
+    /// profiler (see [`profiler`]), after an untimed one (which grows onnxruntime's
+    /// memory arena to the batch, as an epoch does once): the run's seconds, and the
+    /// seconds of each stage (from cut `i` to cut `i + 1`) inside it.
+    pub(crate) fn stage_times(&self, inputs: &[FloatTensor]) -> Result<(f64, Vec<f64>)> {
         let whole = self.segment(0, self.cuts.len() - 1)?;
-        let kernels = profiler::kernel_times(&whole, inputs, 2)?;
+        let run = profiler::profiled_run(&whole, inputs, 2)?;
         let ats: Vec<usize> = self.cuts.iter().map(|c| c.point.at).collect();
-        Ok(profiler::charge(&self.model, &ats, &kernels))
+        Ok((run.secs, profiler::charge(&self.model, &ats, &run.kernels)))
     }
 
     /// Cut `i`.

@@ -27,21 +27,37 @@ use super::graph::OnnxModel;
 use super::runtime::{FloatTensor, OnnxSession};
 use crate::{Error, Result};
 
-/// Seconds of each kernel of the last of `runs` runs of `model` on `inputs`, as
+/// One run of a model under onnxruntime's profiler.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ProfiledRun {
+    /// Its kernels, in the order they ran.
+    pub kernels: Vec<Kernel>,
+    /// Its seconds, as the caller waited for it.
+    pub secs: f64,
+}
+
+/// The last of `runs` runs of `model` on `inputs`: its seconds, and each kernel's as
 /// onnxruntime's profiler reports them, in the order they ran (one intra-op thread,
-/// as every session).
-pub(crate) fn kernel_times(
+/// as every session). The runs before it are untimed: the first grows onnxruntime's
+/// memory arena to the batch, which an epoch pays once.
+pub(crate) fn profiled_run(
     model: &[u8],
     inputs: &[FloatTensor],
     runs: usize,
-) -> Result<Vec<Kernel>> {
+) -> Result<ProfiledRun> {
     let prefix = std::env::temp_dir().join(format!(
         "csd-ort-profile-{}-{:?}",
         std::process::id(),
         std::thread::current().id()
     ));
     let session = OnnxSession::profiling(model, &prefix)?;
-    let ran = (0..runs.max(1)).try_for_each(|_| session.run(inputs).map(drop));
+    let mut secs = 0.0;
+    let ran = (0..runs.max(1)).try_for_each(|_| {
+        let t = std::time::Instant::now();
+        session.run(inputs)?;
+        secs = t.elapsed().as_secs_f64();
+        Ok::<_, Error>(())
+    });
     let ended = session.end_profiling()?;
     // A relative name is relative to this process's working directory.
     let trace = std::fs::read(&ended);
@@ -52,7 +68,10 @@ pub(crate) fn kernel_times(
             "onnxruntime's profile {ended}: {e}"
         )))
     })?;
-    last_run(&trace)
+    Ok(ProfiledRun {
+        kernels: last_run(&trace)?,
+        secs,
+    })
 }
 
 /// One kernel run: the name onnxruntime gave it and its seconds.
@@ -261,7 +280,8 @@ mod tests {
             dims: vec![2, 1, 256, 256],
             data: (0..2 * 256 * 256).map(|i| (i % 7) as f32).collect(),
         };
-        let kernels = kernel_times(&bytes, &[x], 2)?;
+        let run = profiled_run(&bytes, &[x], 2)?;
+        let kernels = run.kernels;
         assert!(!kernels.is_empty());
         let total: f64 = kernels.iter().map(|k| k.secs).sum();
         let stages = charge(&m, &[0, 2, 6], &kernels);
@@ -270,6 +290,11 @@ mod tests {
             "{stages:?} from {kernels:?}"
         );
         assert!((stages.iter().sum::<f64>() - total).abs() < 1e-9);
+        assert!(
+            run.secs >= total,
+            "the run ({} s) spans its kernels ({total} s)",
+            run.secs
+        );
         Ok(())
     }
 }
