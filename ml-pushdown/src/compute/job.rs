@@ -337,6 +337,8 @@ pub async fn plan_inputs(
         link_bps,
         feature_bytes: dtype.bytes(),
         batch: DEFAULT_NODE_BATCH as u64,
+        // The node's batch until the caller gives its own.
+        train_batch: DEFAULT_NODE_BATCH as u64,
     };
     Ok((inputs, probed))
 }
@@ -514,6 +516,7 @@ pub async fn features(
         )
         .await?;
         inputs.parts = parts.clone();
+        inputs.train_batch = opts.train_batch as u64;
         probed = Some(Probed {
             part: probe_at,
             rows,

@@ -451,6 +451,7 @@ impl MlCall {
                     // held that long stalls every other request the node serves
                     // (with one core, one worker: the raw reads of the partitions
                     // the compute tier runs itself waited for this whole stream).
+                    let t = std::time::Instant::now();
                     let (samples, features, bad) = blocking(Some(pool), move || {
                         let (samples, x, bad) =
                             decodable(model.as_ref(), samples, skip).map_err(|e| match e {
@@ -470,10 +471,18 @@ impl MlCall {
                             ..MlDetails::default()
                         });
                     }
-                    match features {
+                    let computed = t.elapsed().as_secs_f64();
+                    let b = match features {
                         Some(f) => to_batch(&schema, &samples.ids, &samples.labels, &f, r.dtype),
                         None => Ok(RecordBatch::new_empty(schema.clone())),
-                    }
+                    };
+                    tracing::debug!(
+                        rows = samples.len(),
+                        computed,
+                        batched = t.elapsed().as_secs_f64() - computed,
+                        "node batch"
+                    );
+                    b
                 }
             })
             .map_err(csd_runtime::Error::from)
