@@ -241,8 +241,10 @@ pub fn plan(i: &PlanInputs) -> Plan {
         .iter()
         .map(|c| c.epoch_s)
         .fold(f64::INFINITY, f64::min);
-    // Among the candidates predicted within NEAR of the least, the fewest bytes (then
-    // the least time): see [`NEAR`].
+    // Among the candidates predicted within NEAR of the least, the fewest bytes, then
+    // the least time (see [`NEAR`]), then the later split: a stage that takes no time
+    // (a reshape after the pool) still costs this side a session to build and run
+    // per batch.
     let best = candidates
         .iter()
         .enumerate()
@@ -251,6 +253,7 @@ pub fn plan(i: &PlanInputs) -> Plan {
             a.1.bytes_per_sample
                 .total_cmp(&b.1.bytes_per_sample)
                 .then(a.1.epoch_s.total_cmp(&b.1.epoch_s))
+                .then(b.1.split.cmp(&a.1.split))
         })
         .map(|(i, _)| i)
         .unwrap_or(0);
@@ -457,6 +460,31 @@ mod tests {
             p.candidates[p.best].bytes_per_sample,
             fewest,
             "{}",
+            p.explain()
+        );
+        // Equal in time and bytes too (features that cost nothing to send): the
+        // latest of them (fewest stages here).
+        i.feature_bytes = 0;
+        let p = plan(&i);
+        let fewest = p
+            .candidates
+            .iter()
+            .map(|c| c.bytes_per_sample)
+            .fold(f64::INFINITY, f64::min);
+        let latest = p
+            .candidates
+            .iter()
+            .filter(|c| c.bytes_per_sample == fewest)
+            .map(|c| c.split)
+            .max();
+        assert_eq!(Some(p.split()), latest, "{}", p.explain());
+        assert!(
+            p.candidates
+                .iter()
+                .filter(|c| c.bytes_per_sample == fewest)
+                .count()
+                > 1,
+            "the case needs a tie: {}",
             p.explain()
         );
     }
