@@ -72,7 +72,7 @@ pub struct Samples {
 
 impl Samples {
     /// Takes a batch of a dataset table apart.
-    pub(crate) fn from_batch(b: &RecordBatch) -> Result<Self> {
+    pub fn from_batch(b: &RecordBatch) -> Result<Self> {
         let (ids, labels) = ids_labels(b)?;
         let data = b
             .column_by_name(DATA)

@@ -16,7 +16,7 @@ use candle_core::{DType, Tensor};
 use crate::dataset::{self, Samples};
 use crate::model::StagedModel;
 use crate::profile::Profile;
-use crate::request::FeatureType;
+use crate::request::{FeatureType, PROFILE_BATCH};
 use crate::{Error, Result};
 
 /// Schema of the features stream.
@@ -119,6 +119,29 @@ pub fn inputs(model: &dyn StagedModel, samples: &Samples) -> Result<Tensor> {
         }
         e => e,
     })
+}
+
+/// Stages `[from, to)` of `model` on `x`, at most [`PROFILE_BATCH`] samples per
+/// thread of the current pool at a time: the batch a profile times on one thread.
+/// Larger batches run slower per sample (their activations outgrow the caches), so
+/// a batch of the stream's own size (the node's batch, a training batch, a scan's
+/// piece) would run slower than planned.
+pub fn forward_range_chunked(
+    model: &dyn StagedModel,
+    x: &Tensor,
+    from: usize,
+    to: usize,
+) -> Result<Tensor> {
+    let rows = x.dim(0)?;
+    let chunk = PROFILE_BATCH * rayon::current_num_threads().max(1);
+    if from >= to || rows <= chunk {
+        return model.forward_range(x, from, to);
+    }
+    let parts = (0..rows)
+        .step_by(chunk)
+        .map(|at| model.forward_range(&x.narrow(0, at, chunk.min(rows - at))?, from, to))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, 0)?)
 }
 
 /// Runs `f` off the async threads, on `pool` when there is one.

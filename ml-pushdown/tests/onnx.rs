@@ -203,6 +203,55 @@ fn a_profile_keeps_no_stage_sessions() {
     assert_eq!(m.idle_sessions(), 0, "no session stays");
 }
 
+/// A batch larger than the profiled one runs in chunks of it, with the same output as
+/// one run, in order.
+#[test]
+fn chunked_runs_equal_one_run() {
+    let Some(dir) = models() else { return };
+    let bytes = std::fs::read(dir.join("residual.onnx")).unwrap();
+    let m = csd_ml_pushdown::model::OnnxModelStages::load(&bytes, Default::default()).unwrap();
+    let imgs: Vec<Vec<u8>> = (0..37u8)
+        .map(|i| {
+            let mut out = Vec::new();
+            image::RgbImage::from_fn(32, 32, |x, y| image::Rgb([x as u8 * 7, y as u8 * 5, i * 6]))
+                .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+                .unwrap();
+            out
+        })
+        .collect();
+    let refs: Vec<&[u8]> = imgs.iter().map(Vec::as_slice).collect();
+    let ids: Vec<u64> = (0..refs.len() as u64).collect();
+    let batch = csd_ml_pushdown::dataset::batch(&ids, &vec![0; refs.len()], &refs).unwrap();
+    let s = csd_ml_pushdown::dataset::Samples::from_batch(&batch).unwrap();
+    let x = csd_ml_pushdown::features::inputs(&m, &s).unwrap();
+    use csd_ml_pushdown::StagedModel;
+    let n = m.stages().len();
+    // On one thread: chunks of the profiled batch, the last one short.
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for (from, to) in [(0, n), (0, 1), (1, n)] {
+        let input = m.forward_range(&x, 0, from).unwrap();
+        let whole = m.forward_range(&input, from, to).unwrap();
+        let chunked = one
+            .install(|| csd_ml_pushdown::features::forward_range_chunked(&m, &input, from, to))
+            .unwrap();
+        assert_eq!(whole.dims(), chunked.dims());
+        let diff = (whole - chunked)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-4, "stages {from}..{to}: off by {diff}");
+    }
+}
+
 #[test]
 fn bad_models_are_refused_with_a_reason() {
     let Some(dir) = models() else { return };

@@ -23,7 +23,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::dataset::{self, Samples};
-use crate::features::{blocking, decodable};
+use crate::features::{blocking, decodable, forward_range_chunked};
 use crate::model::{Arch, StagedModel};
 use crate::request::{FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME};
 use crate::{Error, Result};
@@ -253,7 +253,7 @@ async fn local_prefix(
                     let (s, x, bad) = decodable(model.as_ref(), s, skip)?;
                     stats.skipped.fetch_add(bad, Ordering::Relaxed);
                     let Some(x) = x else { return Ok(None) };
-                    let x = model.forward_range(&x, 0, split)?;
+                    let x = forward_range_chunked(model.as_ref(), &x, 0, split)?;
                     tracing::debug!(secs = t.elapsed().as_secs_f64(), "local batch done");
                     Ok(Some(Boundary {
                         ids: s.ids,
@@ -494,7 +494,7 @@ pub fn open(
                             } else {
                                 Tensor::cat(&parts, 0)?
                             };
-                            let y = model.forward_range(&x, split, n)?;
+                            let y = forward_range_chunked(model.as_ref(), &x, split, n)?;
                             Ok(y.flatten_from(1)?)
                         })
                         .await?;

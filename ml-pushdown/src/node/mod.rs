@@ -31,7 +31,9 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{self, Samples};
-use crate::features::{blocking, decodable, feature_schema, profile, to_batch};
+use crate::features::{
+    blocking, decodable, feature_schema, forward_range_chunked, profile, to_batch,
+};
 use crate::model::{Arch, OnnxModelStages, PixelNorm, StageInfo, StagedModel};
 use crate::profile::ProfileCache;
 use crate::request::{
@@ -460,7 +462,9 @@ impl MlCall {
                                 }
                                 e => e,
                             })?;
-                        let f = x.map(|x| model.forward_range(&x, 0, split)).transpose()?;
+                        let f = x
+                            .map(|x| forward_range_chunked(model.as_ref(), &x, 0, split))
+                            .transpose()?;
                         Ok::<_, Error>((samples, f, bad))
                     })
                     .await?;
