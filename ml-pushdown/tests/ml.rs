@@ -246,6 +246,15 @@ async fn features(
     (s.try_collect().await.expect("stream"), stats)
 }
 
+/// A job over `dataset` to `split`, in training batches of 7, LZ4 on the wire.
+fn job(dataset: &str, m: &Arc<dyn StagedModel>, weights: &str, split: usize) -> FeatureJob {
+    FeatureJob {
+        train_batch: 7,
+        compression: Compression::Lz4Frame,
+        ..FeatureJob::new(dataset, m.arch(), weights, split)
+    }
+}
+
 /// The feature stream of `dataset`'s partition `part` (its batches of 7).
 fn features_stream(
     dataset: &str,
@@ -259,23 +268,9 @@ fn features_stream(
     Arc<stream::FeatureStats>,
 ) {
     let job = FeatureJob {
-        dataset: dataset.into(),
-        arch: m.arch(),
-        weights: weights.into(),
-        split,
-        node_split: None,
-        train_batch: 7,
         dtype,
-        compression: Compression::Lz4Frame,
-        limit: None,
-        max_node_batch: None,
-        pool: None,
         skip_bad_samples,
-        keep: None,
-        pixels: None,
-        here: vec![],
-        patient: false,
-        probed: None,
+        ..job(dataset, m, weights, split)
     };
     let src = vec![Source {
         client: client.clone(),
@@ -739,26 +734,12 @@ async fn probed_rows_are_reused_not_read_twice() {
         let rows = arrow::compute::concat_batches(&rows[0].schema(), &rows).unwrap();
         for (split, here) in [(0, vec![]), (5, vec![0]), (5, vec![])] {
             let job = FeatureJob {
-                dataset: "textures".into(),
-                arch: m.arch(),
-                weights: wt.clone(),
-                split,
-                node_split: None,
-                train_batch: 7,
-                dtype: FeatureType::F32,
-                compression: Compression::Lz4Frame,
-                limit: None,
-                max_node_batch: None,
-                pool: None,
-                skip_bad_samples: false,
-                keep: None,
-                pixels: None,
                 here: here.clone(),
-                patient: false,
                 probed: Some(stream::Probed {
                     part: 0,
                     rows: rows.clone(),
                 }),
+                ..job("textures", &m, &wt, split)
             };
             let src = vec![Source {
                 client: client.clone(),
@@ -801,23 +782,8 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
         let (client, m, wt) = (client.clone(), m.clone(), wt.clone());
         async move {
             let job = FeatureJob {
-                dataset: "textures".into(),
-                arch: m.arch(),
-                weights: wt,
-                split,
-                node_split: None,
-                train_batch: 7,
-                dtype: FeatureType::F32,
-                compression: Compression::Lz4Frame,
-                limit: None,
-                max_node_batch: None,
-                pool: None,
-                skip_bad_samples: false,
                 keep: Some(keep),
-                pixels: None,
-                here: vec![],
-                patient: false,
-                probed: None,
+                ..job("textures", &m, &wt, split)
             };
             let src = vec![Source {
                 client,

@@ -24,13 +24,11 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use csd_benches::{RateOpts, default_json_path, median, repo_root, write_json};
 use csd_ml_pushdown::model::{Arch, ImageSpec, Kernels, StagedModel};
-use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
 use csd_runtime::config::{ByteSize, NodeConfig};
 use csd_runtime::node;
 use csd_runtime::node_client::NodeClient;
 use csd_runtime::pool::{available_cores, parse_core_list};
-use csd_runtime::protocol::Compression;
 use csd_testbed::scenario::{PolicyName, Scenario};
 use futures::TryStreamExt;
 use serde::Serialize;
@@ -399,23 +397,8 @@ async fn operator_rate(
         .await
         .unwrap_or_else(|e| die(e));
     let job = FeatureJob {
-        dataset: "bench_images".into(),
-        arch: args.model,
-        weights: table,
-        split: model.stages().len(),
-        node_split: None,
-        train_batch: 64,
-        dtype: FeatureType::F32,
-        compression: Compression::None,
-        limit: None,
         max_node_batch: Some(args.rate.batch),
-        pool: None,
-        skip_bad_samples: false,
-        keep: None,
-        pixels: None,
-        here: vec![],
-        patient: false,
-        probed: None,
+        ..FeatureJob::new("bench_images", args.model, &table, model.stages().len())
     };
     let mut best = 0f64;
     // The first pass also loads the model at the node; the second is the figure.

@@ -32,12 +32,10 @@ use clap::Parser;
 use csd_benches::net::{Net, start_nodes};
 use csd_benches::{csd_binary, default_json_path, median, repo_root, scratch_dir, write_json};
 use csd_ml_pushdown::model::{OnnxModelStages, PixelNorm, StagedModel};
-use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{self, FeatureJob};
 use csd_ml_pushdown::{Arch, job, weights};
 use csd_runtime::node_client::NodeClient;
 use csd_runtime::pool::available_cores;
-use csd_runtime::protocol::Compression;
 use futures::TryStreamExt;
 use serde::Serialize;
 
@@ -206,23 +204,9 @@ async fn node_rate(client: &NodeClient, bytes: &[u8], samples: usize) -> f64 {
         .unwrap_or_else(|e| die(e));
     let n = model.stages().len();
     let job = FeatureJob {
-        dataset: "imgs".into(),
-        arch: Arch::Onnx,
-        weights: table,
-        split: n,
-        node_split: None,
-        train_batch: 64,
-        dtype: FeatureType::F32,
-        compression: Compression::None,
-        limit: None,
         max_node_batch: Some(16),
-        pool: None,
-        skip_bad_samples: false,
-        keep: None,
         pixels: Some(IMAGENET),
-        here: vec![],
-        patient: false,
-        probed: None,
+        ..FeatureJob::new("imgs", Arch::Onnx, &table, n)
     };
     let t = Instant::now();
     let (s, _) = stream::open(srcs, job, model).unwrap_or_else(|e| die(e));

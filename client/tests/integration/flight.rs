@@ -82,15 +82,21 @@ async fn put_list_scan_range_delete_round_trip() {
     }
     // A limit returns the first rows, across partitions' objects too.
     let whole = concat_batches(&schema, parts.iter().flatten()).unwrap();
+    let rows = |skip: u64, limit: Option<u64>| {
+        let (c, schema) = (c.clone(), schema.clone());
+        async move {
+            let got: Vec<RecordBatch> = c
+                .scan_rows("lineitem", None, &[], skip, limit)
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            concat_batches(&schema, &got).unwrap()
+        }
+    };
     for limit in [0u64, 1, 1000, total as u64 - 1, total as u64 + 5] {
-        let got: Vec<RecordBatch> = c
-            .scan_limit("lineitem", None, &[], Some(limit))
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
-        let got = concat_batches(&schema, &got).unwrap();
+        let got = rows(0, Some(limit)).await;
         let n = (limit as usize).min(total);
         assert_eq!(got, whole.slice(0, n), "limit {limit}");
     }
@@ -106,14 +112,7 @@ async fn put_list_scan_range_delete_round_trip() {
         (total as u64 - 1, None),
         (total as u64 + 4, Some(3)),
     ] {
-        let got: Vec<RecordBatch> = c
-            .scan_rows("lineitem", None, &[], skip, limit)
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
-        let got = concat_batches(&schema, &got).unwrap();
+        let got = rows(skip, limit).await;
         let from = (skip as usize).min(total);
         let n = (total - from).min(limit.map_or(usize::MAX, |l| l as usize));
         assert_eq!(got, whole.slice(from, n), "skip {skip} limit {limit:?}");

@@ -450,12 +450,14 @@ mod tests {
         i.node.decode_s = 0.0;
         i.compute.decode_s = 0.0;
         i.link_bps = 1e15;
+        let fewest_bytes = |p: &Plan| {
+            p.candidates
+                .iter()
+                .map(|c| c.bytes_per_sample)
+                .fold(f64::INFINITY, f64::min)
+        };
         let p = plan(&i);
-        let fewest = p
-            .candidates
-            .iter()
-            .map(|c| c.bytes_per_sample)
-            .fold(f64::INFINITY, f64::min);
+        let fewest = fewest_bytes(&p);
         assert_eq!(
             p.candidates[p.best].bytes_per_sample,
             fewest,
@@ -466,11 +468,7 @@ mod tests {
         // latest of them (fewest stages here).
         i.feature_bytes = 0;
         let p = plan(&i);
-        let fewest = p
-            .candidates
-            .iter()
-            .map(|c| c.bytes_per_sample)
-            .fold(f64::INFINITY, f64::min);
+        let fewest = fewest_bytes(&p);
         let latest = p
             .candidates
             .iter()

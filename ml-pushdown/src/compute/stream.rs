@@ -83,6 +83,33 @@ pub struct FeatureJob {
     pub probed: Option<Probed>,
 }
 
+impl FeatureJob {
+    /// Stages `[0, split)` of `arch` (weights table `weights`) at the nodes over
+    /// `dataset`, the rest here: training batches of 64, f32 features, nothing kept,
+    /// no share, no limit.
+    pub fn new(dataset: &str, arch: Arch, weights: &str, split: usize) -> Self {
+        FeatureJob {
+            dataset: dataset.into(),
+            arch,
+            weights: weights.into(),
+            split,
+            node_split: None,
+            train_batch: 64,
+            dtype: FeatureType::F32,
+            compression: Compression::None,
+            limit: None,
+            max_node_batch: None,
+            pool: None,
+            skip_bad_samples: false,
+            keep: None,
+            pixels: None,
+            here: Vec::new(),
+            patient: false,
+            probed: None,
+        }
+    }
+}
+
 /// The first rows of a partition, read before the stream opened.
 #[derive(Debug, Clone)]
 pub struct Probed {
