@@ -240,17 +240,11 @@ fn fused_stage_times(
     let big = Tensor::cat(&vec![x.clone(); batch.div_ceil(rows)], 0)?.narrow(0, 0, batch)?;
     let stages = model.stages().len();
     let t = Instant::now();
-    let (per_sample, shares) = match model.stage_times(&big) {
-        Some(r) => r?,
-        // A fused model that cannot say its shares: the whole model, timed after an
-        // untimed run, shared evenly.
-        None => {
-            model.forward_range(&big, 0, stages)?;
-            let t = Instant::now();
-            model.forward_range(&big, 0, stages)?;
-            (t.elapsed().as_secs_f64() / batch as f64, vec![1.0; stages])
-        }
-    };
+    let (per_sample, shares) = model.stage_times(&big).unwrap_or_else(|| {
+        Err(Error::Node(csd_protocol::Error::Internal(
+            "a model whose ranges run fused did not time its stages".into(),
+        )))
+    })?;
     tracing::debug!(
         secs = t.elapsed().as_secs_f64(),
         per_sample,

@@ -453,8 +453,10 @@ impl MlCall {
                     // held that long stalls every other request the node serves
                     // (with one core, one worker: the raw reads of the partitions
                     // the compute tier runs itself waited for this whole stream).
+                    // The features' Arrow batch too: a copy of every value.
+                    let dtype = r.dtype;
                     let t = std::time::Instant::now();
-                    let (samples, features, bad) = blocking(Some(pool), move || {
+                    let (batch, bad) = blocking(Some(pool), move || {
                         let (samples, x, bad) =
                             decodable(model.as_ref(), samples, skip).map_err(|e| match e {
                                 Error::InvalidArgument(why) => {
@@ -462,12 +464,21 @@ impl MlCall {
                                 }
                                 e => e,
                             })?;
-                        let f = x
-                            .map(|x| forward_range_chunked(model.as_ref(), &x, 0, split))
-                            .transpose()?;
-                        Ok::<_, Error>((samples, f, bad))
+                        let batch = match x {
+                            Some(x) => {
+                                let f = forward_range_chunked(model.as_ref(), &x, 0, split)?;
+                                to_batch(&schema, &samples.ids, &samples.labels, &f, dtype)?
+                            }
+                            None => RecordBatch::new_empty(schema),
+                        };
+                        Ok::<_, Error>((batch, bad))
                     })
                     .await?;
+                    tracing::debug!(
+                        rows = batch.num_rows(),
+                        secs = t.elapsed().as_secs_f64(),
+                        "node batch"
+                    );
                     if bad > 0 {
                         let total = skipped.fetch_add(bad, Ordering::Relaxed) + bad;
                         metrics.set_details(&MlDetails {
@@ -475,18 +486,7 @@ impl MlCall {
                             ..MlDetails::default()
                         });
                     }
-                    let computed = t.elapsed().as_secs_f64();
-                    let b = match features {
-                        Some(f) => to_batch(&schema, &samples.ids, &samples.labels, &f, r.dtype),
-                        None => Ok(RecordBatch::new_empty(schema.clone())),
-                    };
-                    tracing::debug!(
-                        rows = samples.len(),
-                        computed,
-                        batched = t.elapsed().as_secs_f64() - computed,
-                        "node batch"
-                    );
-                    b
+                    Ok(batch)
                 }
             })
             .map_err(csd_runtime::Error::from)
