@@ -1,9 +1,12 @@
-"""Runs one SQL file with DuckDB over TPC-H Parquet files, for the `shaped` bench.
+"""Runs one SQL file with DuckDB over Parquet files, for the `shaped` bench.
 
-    python duckdb_query.py --data http://10.0.0.2:8080 [--files 4] [--threads 2] q1.sql
+    python duckdb_query.py --data http://10.0.0.2:8080 [--files 4] [--threads 2] \
+        [--tables facts,dims] q1.sql
 
-Each table is a view over `DATA/<table>.parquet`, or with `--files N` over its N
-files `DATA/<table>-<i>.parquet` (nation and region stay one file): a local path or
+Each table (TPC-H's unless `--tables` names others) is a view over
+`DATA/<table>.parquet`, or with `--files N` over its N files
+`DATA/<table>-<i>.parquet` (small tables — nation, region, dims — stay one file):
+a local path or
 an http URL, read with the httpfs extension from the duckdb-extension-httpfs wheel,
 external file cache off (cold, as a new process is). Prints the result as CSV on stdout and
 `duckdb: N rows in X ms` (the query, after connecting and loading) on stderr.
@@ -17,6 +20,8 @@ import time
 import duckdb
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
+# Tables kept in one file in every layout (benches/src/bin/shaped/workload.rs).
+ONE_FILE = ("nation", "region", "dims")
 
 
 def main():
@@ -24,6 +29,7 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--threads", type=int)
     p.add_argument("--files", type=int, default=1)
+    p.add_argument("--tables", default=",".join(TABLES))
     p.add_argument("sql_file")
     a = p.parse_args()
     con = duckdb.connect()
@@ -40,8 +46,8 @@ def main():
         )
         con.execute(f"LOAD '{ext}'")
         con.execute("SET enable_external_file_cache = false")
-    for t in TABLES:
-        if a.files == 1 or t in ("nation", "region"):
+    for t in a.tables.split(","):
+        if a.files == 1 or t in ONE_FILE:
             files = [f"{a.data}/{t}.parquet"]
         else:
             files = [f"{a.data}/{t}-{i}.parquet" for i in range(a.files)]

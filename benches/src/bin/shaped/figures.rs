@@ -84,6 +84,8 @@ pub(crate) struct SystemFigures {
 
 #[derive(Serialize)]
 pub(crate) struct Report {
+    /// The workload and its scale, in words.
+    pub(crate) workload: String,
     pub(crate) scale: f64,
     pub(crate) runs: usize,
     pub(crate) measured_mbit: BTreeMap<String, f64>,
@@ -107,8 +109,8 @@ pub(crate) struct ConcurrentFigures {
 
 pub(crate) fn print_report(r: &Report) {
     println!(
-        "\nTPC-H SF {}, {} queries, median of {} runs per query; every query its own process; layout FILESxNODES",
-        r.scale,
+        "\n{}, {} queries, median of {} runs per query; every query its own process; layout FILESxNODES",
+        r.workload,
         r.sequential.first().map_or(0, |s| s.queries.len()),
         r.runs
     );
@@ -153,6 +155,7 @@ pub(crate) fn print_report(r: &Report) {
             c.bytes as f64 / 1e6
         );
     }
+    print_per_query(r);
     print_judgement(r);
     print_gateway(r);
     if r.mismatches.is_empty() {
@@ -239,6 +242,59 @@ Flight SQL gateway (ADBC DBAPI, one connection) against csd sql:"
     }
 }
 
+/// Per layout and link, every query's time and bytes for each system (the median
+/// run), and the node's default (adaptive) against DuckDB over HTTP per query.
+fn print_per_query(r: &Report) {
+    let mut keys: Vec<(String, f64)> = Vec::new();
+    for s in r.sequential.iter().filter(|s| s.rate_mbit >= 0.0) {
+        if !keys.iter().any(|k| k.0 == s.layout && k.1 == s.rate_mbit) {
+            keys.push((s.layout.clone(), s.rate_mbit));
+        }
+    }
+    for (layout, rate) in keys {
+        let systems: Vec<&SystemFigures> = r
+            .sequential
+            .iter()
+            .filter(|s| s.layout == layout && (s.rate_mbit == rate || s.rate_mbit < 0.0))
+            .collect();
+        println!(
+            "\nper query, layout {layout}, {} (seconds / MB on the veth):",
+            link(rate)
+        );
+        let mut head = format!("{:<5}", "query");
+        for s in &systems {
+            head += &format!(" {:>20}", s.system);
+        }
+        println!("{head}  adaptive/duckdb");
+        let Some(first) = systems.first() else {
+            continue;
+        };
+        for q in first.queries.iter().map(|q| q.query) {
+            let mut line = format!("q{q:<4}");
+            for s in &systems {
+                match s.queries.iter().find(|f| f.query == q) {
+                    Some(f) => line += &format!(" {:>11.2} {:>8.1}", f.secs, f.bytes / 1e6),
+                    None => line += &format!(" {:>20}", ""),
+                }
+            }
+            let of = |name: &str| {
+                systems
+                    .iter()
+                    .find(|s| s.system == name)
+                    .and_then(|s| s.queries.iter().find(|f| f.query == q))
+            };
+            if let (Some(a), Some(d)) = (of("adaptive"), of("duckdb")) {
+                line += &format!(
+                    "  {:.2}x time, {:.2}x bytes",
+                    a.secs / d.secs,
+                    a.bytes / d.bytes.max(1.0)
+                );
+            }
+            println!("{line}");
+        }
+    }
+}
+
 /// The node's defaults (adaptive) per layout and link against the better of always
 /// and never in time, always in bytes and DuckDB over HTTP; the worst layout last.
 fn print_judgement(r: &Report) {
@@ -276,6 +332,22 @@ fn print_judgement(r: &Report) {
             );
             if worst.as_ref().is_none_or(|w| speedup < w.0) {
                 worst = Some((speedup, format!("{layout} at {}", link(rate))));
+            }
+            // The query the node's default does worst on against DuckDB, in time and
+            // in bytes.
+            let ratios: Vec<(u32, f64, f64)> = a
+                .queries
+                .iter()
+                .filter_map(|q| {
+                    let dq = d.queries.iter().find(|x| x.query == q.query)?;
+                    Some((q.query, q.secs / dq.secs, q.bytes / dq.bytes.max(1.0)))
+                })
+                .collect();
+            if let Some(t) = ratios.iter().max_by(|x, y| x.1.total_cmp(&y.1)) {
+                line += &format!("; worst query in time q{} {:.2}x DuckDB's", t.0, t.1);
+            }
+            if let Some(b) = ratios.iter().max_by(|x, y| x.2.total_cmp(&y.2)) {
+                line += &format!(", in bytes q{} {:.2}x", b.0, b.2);
             }
         }
         lines.push(line);

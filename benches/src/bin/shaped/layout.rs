@@ -1,6 +1,8 @@
-//! How the bench lays TPC-H out, as users' tables come: each table in `files` Parquet
-//! files (the parts the generator makes; nation and region stay one file), each file
-//! its own partition, the partitions spread round-robin over `nodes` storage nodes.
+//! How the bench lays a workload's tables out, as users' tables come: each table in
+//! `files` Parquet files (small tables stay one file), each file its own partition,
+//! the partitions spread over the storage nodes round-robin, or unevenly by weight
+//! (`8x3:1`: 8 files per table over two nodes, the first holding three times the
+//! files of the second).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -8,18 +10,22 @@ use std::process::Command;
 use std::str::FromStr;
 
 use csd_benches::csd_binary;
-use csd_testbed::tpch;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::basic::Compression;
-use datafusion::parquet::file::properties::WriterProperties;
-
 use csd_benches::net::{Net, sh, start_nodes, stop_nodes};
 
-/// Files per table and nodes: `FILESxNODES` on the command line (`4x2`).
+use crate::workload::Workload;
+
+/// Most nodes a layout spreads over.
+const MAX_NODES: usize = 8;
+
+/// Files per table and how they spread over nodes: `FILESxNODES` on the command
+/// line (`4x2`: round-robin), or `FILESxW1:W2:…` (`8x3:1`: node `j` holds files in
+/// proportion to `Wj`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
     pub(crate) files: usize,
     pub(crate) nodes: usize,
+    /// Per node, its weight; all 1 for round-robin.
+    weights: [u8; MAX_NODES],
 }
 
 impl FromStr for Layout {
@@ -27,100 +33,108 @@ impl FromStr for Layout {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || {
-            format!("layout {s:?}: expected FILESxNODES, e.g. 4x2 (4 files per table over 2 nodes)")
+            format!(
+                "layout {s:?}: expected FILESxNODES (4x2: 4 files per table over 2 nodes) \
+                 or FILESxW1:W2… (8x3:1: 8 files over two nodes, 3 to 1)"
+            )
         };
         let (f, n) = s.trim().split_once('x').ok_or_else(bad)?;
         let files: usize = f.parse().map_err(|_| bad())?;
-        let nodes: usize = n.parse().map_err(|_| bad())?;
-        if !(1..=64).contains(&files) || !(1..=8).contains(&nodes) {
+        let mut weights = [1u8; MAX_NODES];
+        let nodes = if n.contains(':') {
+            let w: Vec<u8> = n
+                .split(':')
+                .map(|w| w.parse().ok().filter(|w| *w > 0))
+                .collect::<Option<_>>()
+                .ok_or_else(bad)?;
+            if w.len() > MAX_NODES {
+                return Err(bad());
+            }
+            weights[..w.len()].copy_from_slice(&w);
+            w.len()
+        } else {
+            n.parse().map_err(|_| bad())?
+        };
+        if !(1..=64).contains(&files) || !(1..=MAX_NODES).contains(&nodes) {
             return Err(format!(
-                "layout {s:?}: files per table must be 1 to 64 and nodes 1 to 8"
+                "layout {s:?}: files per table must be 1 to 64 and nodes 1 to {MAX_NODES}"
             ));
         }
-        Ok(Layout { files, nodes })
+        Ok(Layout {
+            files,
+            nodes,
+            weights,
+        })
     }
 }
 
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}", self.files, self.nodes)
-    }
-}
-
-/// Tables the generator makes in one piece whatever the parts asked.
-const ONE_FILE: [&str; 2] = ["nation", "region"];
-
-/// Files of `table` in this layout: `TABLE.parquet`, or `TABLE-I.parquet` for each
-/// part `I` (the names `benches/duckdb_query.py --files` reads).
-pub(crate) fn files_of(table: &str, files: usize) -> Vec<String> {
-    if files == 1 || ONE_FILE.contains(&table) {
-        vec![format!("{table}.parquet")]
-    } else {
-        (0..files).map(|i| format!("{table}-{i}.parquet")).collect()
-    }
-}
-
-/// The data directory of `files` files per table under `root` (nginx serves `root`).
-pub(crate) fn data_dir(root: &Path, scale: f64, files: usize) -> PathBuf {
-    root.join(format!("sf{scale}-{files}files"))
-}
-
-/// Writes each table as `files` Parquet files (Snappy, 122,880-row groups: what
-/// DuckDB's own `COPY … (FORMAT parquet)` writes), unless they are there already.
-pub(crate) fn write_tables(scale: f64, files: usize, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("data dir");
-    for table in tpch::TABLES {
-        let names = files_of(table, files);
-        let parts = names.len();
-        for (i, name) in names.iter().enumerate() {
-            let path = dir.join(name);
-            if path.exists() {
-                continue;
-            }
-            let (schema, batches) =
-                tpch::generate(table, scale, i as i32 + 1, parts as i32).expect("generate");
-            let props = WriterProperties::builder()
-                .set_compression(Compression::SNAPPY)
-                .set_max_row_group_row_count(Some(122_880))
-                .build();
-            let tmp = path.with_extension("tmp");
-            let mut w = ArrowWriter::try_new(
-                std::fs::File::create(&tmp).expect("create"),
-                schema,
-                Some(props),
-            )
-            .expect("writer");
-            for b in &batches {
-                w.write(b).expect("write");
-            }
-            w.close().expect("close");
-            std::fs::rename(&tmp, &path).expect("rename");
+        let w = &self.weights[..self.nodes];
+        if w.iter().all(|w| *w == 1) {
+            write!(f, "{}x{}", self.files, self.nodes)
+        } else {
+            let w: Vec<String> = w.iter().map(u8::to_string).collect();
+            write!(f, "{}x{}", self.files, w.join(":"))
         }
     }
 }
 
-/// Formats one device per node of `layout` in `work` and stores the layout's files
-/// with `csd put`, file `I` of a table as partition `pI` on node `I mod nodes`.
-/// Returns the devices.
+impl Layout {
+    /// The node holding file `i` of `n`: round-robin over a cycle in which node `j`
+    /// appears `Wj` times.
+    pub(crate) fn node_of(&self, i: usize) -> usize {
+        let cycle: Vec<usize> = (0..self.nodes)
+            .flat_map(|j| std::iter::repeat_n(j, usize::from(self.weights[j])))
+            .collect();
+        cycle[i % cycle.len()]
+    }
+}
+
+/// Formats one device per node of `layout` in `work` and stores the workload's
+/// files with `csd put`, file `I` of a table as partition `pI` on node
+/// [`Layout::node_of`]`(I)`. Returns the devices.
 pub(crate) fn load(
     net: &mut Net,
+    workload: Workload,
     layout: Layout,
     data: &Path,
     work: &Path,
     serve_args: &str,
 ) -> Vec<PathBuf> {
     let devices: Vec<PathBuf> = (0..layout.nodes)
-        .map(|j| work.join(format!("layout-{layout}-node{j}.img")))
+        .map(|j| work.join(format!("{workload}-{layout}-node{j}.img").replace(':', "_")))
         .collect();
     let nodes = start_nodes(net, &devices, true, "adaptive", serve_args);
-    for table in tpch::TABLES {
-        for (i, name) in files_of(table, layout.files).iter().enumerate() {
+    for table in workload.tables() {
+        for (i, name) in workload.files_of(table, layout.files).iter().enumerate() {
             sh(Command::new(csd_binary())
-                .args(["put", "--node", &nodes[i % nodes.len()], "--table", table])
+                .args(["put", "--node", &nodes[layout.node_of(i)], "--table", table])
                 .args(["--partition", &format!("p{i}")])
                 .arg(data.join(name)));
         }
     }
     stop_nodes(net, nodes.len());
     devices
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_layouts_spread_by_weight() {
+        let l: Layout = "8x3:1".parse().unwrap();
+        assert_eq!((l.files, l.nodes), (8, 2));
+        let on: Vec<usize> = (0..8).map(|i| l.node_of(i)).collect();
+        assert_eq!(on, [0, 0, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(l.to_string(), "8x3:1");
+        let r: Layout = "4x2".parse().unwrap();
+        assert_eq!(
+            (0..4).map(|i| r.node_of(i)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        assert_eq!(r.to_string(), "4x2");
+        assert!("4x0".parse::<Layout>().is_err() && "4x1:0".parse::<Layout>().is_err());
+    }
 }

@@ -1,18 +1,20 @@
-//! TPC-H where users stand: the storage node in its own network namespace behind a
+//! Where users stand: the storage node in its own network namespace behind a
 //! veth pair shaped with `tc tbf`, every query its own `csd sql -f qNN.sql` process,
 //! side by side with DuckDB + httpfs reading the same Parquet files from nginx in the
 //! same namespace over the same link. Per rate (default 100 Mbit/s, 1 Gbit/s and
 //! unshaped) and per layout (`--layouts`: files per table and nodes, every file its
 //! own partition): the median of `--runs` runs per query, time, bytes counted on the
 //! veth, and the answers of every system and layout checked against each other. Then
-//! 4 clients at once on each layout.
+//! 4 clients at once on each layout. The workload (`--workload`) is TPC-H as
+//! generated, TPC-H shuffled (rows in random order, plain strings) or `groups`
+//! (keys of 10 to 10^7 values: work that does not shrink at a node).
 //!
 //! Needs root (namespaces, veth, tc) and `scripts/setup-shaped-bench.sh` (nginx, a
 //! Python venv with DuckDB; the bench runs it). Build first:
 //! `cargo build --release -p csd-client -p csd-benches && target/release/shaped`
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,22 +25,29 @@ use csd_benches::{csd_binary, default_json_path, median, scratch_dir, write_json
 mod adbc;
 mod answers;
 mod figures;
+mod groups;
 mod layout;
 mod pipelines;
 mod serving;
+mod workload;
 
 use answers::same_answer;
 use csd_benches::net::{Net, sh, start_nodes, stop_nodes};
 use figures::{
     ConcurrentFigures, QueryFigures, Report, Run, SystemFigures, print_report, run_process,
 };
-use layout::{Layout, data_dir, write_tables};
+use layout::Layout;
 use pipelines::run_pipelines;
 use serving::{TOKEN, start_nginx, write_security};
+use workload::Workload;
 
 #[derive(Parser)]
 struct Args {
-    /// TPC-H scale factor.
+    /// What runs: `tpch`, `tpch-shuffled` (rows in random order across each table's
+    /// files, plain strings) or `groups` (keys of 10 to 10^7 values; 16 queries).
+    #[arg(long, default_value = "tpch")]
+    workload: Workload,
+    /// Scale: TPC-H's scale factor; for `groups`, `facts` has 10M rows × scale.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
     /// Link rates in Mbit/s; 0 = the veth unshaped.
@@ -47,7 +56,7 @@ struct Args {
     /// Runs per query and system (the median counts).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Queries (default: all 22).
+    /// Queries (default: all of the workload's).
     #[arg(long, value_delimiter = ',')]
     queries: Vec<u32>,
     /// Systems: duckdb, adaptive, always, never (node policies), no-pushdown,
@@ -72,8 +81,9 @@ struct Args {
     /// Skip DuckDB on local files (the engine reference).
     #[arg(long)]
     no_local: bool,
-    /// Layouts, `FILESxNODES` each: every table (but nation and region) in FILES
-    /// Parquet files, each stored as its own partition, spread over NODES nodes.
+    /// Layouts, `FILESxNODES` each: every table (but the small ones) in FILES
+    /// Parquet files, each stored as its own partition, spread over NODES nodes
+    /// (`FILESxW1:W2…`: unevenly, node j holding files in proportion to Wj).
     #[arg(long, value_delimiter = ',', default_value = "1x1,4x1,16x1,16x4")]
     layouts: Vec<Layout>,
     /// Extra `csd serve` arguments (space-separated).
@@ -140,6 +150,7 @@ fn with_node<T>(
 
 #[derive(Clone)]
 struct Ctx {
+    workload: Workload,
     python: PathBuf,
     script: PathBuf,
     queries_dir: PathBuf,
@@ -158,7 +169,9 @@ fn command(ctx: &Ctx, system: &str, q: u32) -> Command {
         "duckdb" | "duckdb-local" => {
             let mut c = Command::new(&ctx.python);
             c.arg(&ctx.script)
-                .args(["--files", &ctx.files.to_string(), "--data"]);
+                .args(["--files", &ctx.files.to_string()])
+                .args(["--tables", &ctx.workload.tables().join(",")])
+                .arg("--data");
             if system == "duckdb" {
                 c.arg(&ctx.http);
             } else {
@@ -243,7 +256,7 @@ fn run_system(
 
 fn query_list(args: &Args) -> Vec<u32> {
     if args.queries.is_empty() {
-        (1..=22).collect()
+        args.workload.queries()
     } else {
         args.queries.clone()
     }
@@ -310,12 +323,14 @@ fn large_result(
     figures
 }
 
-/// Achieved Mbit/s of one HTTP GET of lineitem (one file) through the link.
+/// Achieved Mbit/s of one HTTP GET of the workload's largest table (one file)
+/// through the link.
 fn measure_link(ctx: &Ctx, http: &str) -> f64 {
+    let table = ctx.workload.tables().last().expect("a table");
     let out = sh(Command::new(&ctx.python).args([
         "-c",
         &format!(
-            "import urllib.request,time\nt=time.perf_counter()\nn=len(urllib.request.urlopen('{http}/lineitem.parquet').read())\nprint(n*8/1e6/(time.perf_counter()-t))",
+            "import urllib.request,time\nt=time.perf_counter()\nn=len(urllib.request.urlopen('{http}/{table}.parquet').read())\nprint(n*8/1e6/(time.perf_counter()-t))",
         ),
     ]));
     out.trim().parse().unwrap_or(0.0)
@@ -355,29 +370,34 @@ fn main() {
     let mut files: Vec<usize> = layouts.iter().map(|l| l.files).chain([1]).collect();
     files.sort_unstable();
     files.dedup();
+    let w = args.workload;
     for &f in &files {
-        let dir = data_dir(&data, args.scale, f);
+        let dir = w.data_dir(&data, args.scale, f);
         eprintln!(
-            "writing TPC-H SF {} as Parquet, {f} file(s) per table, in {}",
-            args.scale,
+            "writing {} as Parquet, {f} file(s) per table, in {}",
+            w.describe(args.scale),
             dir.display()
         );
-        write_tables(args.scale, f, &dir);
+        w.write_tables(args.scale, f, &dir);
     }
 
     let work = scratch_dir(args.dir.clone()).expect("scratch dir");
     let mut net = Net::create();
     let http_root = start_nginx(&mut net, &data, work.path());
-    let http_of = |f: usize| format!("{http_root}/sf{}-{f}files", args.scale);
+    let http_of = |f: usize| {
+        let dir = w.data_dir(Path::new(""), args.scale, f);
+        format!("{http_root}/{}", dir.display())
+    };
     let security = work.path().join("security");
     write_security(&security);
     let mut ctx = Ctx {
+        workload: w,
         security,
         python: venv.join("bin/python"),
         script: root.join("benches/duckdb_query.py"),
-        queries_dir: root.join("testbed/queries/tpch"),
+        queries_dir: w.queries_dir(&root),
         http: http_of(1),
-        local: data_dir(&data, args.scale, 1),
+        local: w.data_dir(&data, args.scale, 1),
         files: 1,
         nodes: Vec::new(),
     };
@@ -385,17 +405,17 @@ fn main() {
     let devices: Vec<(Layout, Vec<PathBuf>)> = layouts
         .iter()
         .map(|&l| {
-            let dir = data_dir(&data, args.scale, l.files);
+            let dir = w.data_dir(&data, args.scale, l.files);
             (
                 l,
-                layout::load(&mut net, l, &dir, work.path(), &args.serve_args),
+                layout::load(&mut net, w, l, &dir, work.path(), &args.serve_args),
             )
         })
         .collect();
     let set_layout = |ctx: &mut Ctx, l: Layout| {
         ctx.files = l.files;
         ctx.http = http_of(l.files);
-        ctx.local = data_dir(&data, args.scale, l.files);
+        ctx.local = w.data_dir(&data, args.scale, l.files);
     };
 
     if args.pipeline {
@@ -405,6 +425,7 @@ fn main() {
         return;
     }
     let mut report = Report {
+        workload: w.describe(args.scale),
         scale: args.scale,
         runs: args.runs,
         measured_mbit: BTreeMap::new(),
