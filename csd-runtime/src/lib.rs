@@ -39,6 +39,7 @@ pub mod pool;
 pub mod refs;
 pub mod sandbox;
 mod service;
+pub mod sketch;
 mod state;
 pub mod store;
 pub mod table;

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, to_parquet, truncated};
 use crate::protocol::PutSummary;
+use crate::sketch::ColumnSketches;
 use crate::store::{ObjectInfo, ObjectStore, ObjectWriter};
 pub use csd_protocol::names::{validate_partition_name, validate_table_name};
 
@@ -48,6 +49,16 @@ pub struct ParquetOptions {
         default_value = "none"
     )]
     pub compression: String,
+    /// Write a distinct-count sketch of every column into each object's footer
+    /// (`csd.distinct`), from which the compute tier judges whether an aggregate
+    /// shrinks at the node before asking it to run one.
+    #[arg(
+        long = "parquet-distinct-sketches",
+        env = "CSD_PARQUET_DISTINCT_SKETCHES",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub distinct_sketches: bool,
 }
 
 impl Default for ParquetOptions {
@@ -93,9 +104,23 @@ pub struct ParquetObject {
     pub object: Arc<ObjectInfo>,
     /// Footer, page index and Arrow schema.
     pub metadata: ArrowReaderMetadata,
+    /// Its columns' distinct-count sketches, from the footer (`None`: an object
+    /// written without them).
+    pub sketches: Option<Arc<ColumnSketches>>,
 }
 
 impl ParquetObject {
+    /// `object` with its footer `metadata`, its sketches read from the footer.
+    pub fn new(object: Arc<ObjectInfo>, metadata: ArrowReaderMetadata) -> Self {
+        let columns = metadata.schema().fields().len();
+        let sketches = ColumnSketches::from_footer(metadata.metadata(), columns).map(Arc::new);
+        ParquetObject {
+            object,
+            metadata,
+            sketches,
+        }
+    }
+
     /// Rows in the object.
     pub fn rows(&self) -> u64 {
         self.metadata.metadata().file_metadata().num_rows().max(0) as u64
@@ -172,6 +197,19 @@ pub struct Table {
 }
 
 impl Table {
+    /// Estimated distinct non-NULL values per column over `objects` (the union of
+    /// their sketches): `None` for a column unless every object has its sketch.
+    pub fn distinct<'a>(
+        &self,
+        objects: impl Iterator<Item = &'a ParquetObject>,
+    ) -> Vec<Option<u64>> {
+        let union = ColumnSketches::union(objects.map(|o| o.sketches.as_deref()));
+        match union {
+            Some(u) => u.estimates(),
+            None => vec![None; self.schema.fields().len()],
+        }
+    }
+
     /// Total rows.
     pub fn rows(&self) -> u64 {
         self.partitions.values().flatten().map(|o| o.rows()).sum()
@@ -191,6 +229,8 @@ pub struct TableStore {
     store: ObjectStore,
     tables: RwLock<BTreeMap<String, Table>>,
     props: WriterProperties,
+    /// Whether objects get distinct-count sketches.
+    sketches: bool,
     next_seq: Mutex<u64>,
 }
 
@@ -273,12 +313,13 @@ impl TableStore {
                 .partitions
                 .entry(p.to_string())
                 .or_default()
-                .push(ParquetObject { object, metadata });
+                .push(ParquetObject::new(object, metadata));
         }
         Ok(TableStore {
             store,
             tables: RwLock::new(tables),
             props: options.writer_properties()?,
+            sketches: options.distinct_sketches,
             next_seq: Mutex::new(max_seq + 1),
         })
     }
@@ -401,15 +442,22 @@ impl TableStore {
         let writer = self.store.create(&name)?;
         let mut pw =
             AsyncArrowWriter::try_new(writer, schema.clone(), Some(props)).map_err(unstorable)?;
+        let mut sketches = self.sketches.then(|| ColumnSketches::for_schema(&schema));
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             if batch.schema().fields() != schema.fields() {
                 check_same_schema(table, &schema, &batch.schema())?;
             }
+            if let Some(s) = sketches.as_mut() {
+                s.update(&batch);
+            }
             pw.write(&batch).await.map_err(unstorable)?;
             if flush_at.is_some_and(|f| pw.in_progress_size() >= f) {
                 pw.flush().await.map_err(unstorable)?;
             }
+        }
+        if let Some(s) = sketches {
+            pw.append_key_value_metadata(s.to_key_value());
         }
         pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;
@@ -438,7 +486,7 @@ impl TableStore {
                         .partitions
                         .entry(partition.to_string())
                         .or_default()
-                        .push(ParquetObject { object, metadata });
+                        .push(ParquetObject::new(object, metadata));
                     None
                 }
                 Err(e) => Some(e),

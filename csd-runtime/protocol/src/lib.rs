@@ -30,6 +30,7 @@
 #![warn(unreachable_pub)]
 
 pub mod actions;
+pub mod bodies;
 pub mod credential;
 pub mod digest;
 pub mod error;

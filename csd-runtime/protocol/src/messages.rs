@@ -14,6 +14,11 @@ pub struct TableDescription {
     pub table: String,
     /// Partitions in name order.
     pub partitions: Vec<PartitionDescription>,
+    /// Per column, the estimated distinct non-NULL values over every partition at
+    /// this node (the union of its objects' sketches); empty or `None` when unknown
+    /// (objects written without sketches).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub distinct: Vec<Option<u64>>,
 }
 
 /// One partition in a [`TableDescription`].
@@ -27,6 +32,10 @@ pub struct PartitionDescription {
     pub bytes: u64,
     /// Parquet objects, readable by `Range` tickets.
     pub objects: Vec<ObjectDescription>,
+    /// Per column, the estimated distinct non-NULL values over the partition's
+    /// objects; empty or `None` when unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub distinct: Vec<Option<u64>>,
 }
 
 /// One Parquet object in a [`PartitionDescription`].

@@ -4,7 +4,7 @@
 //! ```text
 //! message Ticket   { oneof kind { Scan scan = 1; Range range = 2; Operator operator = 3; Ref ref = 4; } }
 //! message Scan     { string table = 1; optional string partition = 2; repeated string columns = 3; }
-//! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; }
+//! message Range    { string object = 1; uint64 offset = 2; uint64 length = 3; Compression compression = 4; }
 //! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
 //!                    optional Asker asker = 5; optional uint64 keep_ms = 6; optional string keep_group = 7; }
 //! message Ref      { string id = 1; }
@@ -14,7 +14,9 @@
 //! ```
 //!
 //! A `Scan` answers Arrow IPC batches (columns in table order; empty `columns` = all);
-//! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes; an
+//! a `Range` answers `FlightData` messages whose `data_body` holds the raw bytes, in
+//! order (asked with a `compression`, a piece that shrinks comes compressed, its
+//! `app_metadata` naming the codec: see [`crate::bodies`]); an
 //! `Operator` runs pushed-down work (see `csd_runtime::operator`; `args` is the operator's
 //! own format, e.g. a Substrait plan for `"sql"`) and answers Arrow IPC batches,
 //! compressed as asked, followed by one `FlightData` with only `app_metadata` (JSON
@@ -82,6 +84,8 @@ pub enum Ticket {
         offset: u64,
         /// Byte count.
         length: u64,
+        /// Compression of the pieces that shrink by it (see [`crate::bodies`]).
+        compression: Compression,
     },
     /// Run a pushed-down operator.
     Operator {
@@ -264,6 +268,8 @@ struct RangeProto {
     offset: u64,
     #[prost(uint64, tag = "3")]
     length: u64,
+    #[prost(enumeration = "Compression", tag = "4")]
+    compression: i32,
 }
 
 impl Ticket {
@@ -287,10 +293,12 @@ impl Ticket {
                 object,
                 offset,
                 length,
+                compression,
             } => Kind::Range(RangeProto {
                 object,
                 offset,
                 length,
+                compression: compression as i32,
             }),
             Ticket::Operator {
                 name,
@@ -352,6 +360,12 @@ impl Ticket {
                 limit: s.limit,
             }),
             Some(Kind::Range(r)) => Ok(Ticket::Range {
+                compression: Compression::try_from(r.compression).map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "ticket asks for unknown compression {}",
+                        r.compression
+                    ))
+                })?,
                 object: r.object,
                 offset: r.offset,
                 length: r.length,
@@ -424,6 +438,14 @@ mod tests {
             object: "t/p/1.parquet".into(),
             offset: 5,
             length: 9,
+            compression: Compression::None,
+        };
+        assert_eq!(Ticket::decode(&r.encode()).unwrap(), r);
+        let r = Ticket::Range {
+            object: "t/p/1.parquet".into(),
+            offset: 5,
+            length: 9,
+            compression: Compression::Zstd,
         };
         assert_eq!(Ticket::decode(&r.encode()).unwrap(), r);
         let k = Ticket::Ref { id: "00ff".into() };

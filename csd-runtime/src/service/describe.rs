@@ -62,11 +62,13 @@ impl FlightNode {
     pub(super) fn flight_info(&self, t: &Table, who: &Principal) -> Result<FlightInfo> {
         let desc = TableDescription {
             table: t.name.clone(),
+            distinct: t.distinct(t.partitions.values().flatten()),
             partitions: t
                 .partitions
                 .iter()
                 .map(|(name, objects)| PartitionDescription {
                     name: name.clone(),
+                    distinct: t.distinct(objects.iter()),
                     rows: objects.iter().map(ParquetObject::rows).sum(),
                     bytes: objects.iter().map(|o| o.object.len).sum(),
                     objects: objects

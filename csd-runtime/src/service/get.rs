@@ -88,12 +88,13 @@ impl FlightNode {
                 object,
                 offset,
                 length,
+                compression,
             } => {
                 self.check_range(&who, &object)?;
                 let slot = self
                     .read_slot(self.range_memory(length), "a range read")
                     .await?;
-                let stream = self.range(&object, offset, length)?;
+                let stream = self.range(&object, offset, length, compression)?;
                 match peer {
                     Some(p) => holding(metered(stream, self.state.links.of(p)), slot),
                     None => holding(stream, slot),

@@ -14,6 +14,7 @@ use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::FlightData;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
+use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
@@ -24,6 +25,8 @@ use super::stream::{ENCODER_LIMIT, TaskStream};
 use crate::admission::ReadPermit;
 use crate::error::{Error, Result, truncated};
 use crate::memory::Held;
+use crate::protocol::Compression;
+use crate::protocol::bodies;
 use crate::table::{ObjectReader, ParquetObject};
 
 /// Chunk reads a range stream keeps in flight.
@@ -236,11 +239,15 @@ impl FlightNode {
         length.min((RANGE_READ_AHEAD as u64 + 1) * self.state.range_chunk)
     }
 
+    /// Streams bytes `[offset, offset + length)` of `object`, a chunk a message; with
+    /// a `compression`, each chunk that shrinks goes compressed (compressed on the CPU
+    /// pool; see [`crate::protocol::bodies`]).
     pub(super) fn range(
         &self,
         object: &str,
         offset: u64,
         length: u64,
+        compression: Compression,
     ) -> Result<BoxStream<'static, Result<FlightData, Status>>> {
         let store = self.state.store().clone();
         let info = store
@@ -258,23 +265,43 @@ impl FlightNode {
             })?;
         let sent = self.state.counters.bytes_sent.clone();
         let chunk = self.state.range_chunk;
+        let node = self.state.node.clone();
         // Up to RANGE_READ_AHEAD chunk reads in flight, sent in order.
         let s = futures::stream::iter(
             (offset..end).step_by(usize::try_from(chunk).unwrap_or(usize::MAX)),
         )
         .map(move |pos| {
             let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
+            let node = node.clone();
             async move {
                 let n = chunk.min(end - pos);
                 let body = store
                     .read_object_range(&info, pos, n)
                     .await
                     .map_err(|e| e.to_status())?;
-                sent.fetch_add(n, Ordering::Relaxed);
-                Ok(FlightData {
-                    data_body: body,
-                    ..Default::default()
-                })
+                let packed = match compression {
+                    Compression::None => None,
+                    c => {
+                        let raw = body.clone();
+                        node.pool
+                            .spawn(async move { Ok(bodies::compress(c, &raw)) })
+                            .await
+                            .map_err(|e| e.to_status())?
+                    }
+                };
+                let d = match packed {
+                    Some((packed, codec)) => FlightData {
+                        data_body: packed.into(),
+                        app_metadata: Bytes::from_static(codec),
+                        ..Default::default()
+                    },
+                    None => FlightData {
+                        data_body: body,
+                        ..Default::default()
+                    },
+                };
+                sent.fetch_add(d.data_body.len() as u64, Ordering::Relaxed);
+                Ok(d)
             }
         })
         .buffered(RANGE_READ_AHEAD);

@@ -343,17 +343,37 @@ impl NodeClient {
 
     /// Reads `len` raw bytes at `offset` of a stored object.
     pub async fn read_range(&self, object: &str, offset: u64, len: u64) -> Result<Bytes> {
+        self.read_range_with(object, offset, len, Compression::None)
+            .await
+            .map(|(b, _)| b)
+    }
+
+    /// [`read_range`](Self::read_range), the pieces that shrink sent with
+    /// `compression` (see [`crate::bodies`]); also the bytes that crossed the wire.
+    pub async fn read_range_with(
+        &self,
+        object: &str,
+        offset: u64,
+        len: u64,
+        compression: Compression,
+    ) -> Result<(Bytes, u64)> {
         let ticket = Ticket::Range {
             object: object.into(),
             offset,
             length: len,
+            compression,
         };
         let transfer = self.link.transfer();
         let mut stream = self.do_get(&ticket).await?;
         let mut out = BytesMut::with_capacity(len as usize);
+        let mut wire = 0u64;
         while let Some(d) = stream.message().await? {
             transfer.add(d.data_body.len() as u64);
-            out.extend_from_slice(&d.data_body);
+            wire += d.data_body.len() as u64;
+            let due = len.saturating_sub(out.len() as u64);
+            let piece = crate::bodies::decompress(&d.app_metadata, d.data_body, due)
+                .map_err(|e| Error::Protocol(format!("reading {object}: {e}")))?;
+            out.extend_from_slice(&piece);
         }
         drop(transfer);
         if out.len() as u64 != len {
@@ -362,7 +382,7 @@ impl NodeClient {
                 out.len()
             )));
         }
-        Ok(out.freeze())
+        Ok((out.freeze(), wire))
     }
 
     /// Runs the pushed-down operator `name` with `args`; the answer's IPC bodies are
