@@ -37,6 +37,21 @@ pub fn status_code(e: &DataFusionError) -> StatusCode {
     }
 }
 
+/// The pushback among `e`'s causes, if the first node error there is one.
+fn pushback_in(e: &(dyn std::error::Error + 'static)) -> Option<csd_protocol::PushBack> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c.downcast_ref::<Error>() {
+            return match n {
+                Error::PushedBack(p) => Some(p.clone()),
+                _ => None,
+            };
+        }
+        cur = c.source();
+    }
+    None
+}
+
 /// The kind of the first node or client error among `e`'s causes.
 fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
     let mut cur = Some(e);
@@ -56,6 +71,11 @@ fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
 /// out whole (its kind and pushback details intact); anything else is kept as the
 /// cause of an error of its kind.
 pub(crate) fn to_runtime(e: DataFusionError) -> Error {
+    // A pushback deep in the chain (raised inside a plan, wrapped on its way up)
+    // still hands the work back, with its details.
+    if let Some(p) = pushback_in(&e) {
+        return Error::PushedBack(p);
+    }
     let code = status_code(&e);
     match e {
         DataFusionError::External(inner) => unbox(inner, code),

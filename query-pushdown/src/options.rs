@@ -31,6 +31,12 @@ datafusion::common::extensions_options! {
         /// Scans that reduce nothing (no filter, no limit) read the Parquet objects by
         /// byte range instead of asking the nodes, unless a join-key filter applies.
         pub direct_unfiltered: bool, default = true
+        /// An aggregate is pushed to the nodes only when the groups they would
+        /// answer (from their distinct-count sketches: the product of the group
+        /// keys' distinct values, at most the rows) are at most this fraction of
+        /// the rows they hold; otherwise the Parquet is read here and aggregated
+        /// here. 1 pushes every aggregate.
+        pub max_group_fraction: f64, default = 0.5
         /// The session's Wasm SQL functions, as `NAME=DIGEST:EXPORT` entries joined
         /// by `;` (set by `register_wasm_udf` on a session with workers: how a
         /// worker's task session finds them; the modules were sent to the workers).

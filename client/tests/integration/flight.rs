@@ -141,6 +141,23 @@ async fn put_list_scan_range_delete_round_trip() {
         .await
         .unwrap();
     assert_eq!(&mid[..], &all[1000..1000 + mid.len()]);
+    // Asked compressed: the same bytes, fewer of them on the wire (the node stores
+    // column chunks uncompressed).
+    for codec in [
+        csd_protocol::Compression::Lz4Frame,
+        csd_protocol::Compression::Zstd,
+    ] {
+        let (packed, wire) = c
+            .read_range_with(&obj.name, 1000, obj.len - 1000, codec)
+            .await
+            .unwrap();
+        assert_eq!(&packed[..], &all[1000..], "{codec:?}");
+        assert!(
+            wire < (obj.len - 1000) * 3 / 4,
+            "{codec:?}: {wire} of {}",
+            obj.len
+        );
+    }
     let parsed = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(all)
         .unwrap()
         .build()

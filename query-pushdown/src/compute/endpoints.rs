@@ -30,6 +30,11 @@ pub struct Endpoint {
     /// (see [`TableEndpoints::per_node`]), their names (`partition` is then their
     /// names joined for display); empty for one partition.
     pub merged: Vec<String>,
+    /// Per table column, the estimated distinct non-NULL values in this endpoint's
+    /// rows, from the node's sketches (empty or `None` where unknown).
+    pub distinct: Vec<Option<u64>>,
+    /// The same over every partition of the table at this endpoint's node.
+    pub node_distinct: Arc<Vec<Option<u64>>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -112,6 +117,10 @@ impl TableEndpoints {
                         objects: many.iter().flat_map(|e| e.objects.clone()).collect(),
                         node: n,
                         merged: names,
+                        // Every partition of the table at the node (the listing's
+                        // union of them all).
+                        distinct: many[0].node_distinct.as_ref().clone(),
+                        node_distinct: many[0].node_distinct.clone(),
                     });
                 }
             }

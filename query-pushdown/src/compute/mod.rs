@@ -17,5 +17,7 @@ pub(crate) mod sandbox;
 pub(crate) mod scan;
 pub(crate) mod semijoin_down;
 pub(crate) mod session;
+pub(crate) mod shrink;
 #[cfg(feature = "wasm")]
 pub(crate) mod wasm;
+pub(crate) mod window_down;

@@ -52,8 +52,9 @@ pub fn pushable(e: &Expr) -> bool {
     ok
 }
 
-/// True when `e` is a pushable aggregate: `sum`, `count`, `min`, `max` or `avg` of
-/// pushable arguments, without DISTINCT, FILTER or ORDER BY.
+/// True when `e` is a pushable aggregate: one of the fragment's aggregates (`sum`,
+/// `count`, `min`, `max`, `avg`, the variances, …) of pushable arguments, without
+/// DISTINCT, FILTER or ORDER BY.
 pub(crate) fn pushable_aggregate(e: &Expr) -> bool {
     match e {
         Expr::Alias(a) => pushable_aggregate(&a.expr),

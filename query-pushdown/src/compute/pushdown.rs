@@ -13,6 +13,10 @@
 //!   averaged twice;
 //! * a `Sort` with a fetch (ORDER BY … LIMIT k): the sort runs at every node (top-k
 //!   per partition) and stays above to merge;
+//! * a filter keeping the first k rows of every group of a ranking window
+//!   (`row_number() OVER (PARTITION BY …) <= k`, `rank`, `dense_rank`): each node
+//!   keeps the first k of each group of its rows (`window_down.rs`) and the window
+//!   and the filter run here over those;
 //! * an aggregate grouped by a column whose values never span two partitions (the
 //!   partitions' ranges of it, from exact footer statistics, are disjoint: TPC-H's
 //!   `l_orderkey`, or any table partitioned by key range), with the pushable
@@ -20,6 +24,10 @@
 //!   partition ([`PushKind::WholeAggregate`]) and the compute tier only unites the
 //!   results. The fragment names the objects the ranges came from, and the node
 //!   refuses it if the partition has changed since.
+//!
+//! An aggregate that would not shrink at the nodes (`shrink.rs`: its groups, from
+//! the nodes' distinct-count sketches, more than `csd.max_group_fraction` of their
+//! rows) is kept here, over the Parquet read by byte range, and EXPLAIN says so.
 //!
 //! Anything else stays where DataFusion put it.
 
@@ -29,7 +37,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchemaRef, DataFusionError, Result};
+use datafusion::common::{DFSchemaRef, DataFusionError, Result};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -45,18 +53,39 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use crate::compute::provider::{CsdTable, describe, session_state};
 use crate::compute::pushable::{pushable, pushable_aggregate};
 use crate::compute::scan::CsdScanExec;
+use crate::compute::shrink::{base_column, groups_at_nodes};
+use crate::compute::window_down::{ranked_filter, top_k_fragment, with_input};
+use crate::options::CsdOptions;
 use crate::wire::fragment::Mode;
 
 /// What a [`CsdPushdown`] pushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
 pub(crate) enum PushKind {
+    /// Nothing: an aggregate that would not shrink at the nodes, planned here (the
+    /// node shows why in EXPLAIN).
+    Kept {
+        /// Groups the nodes would answer, by their sketches.
+        groups: u64,
+        /// Rows they hold.
+        rows: u64,
+    },
     /// The partial phase of the aggregate at the fragment's root.
-    PartialAggregate,
+    PartialAggregate {
+        /// Whether the nodes' sketches said it shrinks; if not (none to say), the
+        /// nodes judge it while running.
+        judged: bool,
+    },
     /// The sort-with-fetch at the fragment's root, per node partition.
     TopK,
     /// The whole fragment (an aggregate whose groups never span partitions, and
     /// filters/projections over it) per partition; results united here.
     WholeAggregate,
+    /// A ranking window's input cut, at every node, to the rows of rank at most
+    /// `k` among the node's rows of their group.
+    TopKPerGroup {
+        /// Rows kept per group (and ties).
+        k: u64,
+    },
 }
 
 /// A logical subtree that runs at the storage nodes (shown as its child in EXPLAIN).
@@ -84,11 +113,29 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
     }
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let what = match self.kind {
-            PushKind::PartialAggregate => {
+            PushKind::PartialAggregate { judged: true } => {
                 "partial aggregate at the storage nodes, final merge here"
+            }
+            PushKind::PartialAggregate { judged: false } => {
+                "partial aggregate at the storage nodes unless it does not shrink there \
+                 (no distinct-count sketches), final merge here"
             }
             PushKind::TopK => "top-k at every storage-node partition, merged here",
             PushKind::WholeAggregate => "whole aggregate at every storage-node partition",
+            PushKind::TopKPerGroup { k } => {
+                return write!(
+                    f,
+                    "CsdPushdown: the first {k} rows of every group at each storage node, \
+                     ranked again here"
+                );
+            }
+            PushKind::Kept { groups, rows } => {
+                return write!(
+                    f,
+                    "CsdPushdown: aggregate kept here (about {groups} groups from {rows} \
+                     rows at the nodes: it would not shrink there)"
+                );
+            }
         };
         write!(f, "CsdPushdown: {what}")?;
         if let Some(c) = &self.disjoint_on {
@@ -111,6 +158,11 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
         })
     }
 }
+
+/// Groups per row in a stream's first rows above which a node hands back a partial
+/// aggregate it was asked to judge: DataFusion's own line for skipping partial
+/// aggregation (`skip_partial_aggregation_probe_ratio_threshold`).
+const PROBE_FRACTION: f32 = 0.8;
 
 /// The logical rule (see the module docs).
 #[derive(Debug, Default)]
@@ -154,22 +206,24 @@ fn pushable_aggregate_over_table(a: &Aggregate) -> Option<CsdTable> {
     }
 }
 
-/// The table column `c` of `plan`'s output is, when it is one, passed unchanged
-/// through projections and filters.
-fn base_column(plan: &LogicalPlan, c: &Column) -> Option<String> {
+/// Whether `a` (a pushable aggregate over `table`) shrinks at the nodes (see
+/// `shrink.rs`): a partial aggregate, or kept here.
+fn judged(table: &CsdTable, a: &Aggregate, max_fraction: f64) -> PushKind {
+    match groups_at_nodes(table, a) {
+        Some(e) if e.fraction() > max_fraction => PushKind::Kept {
+            groups: e.groups.round() as u64,
+            rows: e.rows.round() as u64,
+        },
+        Some(_) => PushKind::PartialAggregate { judged: true },
+        None => PushKind::PartialAggregate { judged: false },
+    }
+}
+
+/// The aggregate under `plan`'s projections, if nothing else (no HAVING) is above it.
+fn bare_aggregate(plan: &LogicalPlan) -> Option<&Aggregate> {
     match plan {
-        LogicalPlan::Projection(p) => {
-            let i = p.schema.index_of_column(c).ok()?;
-            match p.expr.get(i)?.clone().unalias() {
-                Expr::Column(inner) => base_column(&p.input, &inner),
-                _ => None,
-            }
-        }
-        LogicalPlan::Filter(f) => base_column(&f.input, c),
-        LogicalPlan::TableScan(s) => {
-            s.projected_schema.index_of_column(c).ok()?;
-            Some(c.name.clone())
-        }
+        LogicalPlan::Projection(p) => bare_aggregate(&p.input),
+        LogicalPlan::Aggregate(a) => Some(a),
         _ => None,
     }
 }
@@ -200,8 +254,9 @@ impl OptimizerRule for PushdownRule {
     fn rewrite(
         &self,
         plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
+        config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
+        let max_fraction = CsdOptions::of(&config.options()).max_group_fraction;
         // Into subqueries too: DataFusion keeps uncorrelated scalar subqueries (Q15's
         // `max`, Q22's average) as expressions, and gives a rule without an
         // `apply_order` only the root.
@@ -211,7 +266,39 @@ impl OptimizerRule for PushdownRule {
             {
                 return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
             }
+            if let LogicalPlan::Filter(f) = &p
+                && let Some(ranked) = ranked_filter(f)
+                && csd_source(&ranked.window.input).is_some()
+            {
+                let k = ranked.k;
+                let fragment = top_k_fragment(&ranked)?;
+                let window = ranked.window.clone();
+                let cut = with_input(&window, wrap(PushKind::TopKPerGroup { k }, fragment, None))?;
+                let replaced = p.clone().transform_down(|n| match &n {
+                    LogicalPlan::Window(w) if *w == window => {
+                        Ok(Transformed::new(cut.clone(), true, TreeNodeRecursion::Jump))
+                    }
+                    _ => Ok(Transformed::no(n)),
+                })?;
+                return Ok(Transformed::new(
+                    replaced.data,
+                    true,
+                    TreeNodeRecursion::Jump,
+                ));
+            }
+            // HAVING over a whole aggregate may leave little of its groups: only a
+            // bare one is judged by its groups.
             if let Some(column) = whole_aggregate(&p) {
+                if let Some(a) = bare_aggregate(&p)
+                    && let Some(table) = pushable_aggregate_over_table(a)
+                    && let kept @ PushKind::Kept { .. } = judged(&table, a, max_fraction)
+                {
+                    return Ok(Transformed::new(
+                        wrap(kept, p, None),
+                        true,
+                        TreeNodeRecursion::Jump,
+                    ));
+                }
                 return Ok(Transformed::new(
                     wrap(PushKind::WholeAggregate, p, Some(column)),
                     true,
@@ -219,13 +306,17 @@ impl OptimizerRule for PushdownRule {
                 ));
             }
             match &p {
-                LogicalPlan::Aggregate(a) if pushable_aggregate_over_table(a).is_some() => {
-                    Ok(Transformed::new(
-                        wrap(PushKind::PartialAggregate, p, None),
-                        true,
-                        TreeNodeRecursion::Jump,
-                    ))
-                }
+                LogicalPlan::Aggregate(a) => match pushable_aggregate_over_table(a) {
+                    Some(table) => {
+                        let kind = judged(&table, a, max_fraction);
+                        Ok(Transformed::new(
+                            wrap(kind, p, None),
+                            true,
+                            TreeNodeRecursion::Jump,
+                        ))
+                    }
+                    None => Ok(Transformed::no(p)),
+                },
                 LogicalPlan::Sort(s)
                     if s.fetch.is_some() && s.expr.iter().all(|e| pushable(&e.expr)) =>
                 {
@@ -282,7 +373,11 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         let Some(node) = node.as_any().downcast_ref::<CsdPushdown>() else {
             return Ok(None);
         };
+        if let PushKind::Kept { .. } = node.kind {
+            return Ok(physical_inputs.first().cloned());
+        }
         let state = session_state(session)?;
+        let max_fraction = CsdOptions::of(state.config_options()).max_group_fraction;
         let table = table_of(&node.fragment)?;
         let (plan, functions) = match table.substrait(&node.fragment, state)? {
             Ok(e) => (e.plan, e.functions),
@@ -295,6 +390,22 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         };
         let what = describe(&node.fragment);
         match node.kind {
+            PushKind::Kept { .. } => Ok(physical_inputs.first().cloned()),
+            PushKind::TopKPerGroup { .. } => {
+                // Per node: a node's partitions ranked together send fewer rows than
+                // each ranked alone.
+                let schema = Arc::new(node.fragment.schema().as_arrow().clone());
+                Ok(Some(Arc::new(
+                    CsdScanExec::new(
+                        Arc::new(table.at().per_node()),
+                        schema,
+                        plan,
+                        Mode::Complete,
+                        what,
+                    )
+                    .with_functions(functions),
+                )))
+            }
             PushKind::TopK | PushKind::WholeAggregate => {
                 let schema = Arc::new(node.fragment.schema().as_arrow().clone());
                 let mut scan =
@@ -312,7 +423,7 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                 }
                 Ok(Some(Arc::new(scan)))
             }
-            PushKind::PartialAggregate => {
+            PushKind::PartialAggregate { judged } => {
                 // DataFusion's own two-phase plan, with the partial phase at the nodes.
                 let local = physical_inputs.first().cloned().ok_or_else(|| {
                     DataFusionError::Internal("CsdPushdown planned without input".into())
@@ -323,16 +434,22 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                         && *a.mode() == AggregateMode::Partial
                     {
                         replaced += 1;
-                        let scan: Arc<dyn ExecutionPlan> = Arc::new(
-                            CsdScanExec::new(
-                                Arc::new(table.at().per_node()),
-                                a.schema(),
-                                plan.clone(),
-                                Mode::PartialAggregate,
-                                what.clone(),
-                            )
-                            .with_functions(functions.clone()),
-                        );
+                        let mut scan = CsdScanExec::new(
+                            Arc::new(table.at().per_node()),
+                            a.schema(),
+                            plan.clone(),
+                            Mode::PartialAggregate,
+                            what.clone(),
+                        )
+                        .with_functions(functions.clone());
+                        if !judged && max_fraction < 1.0 {
+                            // A stream's first rows hold more groups per row than
+                            // the whole (groups grow slower than rows): the probe's
+                            // line sits higher, DataFusion's own.
+                            let line = (max_fraction as f32).max(PROBE_FRACTION);
+                            scan = scan.judged_at_nodes(line);
+                        }
+                        let scan: Arc<dyn ExecutionPlan> = Arc::new(scan);
                         return Ok(Transformed::new(scan, true, TreeNodeRecursion::Jump));
                     }
                     Ok(Transformed::no(p))

@@ -15,6 +15,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use csd_protocol::Compression;
 use csd_protocol::node_client::NodeClient;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
@@ -40,6 +41,9 @@ pub(crate) const CLUSTER_URL: &str = "csd-cluster://nodes";
 pub struct NodeRangeStore {
     nodes: RwLock<Vec<NodeClient>>,
     objects: RwLock<HashMap<Path, u64>>,
+    /// How the nodes send the pieces (the nodes store column chunks uncompressed).
+    compression: Compression,
+    /// Bytes received (compressed where they came compressed).
     bytes: AtomicU64,
     requests: AtomicU64,
 }
@@ -72,9 +76,17 @@ impl NodeRangeStore {
                     .map(|(n, name, len)| (Self::path(*n, name), *len))
                     .collect(),
             ),
+            compression: Compression::None,
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
         }
+    }
+
+    /// The same store, asking the nodes to send what shrinks with `compression`
+    /// (see `csd_protocol::bodies`).
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
     }
 
     /// The store path of `object` on node `node`.
@@ -143,16 +155,16 @@ impl NodeRangeStore {
 
     async fn read(&self, location: &Path, r: Range<u64>) -> object_store::Result<Bytes> {
         let (client, name, _) = self.locate(location)?;
-        let b = client
-            .read_range(&name, r.start, r.end - r.start)
+        let (b, wire) = client
+            .read_range_with(&name, r.start, r.end - r.start, self.compression)
             .await
             .map_err(|e| object_store::Error::Generic {
                 store: "csd-node",
                 source: Box::new(e),
             })?;
-        self.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(wire, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let _ = READ_FOR.try_with(|c| c.fetch_add(b.len() as u64, Ordering::Relaxed));
+        let _ = READ_FOR.try_with(|c| c.fetch_add(wire, Ordering::Relaxed));
         Ok(b)
     }
 }

@@ -127,6 +127,7 @@ impl Cluster {
                         n.url()
                     )));
                 }
+                let node_distinct = Arc::new(t.description.distinct.clone());
                 for p in &t.description.partitions {
                     entry.endpoints.push(Endpoint {
                         client: n.clone(),
@@ -136,6 +137,8 @@ impl Cluster {
                         objects: p.objects.clone(),
                         node: i,
                         merged: vec![],
+                        distinct: p.distinct.clone(),
+                        node_distinct: node_distinct.clone(),
                     });
                     entry.node_of.push(i);
                 }
@@ -199,7 +202,9 @@ impl Cluster {
                     .flat_map(|(e, n)| e.objects.iter().map(|o| (*n, o.name.clone(), o.len)))
             })
             .collect();
-        let ranges = Arc::new(NodeRangeStore::new(self.nodes.clone(), &objects));
+        let ranges = Arc::new(
+            NodeRangeStore::new(self.nodes.clone(), &objects).with_compression(opts.compression),
+        );
         let url = datafusion::execution::object_store::ObjectStoreUrl::parse(CLUSTER_URL)?;
         runtime.register_object_store(url.as_ref(), ranges.clone());
         let mut builder = SessionStateBuilder::new()

@@ -22,10 +22,12 @@ use datafusion::datasource::TableProvider;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_substrait::logical_plan::consumer::from_substrait_plan;
 use datafusion_substrait::substrait::proto::Plan;
@@ -258,24 +260,41 @@ fn partial_of(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     }
 }
 
-/// The partial states under `last` (the fragment's final aggregate), in one
-/// partition: when the partial aggregate ran over several partitions, their states
-/// are merged (`PartialReduce`) rather than hash-repartitioned, so each group leaves
-/// the node once.
+/// The partial states under `last` (the fragment's final aggregate), each group
+/// once: when the partial aggregate ran over several partitions, their states are
+/// merged (`PartialReduce`), each partition's groups hashed to one of as many
+/// merges, which run side by side (one merge of every state would run on one core:
+/// a million groups' states from four streams took the node longer than reading
+/// them); the caller unites their outputs.
 fn reduced(last: &AggregateExec) -> Result<Arc<dyn ExecutionPlan>> {
     let p = first_aggregate(
         last.input().clone(),
         "no partial aggregate under the final one",
     )?;
-    if p.output_partitioning().partition_count() == 1 {
+    let streams = p.output_partitioning().partition_count();
+    if streams == 1 {
         return Ok(p);
     }
+    // The final aggregate's group expressions are the partial output's group columns.
+    let keys: Vec<Arc<dyn PhysicalExpr>> = last
+        .group_expr()
+        .expr()
+        .iter()
+        .map(|(e, _)| e.clone())
+        .collect();
+    let input: Arc<dyn ExecutionPlan> = if keys.is_empty() {
+        Arc::new(CoalescePartitionsExec::new(p))
+    } else {
+        Arc::new(
+            RepartitionExec::try_new(p, Partitioning::Hash(keys, streams)).map_err(to_runtime)?,
+        )
+    };
     let merged = AggregateExec::try_new(
         AggregateMode::PartialReduce,
         last.group_expr().clone(),
         last.aggr_expr().to_vec(),
         last.filter_expr().to_vec(),
-        Arc::new(CoalescePartitionsExec::new(p)),
+        input,
         last.input_schema(),
     )
     .map_err(to_runtime)?;
@@ -353,7 +372,11 @@ mod tests {
             .downcast_ref::<AggregateExec>()
             .expect("an aggregate on top");
         assert_eq!(merge.mode(), &AggregateMode::PartialReduce);
-        assert_eq!(states.output_partitioning().partition_count(), 1);
+        assert_eq!(
+            states.output_partitioning().partition_count(),
+            2,
+            "the states merge in as many hash partitions as streams, side by side"
+        );
         let out = collect(states.clone(), ctx.task_ctx()).await.unwrap();
         let groups: usize = out.iter().map(RecordBatch::num_rows).sum();
         assert_eq!(groups, 50, "each group once, not once per stream");

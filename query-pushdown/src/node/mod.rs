@@ -5,6 +5,7 @@
 //! result on the node's CPU pool under its memory pool (`memory.rs`). The `"wasm"`
 //! operator (`wasm.rs`) runs a shipped module over such a scan's rows.
 
+mod guard;
 mod memory;
 mod sql;
 mod table;
@@ -40,6 +41,11 @@ pub struct SqlNodeOptions {
     /// Rows of a direct scan's first batches its join-key filters are judged on
     /// before the node decides to run it or hand it back.
     pub judge_rows: usize,
+    /// Rows of each stream of a partial aggregate the compute tier could not judge
+    /// (no distinct-count sketches) over which the node counts its groups before it
+    /// decides to aggregate or hand the fragment back (DataFusion's
+    /// `skip_partial_aggregation_probe_rows_threshold`).
+    pub shrink_probe_rows: usize,
     /// Functions this node will not run (e.g. `["regexp_like"]` on a drive with weak
     /// cores): a fragment calling one is refused as `UNIMPLEMENTED`, and the compute
     /// tier evaluates it itself, as it does a fragment handed back.
@@ -52,6 +58,7 @@ impl Default for SqlNodeOptions {
             streams: Parallelism::NODE.streams,
             split_min_bytes: ByteSize(Parallelism::NODE.split_min_bytes),
             judge_rows: 8192,
+            shrink_probe_rows: 100_000,
             refuse_functions: Vec::new(),
         }
     }

@@ -21,7 +21,8 @@ use datafusion::physical_plan::{
 use datafusion_substrait::substrait::proto::Plan;
 use futures::StreamExt;
 
-use super::table::{NODE_URL, NodeTable};
+use super::guard::guarded;
+use super::table::{NODE_URL, NodeTable, as_planned, with_views};
 use super::{SqlOperator, objects_of};
 use crate::error::to_runtime;
 use crate::eval::keyfilter::filter_stream;
@@ -133,6 +134,13 @@ impl OperatorRequest for SqlRequest {
         } = *self;
         let frag = with_attachments(frag, &ctx.node.attachments)?;
         let (schema, objects) = objects_of(&ctx, &frag)?;
+        // Strings read as views when the asker said what types it planned, so the
+        // answer can be cast back to them.
+        let planned = frag.planned_schema()?;
+        let schema = match planned {
+            Some(_) => with_views(&schema).unwrap_or(schema),
+            None => schema,
+        };
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(op.pool(&ctx.node.memory))
             .build_arc()
@@ -153,6 +161,16 @@ impl OperatorRequest for SqlRequest {
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
         let session = fragment_session(runtime, &frag.table, Arc::new(provider), op.parallel())?;
+        // A partial aggregate to judge while running: DataFusion's probe at its line.
+        let shrink_above = frag.shrink_above.filter(|_| mode == Mode::PartialAggregate);
+        if let Some(f) = shrink_above {
+            let state = session.state_ref();
+            let mut state = state.write();
+            let execution = &mut state.config_mut().options_mut().execution;
+            execution.skip_partial_aggregation_probe_ratio_threshold = f64::from(f);
+            execution.skip_partial_aggregation_probe_rows_threshold =
+                op.options.shrink_probe_rows.max(1);
+        }
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let shipped =
             register_functions(&session, &ctx.node.sandbox, &frag.functions, &cancel).await?;
@@ -161,6 +179,10 @@ impl OperatorRequest for SqlRequest {
         let physical = plan_fragment(&session, &frag.table, &plan, mode, &runs).await?;
         let schema: SchemaRef = physical.schema();
         let (physical, filters) = key_filtered(&frag, physical)?;
+        let physical = match shrink_above {
+            Some(f) => guarded(physical, f).map_err(to_runtime)?,
+            None => physical,
+        };
         ctx.metrics.set_details(&SqlDetails {
             streams: scan_streams(&physical),
         });
@@ -170,6 +192,17 @@ impl OperatorRequest for SqlRequest {
         let stream = match frag.direct_above.filter(|_| !filters.is_empty()) {
             Some(most) => judged(unfiltered, filters, most, op.options.judge_rows).await?,
             None => filter_stream(unfiltered, filters),
+        };
+        let conformed = planned.as_ref().and_then(|p| as_planned(&schema, p));
+        let (schema, stream) = match conformed {
+            Some((planned, cast)) => {
+                let cast: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                    planned.clone(),
+                    stream.map(move |b| b.and_then(&cast)),
+                ));
+                (planned, cast)
+            }
+            None => (schema, stream),
         };
         let metrics = ctx.metrics.clone();
         let done = futures::stream::once(async move {

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use arrow::datatypes::SchemaRef;
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use csd_runtime::store::ObjectStore as NodeObjects;
 use csd_runtime::table::{ObjectReader, ParquetObject};
@@ -24,6 +25,103 @@ use crate::eval::scan;
 
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
 pub(super) const NODE_URL: &str = "csd-node://local";
+
+/// `schema` with its `Utf8` and `Binary` columns read as views, when it has any and
+/// no view column of its own: the Parquet reader then hands out views into its pages
+/// instead of copying every value, and DataFusion groups, compares and hashes views
+/// of up to 12 bytes as one 128-bit word (a GROUP BY over a 100,000-value string
+/// column spent most of its time in byte comparisons). `None`: read as stored.
+pub(super) fn with_views(schema: &SchemaRef) -> Option<SchemaRef> {
+    let fields = schema.fields();
+    let viewed = |t: &DataType| matches!(t, DataType::Utf8View | DataType::BinaryView);
+    if fields.iter().any(|f| viewed(f.data_type()))
+        || !fields
+            .iter()
+            .any(|f| matches!(f.data_type(), DataType::Utf8 | DataType::Binary))
+    {
+        return None;
+    }
+    let fields: Vec<Field> = fields
+        .iter()
+        .map(|f| {
+            let t = match f.data_type() {
+                DataType::Utf8 => DataType::Utf8View,
+                DataType::Binary => DataType::BinaryView,
+                other => other.clone(),
+            };
+            f.as_ref().clone().with_data_type(t)
+        })
+        .collect();
+    Some(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
+}
+
+/// Whether `a` and `b` hold the same values in other layouts: plain and view
+/// strings, plain and view binaries.
+fn same_values(a: &DataType, b: &DataType) -> bool {
+    use DataType::*;
+    let strings = [Utf8, LargeUtf8, Utf8View];
+    let binaries = [Binary, LargeBinary, BinaryView];
+    (strings.contains(a) && strings.contains(b)) || (binaries.contains(a) && binaries.contains(b))
+}
+
+/// `stream` (of `schema`) in the types of `planned` where a column's type differs
+/// only in layout (a view where the plan has a plain string); every other column
+/// as it is. `None` when nothing needs casting or the column counts differ (the
+/// asker then sees the difference and says so).
+pub(super) fn as_planned(
+    schema: &SchemaRef,
+    planned: &SchemaRef,
+) -> Option<(
+    SchemaRef,
+    impl Fn(RecordBatch) -> datafusion::common::Result<RecordBatch> + Send + 'static,
+)> {
+    if schema.fields().len() != planned.fields().len() {
+        return None;
+    }
+    let casts: Vec<Option<DataType>> = schema
+        .fields()
+        .iter()
+        .zip(planned.fields())
+        .map(|(f, p)| {
+            (f.data_type() != p.data_type() && same_values(f.data_type(), p.data_type()))
+                .then(|| p.data_type().clone())
+        })
+        .collect();
+    if casts.iter().all(Option::is_none) {
+        return None;
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .zip(&casts)
+        .map(|(f, c)| match c {
+            Some(t) => f.as_ref().clone().with_data_type(t.clone()),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    let out = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    let target = out.clone();
+    let cast = move |b: RecordBatch| {
+        let columns = b
+            .columns()
+            .iter()
+            .zip(&casts)
+            .map(|(c, t)| match t {
+                Some(t) => arrow::compute::cast(c, t),
+                None => Ok(c.clone()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new_with_options(
+            target.clone(),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
+        )?)
+    };
+    Some((out, cast))
+}
 
 /// One table (or partition) of this node, as DataFusion sees it.
 #[derive(Debug)]

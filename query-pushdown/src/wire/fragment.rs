@@ -13,6 +13,8 @@
 //!   repeated string objects = 7;         // run only on exactly these objects
 //!   repeated WasmFunction functions = 8; // Wasm SQL functions the plan calls
 //!   repeated string partitions = 9;      // several partitions read as one
+//!   optional float shrink_above = 10;    // hand back an aggregate that does not shrink
+//!   bytes output_schema = 11;            // the answer's schema as the asker planned it
 //! }
 //! ```
 //!
@@ -39,18 +41,34 @@
 //! than that fraction of the fragment's first 8,192 rows hands it back (gRPC
 //! `UNAVAILABLE` with `csd-pushback`, as admission does).
 //!
+//! `shrink_above`, on a `PARTIAL_AGGREGATE` the compute tier could not judge before
+//! running (its objects carry no distinct-count sketches), asks the node to judge it
+//! while running: when DataFusion's partial-aggregation probe finds more groups than
+//! that fraction of a stream's first rows, the node hands the fragment back before
+//! it has sent anything (`UNAVAILABLE` with `csd-pushback`, as the first message of
+//! the answer).
+//!
+//! `output_schema` (an Arrow IPC schema message, as Flight sends schemas) is the
+//! answer's schema as the compute tier planned it. With it, a node may read string
+//! and binary columns as views (faster to group, compare and hash) and casts its
+//! answer's columns back to the planned types: plain and view strings are the same
+//! values. Without it, the node answers in the table's own types.
+//!
 //! ## Supported Substrait subset
 //! * Relations: `ReadRel` on a `NamedTable` (with `filter`, `best_effort_filter`,
 //!   `projection`), `FilterRel`, `ProjectRel`, `AggregateRel` (plain groupings),
 //!   `SortRel`, `FetchRel`. Nothing else: no joins, no local files, no virtual tables,
 //!   no extensions, no writes.
 //! * Expressions: literals, field references, scalar functions, `IfThen`, `Switch`,
-//!   `SingularOrList` (IN lists), `Cast`. No subqueries, window functions, lambdas or
-//!   parameters.
+//!   `SingularOrList` (IN lists), `Cast`; the ranking window functions
+//!   [`WINDOW_FUNCTIONS`] as a `ProjectRel`'s own expressions (a per-group top-k).
+//!   No subqueries, other window functions, lambdas or parameters.
 //! * Functions: DataFusion's comparison, boolean, arithmetic, `like`/`ilike`,
 //!   `is_null`-style builtins, every non-volatile scalar function the node's DataFusion
-//!   registers (string, math, date/time, regex, …), and the aggregates `sum`, `count`,
-//!   `min`, `max`, `avg`. Volatile functions (`random`, `uuid`, …) are refused.
+//!   registers (string, math, date/time, regex, …), and the aggregates of
+//!   [`AGGREGATES`] (`sum`, `count`, `min`, `max`, `avg`, the variances and standard
+//!   deviations, `bool_and`/`bool_or`, `approx_distinct`). Volatile functions
+//!   (`random`, `uuid`, …) are refused.
 //! * Limits: [`MAX_PLAN_BYTES`] bytes, [`MAX_EXPR_DEPTH`] nested expressions,
 //!   [`MAX_REL_DEPTH`] nested relations, [`MAX_IN_LIST`] IN-list items,
 //!   [`MAX_FUNCTIONS`] declared functions, [`MAX_FILTERS`] key filters of at most
@@ -138,6 +156,13 @@ pub struct SqlFragment {
     /// one per partition.
     #[prost(string, repeated, tag = "9")]
     pub partitions: Vec<String>,
+    /// A partial aggregate the compute tier could not judge: handed back when a
+    /// stream's first rows hold more groups than this fraction of them.
+    #[prost(float, optional, tag = "10")]
+    pub shrink_above: Option<f32>,
+    /// The answer's schema as planned (Arrow IPC schema message); empty: unknown.
+    #[prost(bytes = "vec", tag = "11")]
+    pub output_schema: Vec<u8>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).
@@ -159,6 +184,30 @@ impl SqlFragment {
     /// Encodes for a ticket.
     pub fn to_bytes(&self) -> Vec<u8> {
         self.encode_to_vec()
+    }
+
+    /// `schema` as [`SqlFragment::output_schema`] carries it.
+    pub fn encode_schema(schema: &arrow::datatypes::Schema) -> Vec<u8> {
+        use arrow::ipc::writer::IpcWriteOptions;
+        use arrow_flight::{IpcMessage, SchemaAsIpc};
+        IpcMessage::try_from(SchemaAsIpc::new(schema, &IpcWriteOptions::default()))
+            .map(|m| m.0.to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The planned answer schema, when the fragment carries one.
+    pub fn planned_schema(&self) -> Result<Option<arrow::datatypes::SchemaRef>, Error> {
+        if self.output_schema.is_empty() {
+            return Ok(None);
+        }
+        arrow::ipc::convert::try_schema_from_ipc_buffer(&self.output_schema)
+            .map(|s| Some(std::sync::Arc::new(s)))
+            .map_err(|e| {
+                invalid(format!(
+                    "malformed output schema: {}",
+                    short(&e.to_string())
+                ))
+            })
     }
 
     /// Decodes untrusted bytes and the plan inside (sizes checked first).
@@ -188,12 +237,17 @@ impl SqlFragment {
         for k in &f.key_filters {
             k.attached().map_err(invalid)?;
         }
-        if let Some(d) = f.direct_above
-            && !(0.0..=1.0).contains(&d)
-        {
-            return Err(invalid(format!(
-                "direct_above must be a fraction between 0 and 1, not {d}"
-            )));
+        for (name, fraction) in [
+            ("direct_above", f.direct_above),
+            ("shrink_above", f.shrink_above),
+        ] {
+            if let Some(d) = fraction
+                && !(0.0..=1.0).contains(&d)
+            {
+                return Err(invalid(format!(
+                    "{name} must be a fraction between 0 and 1, not {d}"
+                )));
+            }
         }
         if !f.partitions.is_empty() {
             if f.partition.is_some() {
@@ -253,6 +307,7 @@ pub fn validate(
         table,
         functions: Default::default(),
         aggregates: Default::default(),
+        windows: Default::default(),
     };
     for ext in &plan.extensions {
         match &ext.mapping_type {
@@ -265,6 +320,8 @@ pub fn validate(
                     .to_ascii_lowercase();
                 if AGGREGATES.contains(&base.as_str()) {
                     v.aggregates.insert(f.function_anchor);
+                } else if WINDOW_FUNCTIONS.contains(&base.as_str()) {
+                    v.windows.insert(f.function_anchor);
                 } else if functions_ok(&base) {
                     v.functions.insert(f.function_anchor);
                 } else {
@@ -300,13 +357,33 @@ pub fn validate(
     v.rel(root, 0).map(|_| ())
 }
 
-/// Aggregates a fragment may use.
-pub(crate) const AGGREGATES: &[&str] = &["sum", "count", "min", "max", "avg"];
+/// Aggregates a fragment may use: those whose partial states merge into the exact
+/// answer (the variances' count, mean and sum of squares included), and
+/// `approx_distinct`, whose sketches merge into the sketch of all the rows.
+pub(crate) const AGGREGATES: &[&str] = &[
+    "sum",
+    "count",
+    "min",
+    "max",
+    "avg",
+    "stddev",
+    "stddev_pop",
+    "var",
+    "var_pop",
+    "bool_and",
+    "bool_or",
+    "approx_distinct",
+];
+
+/// Window functions a fragment may use: the ranking ones, whose value among a
+/// node's rows is at most their value among all (see `compute/window_down.rs`).
+pub(crate) const WINDOW_FUNCTIONS: &[&str] = &["row_number", "rank", "dense_rank"];
 
 struct Validator<'a> {
     table: &'a str,
     functions: HashSet<u32>,
     aggregates: HashSet<u32>,
+    windows: HashSet<u32>,
 }
 
 impl Validator<'_> {
@@ -384,7 +461,10 @@ impl Validator<'_> {
             Some(RelType::Project(p)) => {
                 let w = child(&p.input)?;
                 for e in &p.expressions {
-                    self.expr(e, 0, w)?;
+                    match e.rex_type.as_ref() {
+                        Some(RexType::WindowFunction(f)) => self.window(f, w)?,
+                        _ => self.expr(e, 0, w)?,
+                    }
                 }
                 (&p.common, w + p.expressions.len())
             }
@@ -489,6 +569,30 @@ impl Validator<'_> {
             }
             _ => Ok(width),
         }
+    }
+
+    /// Checks a window function standing as a project's expression.
+    fn window(&self, f: &proto::expression::WindowFunction, width: usize) -> Result<(), Error> {
+        if !self.windows.contains(&f.function_reference) {
+            return Err(invalid(format!(
+                "window function #{} is not one of {}",
+                f.function_reference,
+                WINDOW_FUNCTIONS.join(", ")
+            )));
+        }
+        self.args(&f.arguments, 0, width)?;
+        #[allow(deprecated)]
+        for e in f.partitions.iter().chain(&f.args) {
+            self.expr(e, 1, width)?;
+        }
+        for s in &f.sorts {
+            let e = s
+                .expr
+                .as_ref()
+                .ok_or_else(|| invalid("window ordering without expression"))?;
+            self.expr(e, 1, width)?;
+        }
+        Ok(())
     }
 
     fn args(&self, args: &[FunctionArgument], depth: usize, width: usize) -> Result<(), Error> {

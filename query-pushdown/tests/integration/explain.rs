@@ -10,7 +10,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::{nodes, sessions};
 
-async fn explain(s: &CsdSession, sql: &str) -> String {
+pub(crate) async fn explain(s: &CsdSession, sql: &str) -> String {
     let b = s
         .ctx
         .sql(&format!("explain {sql}"))

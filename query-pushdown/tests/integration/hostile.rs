@@ -350,6 +350,8 @@ async fn hostile_fragments_are_refused() {
             objects: vec![],
             functions: vec![],
             partitions: vec![],
+            shrink_above: None,
+            output_schema: vec![],
         }
         .to_bytes()
     };
@@ -522,6 +524,8 @@ async fn write_fuzz_seeds() {
         objects: vec![],
         functions: vec![],
         partitions: vec![],
+        shrink_above: None,
+        output_schema: vec![],
     };
     std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }

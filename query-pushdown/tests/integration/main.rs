@@ -11,6 +11,7 @@ mod gateway;
 mod holdout;
 mod hostile;
 mod plans;
+mod shrink;
 mod tpch;
 
 use std::sync::Arc;

@@ -252,6 +252,8 @@ mod tests {
                             .collect(),
                         node,
                         merged: vec![],
+                        distinct: vec![],
+                        node_distinct: Default::default(),
                     }
                 })
                 .collect();
@@ -344,6 +346,8 @@ mod tests {
                 objects: vec![],
                 node,
                 merged: vec![],
+                distinct: vec![],
+                node_distinct: Default::default(),
             }],
             Compression::None,
             env.ranges().clone(),

@@ -90,6 +90,9 @@ pub(crate) struct ScanMsg {
     /// Output partitions (at least the endpoints; the rest are empty).
     #[prost(uint32, tag = "15")]
     pub(crate) partitions: u32,
+    /// A partial aggregate judged at the nodes: their threshold.
+    #[prost(float, optional, tag = "16")]
+    pub(crate) shrink_above: Option<f32>,
 }
 
 /// One partition of a table on one node.
@@ -204,6 +207,7 @@ impl CsdScanExec {
                 })
                 .collect(),
             partitions: self.props.output_partitioning().partition_count() as u32,
+            shrink_above: self.shrink_above,
         })
     }
 
@@ -233,6 +237,9 @@ impl CsdScanExec {
                 objects,
                 node,
                 merged: e.merged,
+                // Pushdown was decided where the plan was made.
+                distinct: vec![],
+                node_distinct: Default::default(),
             });
         }
         let compression =
@@ -269,6 +276,7 @@ impl CsdScanExec {
             .with_partitions(msg.partitions as usize);
         scan.direct = msg.direct;
         scan.pinned = msg.pinned;
+        scan.shrink_above = msg.shrink_above;
         for k in msg.key_filters {
             let columns: Vec<usize> = k.columns.iter().map(|&c| c as usize).collect();
             if columns.iter().any(|&c| c >= width) {

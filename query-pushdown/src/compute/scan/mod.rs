@@ -86,6 +86,8 @@ pub struct CsdScanExec {
     /// For each output column, the table column it passes through unchanged, when
     /// the fragment only filters and projects (see [`CsdScanExec::with_table_columns`]).
     table_columns: Option<Arc<Vec<usize>>>,
+    /// A partial aggregate judged at the nodes (see [`CsdScanExec::judged_at_nodes`]).
+    shrink_above: Option<f32>,
 }
 
 impl CsdScanExec {
@@ -121,7 +123,16 @@ impl CsdScanExec {
             pinned: false,
             functions: Arc::new(Vec::new()),
             table_columns: None,
+            shrink_above: None,
         }
+    }
+
+    /// A partial aggregate that could not be judged before running (no distinct-count
+    /// sketches): each node hands it back when a stream's first rows hold more groups
+    /// than `fraction` of them (see [`SqlFragment::shrink_above`]).
+    pub(crate) fn judged_at_nodes(mut self, fraction: f32) -> Self {
+        self.shrink_above = Some(fraction);
+        self
     }
 
     /// The same scan with `partitions` output partitions (the endpoints' count at
@@ -161,6 +172,7 @@ impl CsdScanExec {
         s.functions = self.functions.clone();
         s.key_filters = self.key_filters.clone();
         s.table_columns = self.table_columns.clone();
+        s.shrink_above = self.shrink_above;
         s
     }
 
@@ -203,6 +215,8 @@ impl CsdScanExec {
             },
             functions: self.functions.iter().map(|f| f.to_msg()).collect(),
             partitions: endpoint.merged.clone(),
+            shrink_above: self.shrink_above,
+            output_schema: SqlFragment::encode_schema(&self.schema),
         };
         EndpointOpener {
             table: self.table.clone(),

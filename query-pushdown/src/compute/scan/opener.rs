@@ -221,14 +221,17 @@ impl EndpointOpener {
             }
             Err(e) => return Err(to_datafusion(e)),
         };
-        // A node that runs out of memory fails before its first batch: that too is
-        // evaluated here rather than failing the query.
+        // A node that runs out of memory fails before its first batch, and one that
+        // judged the fragment while running it (an aggregate that does not shrink)
+        // hands it back there: both are evaluated here rather than failing the query.
         let mut batches = reply.batches;
         let first = batches.next().await;
-        if let Some(Err(e)) = &first
-            && e.code() == Some(tonic::Code::ResourceExhausted)
-        {
-            return Ok(Err(e.to_string()));
+        match &first {
+            Some(Err(ClientError::PushedBack(p))) => return Ok(Err(p.reason.clone())),
+            Some(Err(e)) if e.code() == Some(tonic::Code::ResourceExhausted) => {
+                return Ok(Err(e.to_string()));
+            }
+            _ => {}
         }
         Ok(Ok(Opened::Node {
             batches: futures::stream::iter(first).chain(batches).boxed(),
