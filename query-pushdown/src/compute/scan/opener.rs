@@ -251,13 +251,16 @@ impl EndpointOpener {
         let external = |e: csd_protocol::Error| DataFusionError::External(Box::new(e));
         let (frag, mode, plan) = SqlFragment::decode_checked(args).map_err(external)?;
         let provider = Arc::new(self.table.range_table(std::slice::from_ref(&self.endpoint)));
-        let session = fragment_session(
-            self.context.runtime_env(),
-            &frag.table,
-            provider,
-            Parallelism::ONE,
-        )
-        .map_err(external)?;
+        // A fragment over one partition runs in one stream (the scan's other
+        // partitions take the other cores); one standing for a node's several
+        // partitions (a per-node top-k) is the scan's only work from that node, and
+        // in one stream it would sort all of the node's rows on one core.
+        let parallel = match self.endpoint.merged.len() > 1 {
+            true => Parallelism::NODE,
+            false => Parallelism::ONE,
+        };
+        let session = fragment_session(self.context.runtime_env(), &frag.table, provider, parallel)
+            .map_err(external)?;
         // The same modules the node would run, from this process's sandbox (which
         // compiled them when they were registered).
         let guard = match frag.functions.is_empty() {
