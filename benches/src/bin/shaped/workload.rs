@@ -170,7 +170,7 @@ pub(crate) fn write_parquet(path: &Path, schema: SchemaRef, batches: &[RecordBat
         w.write(b).expect("write");
     }
     w.close().expect("close");
-    std::fs::rename(&tmp, &path).expect("rename");
+    std::fs::rename(&tmp, path).expect("rename");
 }
 
 /// `batches` with their rows in a random order (seeded by the table's name), string
