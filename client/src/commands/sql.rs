@@ -123,6 +123,12 @@ async fn run_sql(
             " (no pushdown: Parquet byte ranges)".to_string()
         }
     );
+    // Why each node returned work it was asked to do (the compute tier did it).
+    for n in r.node_runs.iter().filter(|n| n.work_pushed_back()) {
+        if let Some(why) = &n.pushed_back {
+            eprintln!("{} returned its fragment: {why}", n.endpoint);
+        }
+    }
     Ok(())
 }
 

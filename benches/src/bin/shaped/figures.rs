@@ -46,6 +46,10 @@ pub(crate) fn run_process(mut cmd: Command, net: &Net) -> Run {
             .and_then(|l| parse_after(l, "ms"))
     });
     let handed_back = parse_after(&stderr, "handed back").map(|h| h as u64);
+    // A node's reasons for returning work, kept in the bench's log.
+    for why in stderr.lines().filter(|l| l.contains("returned its fragment:")) {
+        eprintln!("    {why}");
+    }
     let query_ms = parse_after(&stderr, "ms;");
     Run {
         secs,
