@@ -33,6 +33,10 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// overrun the budget at the next crest.
 pub const PEAK_WINDOW: Duration = Duration::from_secs(2);
 
+/// Least time between two trims asked for by refused growth
+/// ([`MemoryLedger::try_take_or_trim`]).
+pub const TRIM_EVERY: Duration = Duration::from_millis(250);
+
 /// Operators may always take this share of the budget, whatever else the process
 /// holds (1/8): enough for any operator to make progress, so that a node over its
 /// budget for reasons operators cannot change slows down instead of failing queries.
@@ -89,6 +93,8 @@ pub struct MemoryLedger {
     window_us: AtomicU64,
     /// When that sample was taken, in microseconds since `epoch` (+1; 0: never).
     sampled_us: AtomicU64,
+    /// When the allocator was last asked to return free memory (as `sampled_us`).
+    trimmed_us: AtomicU64,
     epoch: Instant,
     resident: fn() -> Option<u64>,
 }
@@ -111,6 +117,7 @@ impl MemoryLedger {
             outside: AtomicU64::new(0),
             window_us: AtomicU64::new(0),
             sampled_us: AtomicU64::new(0),
+            trimmed_us: AtomicU64::new(0),
             epoch: Instant::now(),
             resident,
         })
@@ -269,6 +276,38 @@ impl MemoryLedger {
             .is_ok()
     }
 
+    /// Takes `n` bytes if they fit, after returning the allocator's free memory to
+    /// the OS once if they do not: a finished query's freed buffers stay resident in
+    /// glibc's arenas and count against operators until then (a sort refused after a
+    /// large aggregate had finished). At most one trim per [`TRIM_EVERY`]; blocking
+    /// for a few milliseconds when it trims.
+    pub fn try_take_or_trim(&self, n: u64) -> bool {
+        if self.try_take(n) {
+            return true;
+        }
+        let now = self.epoch.elapsed().as_micros() as u64 + 1;
+        let last = self.trimmed_us.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= TRIM_EVERY.as_micros() as u64;
+        if !due
+            || self
+                .trimmed_us
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        trim();
+        // What the window's peak counted was freed: sample afresh.
+        let outside = (self.resident)()
+            .unwrap_or(0)
+            .saturating_sub(self.pooled())
+            .saturating_sub(self.held());
+        self.outside.store(outside, Ordering::Relaxed);
+        self.window_us.store(now, Ordering::Relaxed);
+        self.sampled_us.store(now, Ordering::Relaxed);
+        self.try_take(n)
+    }
+
     /// Takes `n` bytes whether or not they fit (memory already allocated).
     pub fn take(&self, n: u64) {
         self.pooled.fetch_add(n, Ordering::AcqRel);
@@ -397,6 +436,16 @@ mod tests {
             124 * mib,
             "the trough is not trusted"
         );
+        // Unless growth is refused: the allocator is trimmed and the process sampled
+        // afresh, once per TRIM_EVERY.
+        assert!(!ledger.try_take(150 * mib));
+        assert!(ledger.try_take_or_trim(150 * mib), "the crest is gone");
+        assert_eq!(ledger.operator_limit(), 184 * mib);
+        RESIDENT.store(100 * mib, Ordering::Relaxed);
+        resample();
+        assert!(!ledger.try_take_or_trim(100 * mib), "one trim per TRIM_EVERY");
+        ledger.give_back(150 * mib);
+        RESIDENT.store(40 * mib, Ordering::Relaxed);
         // A process far over its budget outside the pools still leaves the floor.
         RESIDENT.store(900 * mib, Ordering::Relaxed);
         resample();

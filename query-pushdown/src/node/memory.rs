@@ -47,7 +47,7 @@ impl MemoryPool for LedgerPool {
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
-        if self.ledger.try_take(additional as u64) {
+        if self.ledger.try_take_or_trim(additional as u64) {
             return Ok(());
         }
         Err(resources_datafusion_err!(
