@@ -443,7 +443,10 @@ mod tests {
         assert_eq!(ledger.operator_limit(), 184 * mib);
         RESIDENT.store(100 * mib, Ordering::Relaxed);
         resample();
-        assert!(!ledger.try_take_or_trim(100 * mib), "one trim per TRIM_EVERY");
+        assert!(
+            !ledger.try_take_or_trim(100 * mib),
+            "one trim per TRIM_EVERY"
+        );
         ledger.give_back(150 * mib);
         RESIDENT.store(40 * mib, Ordering::Relaxed);
         // A process far over its budget outside the pools still leaves the floor.

@@ -26,18 +26,18 @@ use crate::eval::scan;
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
 pub(super) const NODE_URL: &str = "csd-node://local";
 
-/// `schema` with its `Utf8` and `Binary` columns read as views, when it has any and
-/// no view column of its own: the Parquet reader then hands out views into its pages
+/// `schema` with its `Utf8` columns read as views, when it has any and no view
+/// column of its own: the Parquet reader then hands out views into its pages
 /// instead of copying every value, and DataFusion groups, compares and hashes views
 /// of up to 12 bytes as one 128-bit word (a GROUP BY over a 100,000-value string
-/// column spent most of its time in byte comparisons). `None`: read as stored.
+/// column spent most of its time in byte comparisons). Binary columns stay as
+/// stored: DataFusion's Substrait consumer does not take `BinaryView` for a plan's
+/// `Binary`. `None`: read as stored.
 pub(super) fn with_views(schema: &SchemaRef) -> Option<SchemaRef> {
     let fields = schema.fields();
     let viewed = |t: &DataType| matches!(t, DataType::Utf8View | DataType::BinaryView);
     if fields.iter().any(|f| viewed(f.data_type()))
-        || !fields
-            .iter()
-            .any(|f| matches!(f.data_type(), DataType::Utf8 | DataType::Binary))
+        || !fields.iter().any(|f| f.data_type() == &DataType::Utf8)
     {
         return None;
     }
@@ -46,7 +46,6 @@ pub(super) fn with_views(schema: &SchemaRef) -> Option<SchemaRef> {
         .map(|f| {
             let t = match f.data_type() {
                 DataType::Utf8 => DataType::Utf8View,
-                DataType::Binary => DataType::BinaryView,
                 other => other.clone(),
             };
             f.as_ref().clone().with_data_type(t)

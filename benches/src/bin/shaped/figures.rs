@@ -47,7 +47,10 @@ pub(crate) fn run_process(mut cmd: Command, net: &Net) -> Run {
     });
     let handed_back = parse_after(&stderr, "handed back").map(|h| h as u64);
     // A node's reasons for returning work, kept in the bench's log.
-    for why in stderr.lines().filter(|l| l.contains("returned its fragment:")) {
+    for why in stderr
+        .lines()
+        .filter(|l| l.contains("returned its fragment:"))
+    {
         eprintln!("    {why}");
     }
     let query_ms = parse_after(&stderr, "ms;");
