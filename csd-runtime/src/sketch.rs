@@ -344,7 +344,8 @@ mod tests {
             let values: Vec<i64> = (0..truth as i64).flat_map(|v| [v, v, v]).collect();
             assert!(s.update(&Int64Array::from(values)));
             let e = s.estimate();
-            let tolerance = if truth <= 1_000 { 0.01 } else { 0.05 };
+            // Linear counting below ~10k values: within a few percent (986 for 1,000).
+            let tolerance = if truth <= 10 { 0.0 } else { 0.03 };
             assert!(
                 within(e, truth, tolerance),
                 "{truth} distinct: estimated {e}"
@@ -408,7 +409,9 @@ mod tests {
         let kv = s.to_key_value();
         let back = ColumnSketches::decode(kv.value.as_deref().unwrap(), 3).unwrap();
         assert_eq!(back, s);
-        assert_eq!(back.estimates(), vec![Some(100), Some(5), None]);
+        let e = back.estimates();
+        assert!(matches!(e[0], Some(98..=102)), "{e:?}");
+        assert_eq!(e[1..], [Some(5), None]);
         // Another column count, another version, garbage: ignored, never a panic.
         assert!(ColumnSketches::decode(kv.value.as_deref().unwrap(), 2).is_none());
         assert!(ColumnSketches::decode("{\"v\":2,\"p\":12,\"columns\":[]}", 0).is_none());

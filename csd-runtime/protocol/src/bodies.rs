@@ -110,8 +110,15 @@ mod tests {
         }
         assert!(compress(Compression::None, &raw).is_none());
         // Random bytes do not shrink: sent raw.
-        let noise: Vec<u8> = (0..4096u64)
-            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                // xorshift64*
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+            })
             .collect();
         assert!(compress(Compression::Lz4Frame, &noise).is_none());
         assert!(decompress(b"snappy", Bytes::from_static(b"x"), 10).is_err());
