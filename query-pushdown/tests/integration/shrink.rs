@@ -218,7 +218,6 @@ async fn a_top_k_per_group_is_cut_at_the_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "the node's partial-aggregation probe does not trip here yet (issue 65)"]
 async fn without_sketches_the_nodes_judge_while_running() {
     use csd_runtime::config::NodeConfig;
     use csd_runtime::table::ParquetOptions;
@@ -234,7 +233,13 @@ async fn without_sketches_the_nodes_judge_while_running() {
     };
     // One stream: the probe judges after its first batch of 8,192 rows and skips
     // the rest, which the guard sees.
-    config.set = vec!["sql.shrink_probe_rows=2000".into(), "sql.streams=1".into()];
+    config.operators.insert(
+        "sql".into(),
+        toml::toml! {
+            shrink_probe_rows = 2000
+            streams = 1
+        },
+    );
     let node = crate::sql_node_with(config).await;
     let client = csd_protocol::node_client::NodeClient::connect(&node.url)
         .await
