@@ -209,21 +209,8 @@ impl NodeConfig {
     /// Folds the `--set` flags into [`operators`](Self::operators).
     fn with_set(mut self) -> Result<Self> {
         for s in std::mem::take(&mut self.set) {
-            let (key, value) = s.split_once('=').ok_or_else(|| {
-                Error::InvalidArgument(format!("--set {s:?}: expected OPERATOR.KEY=VALUE"))
-            })?;
-            let (op, key) = key.split_once('.').ok_or_else(|| {
-                Error::InvalidArgument(format!("--set {s:?}: expected OPERATOR.KEY=VALUE"))
-            })?;
-            // A TOML value (number, boolean, quoted string), or else the text itself.
-            let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-                .ok()
-                .and_then(|mut t| t.remove("v"))
-                .unwrap_or_else(|| toml::Value::String(value.to_string()));
-            self.operators
-                .entry(op.trim().to_string())
-                .or_default()
-                .insert(key.trim().to_string(), value);
+            let (op, key, value) = parse_set(&s)?;
+            self.operators.entry(op).or_default().insert(key, value);
         }
         Ok(self)
     }
@@ -234,13 +221,18 @@ impl NodeConfig {
         &self,
         name: &str,
     ) -> Result<T> {
-        match self.operators.get(name) {
-            None => Ok(T::default()),
-            Some(t) => t
-                .clone()
-                .try_into()
-                .map_err(|e| Error::InvalidArgument(format!("options of operator {name}: {e}"))),
+        // `set` not yet folded in (settings built in code rather than loaded) still
+        // counts, over the table.
+        let mut table = self.operators.get(name).cloned().unwrap_or_default();
+        for s in &self.set {
+            let (op, key, value) = parse_set(s)?;
+            if op == name {
+                table.insert(key, value);
+            }
         }
+        table
+            .try_into()
+            .map_err(|e| Error::InvalidArgument(format!("options of operator {name}: {e}")))
     }
 
     /// The limits shipped code runs under.
@@ -317,6 +309,19 @@ fn overlay(into: &mut serde_json::Value, from: &serde_json::Value, id: &str) {
             overlay(target, sub, id);
         }
     }
+}
+
+/// One `--set OPERATOR.KEY=VALUE`: the value a TOML value (number, boolean, quoted
+/// string), or else the text itself.
+fn parse_set(s: &str) -> Result<(String, String, toml::Value)> {
+    let bad = || Error::InvalidArgument(format!("--set {s:?}: expected OPERATOR.KEY=VALUE"));
+    let (key, value) = s.split_once('=').ok_or_else(bad)?;
+    let (op, key) = key.split_once('.').ok_or_else(bad)?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    Ok((op.trim().to_string(), key.trim().to_string(), value))
 }
 
 #[cfg(test)]

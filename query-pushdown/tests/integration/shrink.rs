@@ -233,13 +233,7 @@ async fn without_sketches_the_nodes_judge_while_running() {
     };
     // One stream: the probe judges after its first batch of 8,192 rows and skips
     // the rest, which the guard sees.
-    config.operators.insert(
-        "sql".into(),
-        toml::toml! {
-            shrink_probe_rows = 2000
-            streams = 1
-        },
-    );
+    config.set = vec!["sql.shrink_probe_rows=2000".into(), "sql.streams=1".into()];
     let node = crate::sql_node_with(config).await;
     let client = csd_protocol::node_client::NodeClient::connect(&node.url)
         .await
