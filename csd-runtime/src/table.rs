@@ -194,6 +194,10 @@ pub struct Table {
     pub schema: SchemaRef,
     /// Partition name → objects in append order.
     pub partitions: BTreeMap<String, Vec<ParquetObject>>,
+    /// Partition name → why its objects that could not be read when the node
+    /// started are lost (each names its object): the partition then reads as
+    /// `DATA_LOSS` rather than without them.
+    pub damaged: BTreeMap<String, Vec<String>>,
 }
 
 impl Table {
@@ -208,6 +212,37 @@ impl Table {
             Some(u) => u.estimates(),
             None => vec![None; self.schema.fields().len()],
         }
+    }
+
+    /// The objects of `partitions` (of every partition when none is named):
+    /// `NOT_FOUND` for a partition the table does not have, `DATA_LOSS` naming the
+    /// object for one holding an object that could not be read when the node started
+    /// (its other partitions read as before).
+    pub fn objects_of(&self, partitions: &[&str]) -> Result<Vec<ParquetObject>> {
+        let named: Vec<&str> = match partitions.is_empty() {
+            true => self.partitions.keys().map(String::as_str).collect(),
+            false => partitions.to_vec(),
+        };
+        let mut objects = Vec::new();
+        for p in named {
+            let of = self.partitions.get(p).ok_or_else(|| {
+                Error::NotFound(format!(
+                    "partition {} of table {}",
+                    truncated(p),
+                    truncated(&self.name)
+                ))
+            })?;
+            if let Some(why) = self.damaged.get(p).and_then(|d| d.first()) {
+                return Err(Error::Corrupt(format!(
+                    "partition {} of table {} has lost an object: {why}; put the partition \
+                     again (or read it from another copy)",
+                    truncated(p),
+                    truncated(&self.name)
+                )));
+            }
+            objects.extend(of.iter().cloned());
+        }
+        Ok(objects)
     }
 
     /// Total rows.
@@ -286,24 +321,53 @@ pub(crate) fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
     Some((t, p, seq))
 }
 
+/// Records that an object of `partition` of `table` is lost (`why` names it).
+fn damage(tables: &mut BTreeMap<String, Table>, table: &str, partition: &str, why: String) {
+    tracing::error!(table, partition, "a stored object is lost: {why}");
+    // A table none of whose objects could be read has no schema left.
+    let t = tables.entry(table.to_string()).or_insert_with(|| Table {
+        name: table.to_string(),
+        schema: Arc::new(arrow::datatypes::Schema::empty()),
+        partitions: BTreeMap::new(),
+        damaged: BTreeMap::new(),
+    });
+    t.partitions.entry(partition.to_string()).or_default();
+    t.damaged
+        .entry(partition.to_string())
+        .or_default()
+        .push(why);
+}
+
 impl TableStore {
     /// Loads the registry from the Parquet objects in `store`.
     pub async fn open(store: ObjectStore, options: &ParquetOptions) -> Result<Self> {
         let mut tables: BTreeMap<String, Table> = BTreeMap::new();
         let mut max_seq = 0;
+        // Objects whose footer cannot be read: one lost object, not a node that
+        // will not start.
+        let mut damaged: Vec<(String, String, String)> = Vec::new();
         for object in store.list("") {
             let Some((t, p, seq)) = parse_object_name(&object.name) else {
                 continue;
             };
             max_seq = max_seq.max(seq);
-            let metadata = ObjectReader::new(store.clone(), object.clone())
+            let metadata = match ObjectReader::new(store.clone(), object.clone())
                 .load_metadata()
-                .await?;
+                .await
+            {
+                Ok(m) => m,
+                Err(Error::Corrupt(why)) => {
+                    damaged.push((t.to_string(), p.to_string(), why));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let schema = metadata.schema().clone();
             let table = tables.entry(t.to_string()).or_insert_with(|| Table {
                 name: t.to_string(),
                 schema: schema.clone(),
                 partitions: BTreeMap::new(),
+                damaged: BTreeMap::new(),
             });
             if let Err(e) = check_same_schema(t, &table.schema, &schema) {
                 tracing::warn!(object = %object.name, "skipping object: {e}");
@@ -315,6 +379,9 @@ impl TableStore {
                 .or_default()
                 .push(ParquetObject::new(object, metadata));
         }
+        for (t, p, why) in damaged {
+            damage(&mut tables, &t, &p, why);
+        }
         Ok(TableStore {
             store,
             tables: RwLock::new(tables),
@@ -322,6 +389,11 @@ impl TableStore {
             sketches: options.distinct_sketches,
             next_seq: Mutex::new(max_seq + 1),
         })
+    }
+
+    fn mark_damaged(&self, table: &str, partition: &str, why: &str) {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        damage(&mut tables, table, partition, why.to_string());
     }
 
     /// The object store underneath.
@@ -461,9 +533,19 @@ impl TableStore {
         }
         pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;
-        let metadata = ObjectReader::new(self.store.clone(), object.clone())
+        // Committed: a footer that cannot be read back is an object lost at once,
+        // and its partition must read as lost, not as the partition without it.
+        let metadata = match ObjectReader::new(self.store.clone(), object.clone())
             .load_metadata()
-            .await?;
+            .await
+        {
+            Ok(m) => m,
+            Err(Error::Corrupt(why)) => {
+                self.mark_damaged(table, partition, &why);
+                return Err(Error::Corrupt(why));
+            }
+            Err(e) => return Err(e),
+        };
         let summary = PutSummary {
             table: table.into(),
             partition: partition.into(),
@@ -478,7 +560,12 @@ impl TableStore {
                 name: table.to_string(),
                 schema: schema.clone(),
                 partitions: BTreeMap::new(),
+                damaged: BTreeMap::new(),
             });
+            // Only lost objects left: the table takes the schema of what comes now.
+            if entry.schema.fields().is_empty() && entry.partitions.values().all(Vec::is_empty) {
+                entry.schema = schema.clone();
+            }
             // A concurrent first append may have created the table with another schema.
             match check_same_schema(table, &entry.schema, &schema) {
                 Ok(()) => {
@@ -520,6 +607,7 @@ impl TableStore {
                 Some(p) => {
                     if let Some(t) = tables.get_mut(table) {
                         t.partitions.remove(p);
+                        t.damaged.remove(p);
                         if t.partitions.is_empty() {
                             tables.remove(table);
                         }

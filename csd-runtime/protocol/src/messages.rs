@@ -36,6 +36,11 @@ pub struct PartitionDescription {
     /// objects; empty or `None` when unknown.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub distinct: Vec<Option<u64>>,
+    /// Objects of the partition the node has lost (each message names one): the
+    /// partition cannot be read whole, and reading it must fail with DATA_LOSS
+    /// rather than read `objects` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
 }
 
 /// One Parquet object in a [`PartitionDescription`].

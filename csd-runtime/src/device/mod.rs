@@ -12,6 +12,7 @@
 //! and the testbed). Pick one from a [`DeviceSpec`].
 
 pub mod emulated;
+pub mod faulty;
 mod mailbox;
 pub mod nvme;
 mod ring;
@@ -325,6 +326,10 @@ pub(crate) fn check_command(geo: &Geometry, op: &str, lba: u64, buf: &DmaBuf) ->
 ///   `latency_us`, `read_mbps`, `write_mbps`, `queue_depth`, `parallelism` options.
 ///   A model with no options is untimed (plain memory or pread/pwrite): the fallback
 ///   where the kernel refuses io_uring.
+/// * `faulty:SEED[,RATE=P…][,safe_below=LBA]:INNER` – any of the above, misbehaving
+///   on purpose and deterministically for `SEED` ([`faulty`]): rates `rot`,
+///   `corrupt`, `misdirect`, `lse`, `write_eio`, `enospc`, `flush_fail`, `spike`
+///   (probabilities), `spike_ms`; no silent faults below block `safe_below`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceSpec {
     /// io_uring on a file or raw block device.
@@ -342,6 +347,17 @@ pub enum DeviceSpec {
         /// `malloc=MIB`, `tcp=HOST:PORT/NQN` or `pcie=BDF`.
         target: String,
     },
+    /// Another device, misbehaving on purpose.
+    Faulty {
+        /// The faults' seed.
+        seed: u64,
+        /// How often each fault happens.
+        rates: faulty::FaultRates,
+        /// No silent faults below this block.
+        safe_below: u64,
+        /// The device underneath.
+        inner: Box<DeviceSpec>,
+    },
     /// Emulated NVMe.
     Emulated {
         /// `None` for memory-backed.
@@ -355,6 +371,40 @@ impl FromStr for DeviceSpec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         let bad = |why: String| Error::InvalidArgument(format!("device spec {s:?}: {why}"));
+        if let Some(rest) = s.strip_prefix("faulty:") {
+            let (head, inner) = rest
+                .split_once(':')
+                .ok_or_else(|| bad("expected faulty:SEED[,RATE=P…]:INNER_SPEC".into()))?;
+            let mut parts = head.split(',');
+            let seed = parts.next().unwrap_or_default();
+            let seed = seed
+                .parse::<u64>()
+                .map_err(|_| bad(format!("seed {seed:?} is not a number")))?;
+            let (mut rates, mut safe_below) = (faulty::FaultRates::default(), 0);
+            for opt in parts {
+                let (k, v) = opt
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("option {opt:?} is not key=value")))?;
+                let v = v
+                    .parse::<f64>()
+                    .map_err(|_| bad(format!("option {k}: {v:?} is not a number")))?;
+                if k == "safe_below" {
+                    safe_below = v as u64;
+                } else if !rates.set(k, v) {
+                    return Err(bad(format!(
+                        "unknown option {k:?} (known: {}, safe_below)",
+                        faulty::FaultRates::KEYS
+                    )));
+                }
+            }
+            rates.validate().map_err(|e| bad(e.to_string()))?;
+            return Ok(DeviceSpec::Faulty {
+                seed,
+                rates,
+                safe_below,
+                inner: Box::new(inner.parse()?),
+            });
+        }
         if let Some(rest) = s.strip_prefix("emulated:") {
             let mut parts = rest.split(',');
             let target = parts.next().unwrap_or_default();
@@ -434,6 +484,12 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Uring { path } => write!(f, "uring:{}", path.display()),
             DeviceSpec::Nvme { path } => write!(f, "nvme:{}", path.display()),
             DeviceSpec::Spdk { target } => write!(f, "spdk:{target}"),
+            DeviceSpec::Faulty {
+                seed,
+                rates,
+                safe_below,
+                inner,
+            } => write!(f, "faulty:{seed}{rates},safe_below={safe_below}:{inner}"),
             DeviceSpec::Emulated { path, model } => {
                 match path {
                     None => write!(f, "emulated:mem")?,
@@ -462,6 +518,16 @@ impl DeviceSpec {
                 Ok(Arc::new(uring::UringDevice::open(path, capacity, 64)?))
             }
             DeviceSpec::Nvme { path } => Ok(Arc::new(nvme::NvmeDevice::open(path, 64)?)),
+            DeviceSpec::Faulty {
+                seed,
+                rates,
+                safe_below,
+                inner,
+            } => {
+                let disk = faulty::FaultyDisk::new(inner.open(capacity)?, *seed, rates.clone())?;
+                disk.set_safe_below(*safe_below);
+                Ok(disk.device())
+            }
             #[cfg(feature = "spdk")]
             DeviceSpec::Spdk { target } => Ok(Arc::new(spdk::SpdkDevice::open(
                 &spdk::SpdkTarget::parse(target)?,
@@ -534,6 +600,34 @@ mod tests {
             assert_eq!(matches!(parsed, DeviceSpec::Nvme { .. }), nvme, "{spec}");
         }
         assert!("nvme:".parse::<DeviceSpec>().is_err());
+        // A faulty device over another spec, round-tripping through its text.
+        let spec = "faulty:42,rot=0.001,flush_fail=0.01,safe_below=129:emulated:mem"
+            .parse::<DeviceSpec>()
+            .unwrap();
+        let DeviceSpec::Faulty {
+            seed,
+            rates,
+            safe_below,
+            inner,
+        } = &spec
+        else {
+            panic!("not faulty: {spec:?}")
+        };
+        assert_eq!(
+            (*seed, rates.rot, rates.flush_fail, *safe_below),
+            (42, 0.001, 0.01, 129)
+        );
+        assert!(matches!(**inner, DeviceSpec::Emulated { path: None, .. }));
+        assert_eq!(spec.to_string().parse::<DeviceSpec>().unwrap(), spec);
+        assert!(spec.open(Some(1 << 20)).is_ok());
+        for bad in [
+            "faulty:x:emulated:mem",
+            "faulty:1,rot=2:emulated:mem",
+            "faulty:1,wobble=0.1:emulated:mem",
+            "faulty:1",
+        ] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
         assert!(
             "emulated:mem,latency_us=fast"
                 .parse::<DeviceSpec>()

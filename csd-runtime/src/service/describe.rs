@@ -69,6 +69,7 @@ impl FlightNode {
                 .map(|(name, objects)| PartitionDescription {
                     name: name.clone(),
                     distinct: t.distinct(objects.iter()),
+                    lost: t.damaged.get(name).cloned().unwrap_or_default(),
                     rows: objects.iter().map(ParquetObject::rows).sum(),
                     bytes: objects.iter().map(|o| o.object.len).sum(),
                     objects: objects

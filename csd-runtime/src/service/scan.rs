@@ -115,16 +115,7 @@ impl FlightNode {
         limit: Option<u64>,
     ) -> Result<ScanRequest> {
         let t = self.state.node.tables.table(table)?;
-        let files: Vec<ParquetObject> = match partition {
-            Some(p) => t.partitions.get(p).cloned().ok_or_else(|| {
-                Error::NotFound(format!(
-                    "partition {} of table {}",
-                    truncated(p),
-                    truncated(table)
-                ))
-            })?,
-            None => t.partitions.values().flatten().cloned().collect(),
-        };
+        let files: Vec<ParquetObject> = t.objects_of(partition.as_slice())?;
         let indices = columns
             .iter()
             .map(|c| {

@@ -318,7 +318,19 @@ impl ObjectStore {
         slot: usize,
     ) -> Result<Option<(u64, CatalogProto, usize)>> {
         let bs = sb.block_size as usize;
-        let head = dev.read(sb.slot_lba(slot), DmaBuf::zeroed(bs)).await?;
+        // A slot the medium cannot read is as good as a torn one: the other is used,
+        // and this one rewritten from it.
+        let unreadable = |e: Error| match e {
+            Error::Io { .. } | Error::Corrupt(_) => {
+                tracing::warn!(device = %dev.geometry().name, "catalog slot {slot} cannot be read: {e}");
+                Ok(None)
+            }
+            e => Err(e),
+        };
+        let head = match dev.read(sb.slot_lba(slot), DmaBuf::zeroed(bs)).await {
+            Ok(h) => h,
+            Err(e) => return unreadable(e),
+        };
         let Some((generation, len, crc)) = decode_slot_header(&head) else {
             return Ok(None);
         };
@@ -330,8 +342,13 @@ impl ObjectStore {
         let buf = if blocks == 1 {
             head
         } else {
-            dev.read(sb.slot_lba(slot), DmaBuf::zeroed(blocks * bs))
-                .await?
+            match dev
+                .read(sb.slot_lba(slot), DmaBuf::zeroed(blocks * bs))
+                .await
+            {
+                Ok(b) => b,
+                Err(e) => return unreadable(e),
+            }
         };
         let payload = &buf[SLOT_HEADER..SLOT_HEADER + len as usize];
         if crc32c::crc32c(payload) != crc {

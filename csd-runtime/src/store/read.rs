@@ -184,7 +184,9 @@ impl ObjectStore {
         let reads = cmds
             .iter()
             .map(|&(lba, n)| dev.read(lba, DmaBuf::recycled((n * bs) as usize)));
-        let bufs = futures::future::try_join_all(reads).await?;
+        let bufs = futures::future::try_join_all(reads)
+            .await
+            .map_err(|e| unreadable(info, start, end, e))?;
         let want = (end - first_block * bs) as usize;
         if bufs.iter().map(|b| b.len()).sum::<usize>() < want {
             return Err(Error::Corrupt(format!(
@@ -228,5 +230,18 @@ impl ObjectStore {
         let table: Arc<[u32]> = raw.chunks_exact(4).map(format::le_u32).collect();
         lock(&self.inner.crc_tables).insert(info.id, table.clone());
         Ok(table)
+    }
+}
+
+/// A device's failure to read an object's bytes, as what it means: those bytes are
+/// lost (DATA_LOSS naming the object), unless the failure is not the medium's (a
+/// device that lost power, a bad command), which passes as it is.
+fn unreadable(info: &ObjectInfo, start: u64, end: u64, e: Error) -> Error {
+    match e {
+        Error::Io { .. } | Error::Corrupt(_) => Error::Corrupt(format!(
+            "object {}: bytes [{start}, {end}) cannot be read from the device ({e})",
+            info.name
+        )),
+        e => e,
     }
 }

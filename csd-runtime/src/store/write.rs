@@ -12,7 +12,7 @@ impl ObjectStore {
     pub(super) fn check_writable(&self) -> Result<()> {
         if self.inner.failed.load(Ordering::Acquire) {
             return Err(Error::Unavailable(
-                "an earlier catalog write failed; the store is read-only until the node restarts"
+                "an earlier flush or catalog write failed; the store is read-only until the node restarts"
                     .into(),
             ));
         }
@@ -119,8 +119,15 @@ impl ObjectStore {
         }
         let quarantined = std::mem::take(&mut *lock(&inner.quarantine));
         // Barrier: all object data (and any abandoned writer's stray writes) is on the
-        // device before the catalog that references it.
-        inner.dev.flush().await?;
+        // device before the catalog that references it. A flush that fails is never
+        // retried and believed: what it covered (this change's data, and any other
+        // writer's since the last flush) may be gone, so no change commits until the
+        // store is reopened and its catalog read again.
+        if let Err(e) = inner.dev.flush().await {
+            inner.failed.store(true, Ordering::Release);
+            lock(&inner.quarantine).extend(quarantined);
+            return Err(e);
+        }
         let bs = inner.sb.block_size as usize;
         let blocks = (SLOT_HEADER + catalog.len()).div_ceil(bs);
         let mut buf = DmaBuf::zeroed(blocks * bs);
@@ -133,8 +140,6 @@ impl ObjectStore {
         let mirror = DmaBuf::from_slice(&buf);
         let written = async {
             inner.dev.write(inner.sb.slot_lba(slot), buf).await?;
-            inner.dev.flush().await?;
-            inner.dev.write(inner.sb.slot_lba(1 - slot), mirror).await?;
             inner.dev.flush().await
         }
         .await;
@@ -142,6 +147,22 @@ impl ObjectStore {
             inner.failed.store(true, Ordering::Release);
             lock(&inner.quarantine).extend(quarantined);
             return Err(e);
+        }
+        // Durable from here: the slot just flushed holds the newest generation, so
+        // the change is acknowledged even if the mirror fails (the store then stops
+        // taking changes until a restart, which rewrites the mirror from it).
+        let mirrored = async {
+            inner.dev.write(inner.sb.slot_lba(1 - slot), mirror).await?;
+            inner.dev.flush().await
+        }
+        .await;
+        if let Err(e) = mirrored {
+            tracing::error!(
+                device = %inner.dev.geometry().name,
+                "the catalog's mirror could not be written ({e}); the change is durable in \
+                 the other slot, and the store takes no more changes until it restarts"
+            );
+            inner.failed.store(true, Ordering::Release);
         }
         c.generation = generation;
         c.live_slot = slot;
@@ -224,6 +245,8 @@ impl ObjectStore {
             return Ok(0);
         }
         if let Err(e) = inner.dev.flush().await {
+            // Never retried and believed (see commit_change).
+            inner.failed.store(true, Ordering::Release);
             lock(&inner.quarantine).extend(taken);
             return Err(e);
         }

@@ -3,6 +3,7 @@
 
 mod crash;
 mod device;
+mod sim;
 mod store;
 
 use std::path::PathBuf;

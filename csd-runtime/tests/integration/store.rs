@@ -573,3 +573,75 @@ async fn a_kept_result_is_written_within_its_memory() {
         roomy.row_groups
     );
 }
+
+/// One object whose footer is damaged at rest: the node's tables still open, its
+/// partition reads as DATA_LOSS naming the object, the other partitions as before,
+/// and putting the partition again heals it.
+#[tokio::test]
+async fn a_lost_object_loses_its_partition_not_the_node() {
+    use arrow::array::{ArrayRef, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use csd_runtime::table::{ParquetOptions, TableStore};
+
+    let dev = mem_device(64 << 20);
+    let options = ParquetOptions::default();
+    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+    let batch = |from: i64| {
+        Ok(RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(from..from + 1000)) as ArrayRef],
+        )
+        .unwrap())
+    };
+    let lost = {
+        let tables = TableStore::open(open(&dev).await, &options).await.unwrap();
+        for (p, from) in [("p0", 0), ("p1", 1000)] {
+            tables
+                .append("t", p, schema.clone(), futures::stream::iter([batch(from)]))
+                .await
+                .unwrap();
+        }
+        tables.object_store().list("t/p1/")[0].clone()
+    };
+    // Garbage over the object's last data block (its footer).
+    let bs = 4096;
+    let mut last = lost.len.div_ceil(bs) - 1;
+    let mut lba = None;
+    for e in &lost.extents {
+        if last < e.blocks {
+            lba = Some(e.lba + last);
+            break;
+        }
+        last -= e.blocks;
+    }
+    let lba = lba.unwrap();
+    dev.write(lba, DmaBuf::from_slice(&[0xA5; 4096]))
+        .await
+        .unwrap();
+    dev.flush().await.unwrap();
+
+    let tables = TableStore::open(open(&dev).await, &options).await.unwrap();
+    let t = tables.table("t").unwrap();
+    assert_eq!(t.objects_of(&["p0"]).unwrap().len(), 1);
+    for named in [&["p1"][..], &[]] {
+        let e = t.objects_of(named).unwrap_err();
+        assert!(
+            matches!(e, Error::Corrupt(_)) && e.to_string().contains(&lost.name),
+            "{e}"
+        );
+    }
+    assert!(matches!(t.objects_of(&["p9"]), Err(Error::NotFound(_))));
+    // Put again, the partition reads.
+    tables.delete("t", Some("p1")).await.unwrap();
+    tables
+        .append(
+            "t",
+            "p1",
+            schema.clone(),
+            futures::stream::iter([batch(1000)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(tables.table("t").unwrap().objects_of(&[]).unwrap().len(), 2);
+}

@@ -182,13 +182,7 @@ impl MlOperator {
             )),
             other => other.into(),
         })?;
-        let batches = read_table(
-            ctx,
-            table.partitions.values().flatten().cloned().collect(),
-            8,
-            None,
-        )
-        .await?;
+        let batches = read_table(ctx, table.objects_of(&[])?, 8, None).await?;
         let bytes = crate::weights::from_batches(weights, &batches)?;
         // On the node's ML threads, not its async ones: building a model is CPU work
         // (an ONNX model's includes an onnxruntime session and a probe run).
@@ -299,13 +293,7 @@ impl Parsed {
         let r = &self.request;
         let t = ctx.node.tables.table(&r.dataset)?;
         dataset::check_schema(&r.dataset, &t.schema)?;
-        let objects = t.partitions.get(&r.partition).cloned().ok_or_else(|| {
-            Error::Node(csd_protocol::Error::NotFound(format!(
-                "partition {} of dataset {}",
-                csd_protocol::error::truncated(&r.partition),
-                csd_protocol::error::truncated(&r.dataset)
-            )))
-        })?;
+        let objects = t.objects_of(&[r.partition.as_str()])?;
         let (stages, input) = match r.model {
             Arch::Onnx => {
                 let m = self.op.model(ctx, r.model, &r.weights, r.pixels).await?;

@@ -9,6 +9,7 @@ pub(crate) mod gateway;
 pub(crate) mod keep;
 pub(crate) mod key_collector;
 pub(crate) mod key_filter_rule;
+pub(crate) mod lost;
 pub(crate) mod provider;
 pub(crate) mod pushable;
 pub(crate) mod pushdown;

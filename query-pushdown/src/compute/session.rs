@@ -19,6 +19,7 @@ use crate::compute::distributed::Workers;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::gate::LocalGate;
 use crate::compute::key_filter_rule::KeyFilterRule;
+use crate::compute::lost::LostTable;
 use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
@@ -76,6 +77,9 @@ pub struct ClusterTable {
     pub endpoints: Vec<Endpoint>,
     /// Node index of each endpoint.
     pub node_of: Vec<usize>,
+    /// Objects the nodes have lost, each message naming its object and node: a
+    /// table with any is registered as [`LostTable`], whose reads fail.
+    pub lost: Vec<String>,
 }
 
 impl Cluster {
@@ -119,6 +123,7 @@ impl Cluster {
                     schema: t.schema.clone(),
                     endpoints: vec![],
                     node_of: vec![],
+                    lost: vec![],
                 });
                 if entry.schema.fields() != t.schema.fields() {
                     return Err(DataFusionError::Plan(format!(
@@ -129,6 +134,11 @@ impl Cluster {
                 }
                 let node_distinct = Arc::new(t.description.distinct.clone());
                 for p in &t.description.partitions {
+                    entry.lost.extend(
+                        p.lost
+                            .iter()
+                            .map(|why| format!("{why} (partition {} at {})", p.name, n.url())),
+                    );
                     entry.endpoints.push(Endpoint {
                         client: n.clone(),
                         partition: p.name.clone(),
@@ -227,6 +237,11 @@ impl Cluster {
             .local_slots
             .map_or_else(LocalGate::per_core, LocalGate::new);
         for (name, t) in tables {
+            if !t.lost.is_empty() {
+                let lost = LostTable::new(&name, t.schema.clone(), t.lost.clone());
+                ctx.register_table(name.as_str(), Arc::new(lost))?;
+                continue;
+            }
             if opts.pushdown {
                 let at = TableEndpoints::new(
                     name.clone(),

@@ -17,7 +17,6 @@ use std::sync::{Arc, OnceLock};
 
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
-use csd_protocol::error::truncated;
 use csd_protocol::{ByteSize, Error, Result};
 use csd_runtime::memory::MemoryLedger;
 use csd_runtime::operator::{Operator, OperatorContext, OperatorRequest};
@@ -131,22 +130,7 @@ pub(super) fn objects_in(
     partitions: &[&str],
 ) -> Result<(SchemaRef, Vec<ParquetObject>)> {
     let t = ctx.node.tables.table(table)?;
-    let objects: Vec<ParquetObject> = if partitions.is_empty() {
-        t.partitions.values().flatten().cloned().collect()
-    } else {
-        let mut objects = Vec::new();
-        for p in partitions {
-            let of = t.partitions.get(*p).ok_or_else(|| {
-                Error::NotFound(format!(
-                    "partition {} of table {}",
-                    truncated(p),
-                    truncated(table)
-                ))
-            })?;
-            objects.extend(of.iter().cloned());
-        }
-        objects
-    };
+    let objects = t.objects_of(partitions)?;
     Ok((t.schema.clone(), objects))
 }
 

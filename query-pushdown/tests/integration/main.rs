@@ -7,6 +7,7 @@ mod admission;
 mod distributed;
 mod edge;
 mod explain;
+mod faults;
 mod gateway;
 mod holdout;
 mod hostile;
@@ -37,9 +38,17 @@ pub async fn sql_node() -> RunningNode {
 
 /// [`sql_node`] with other settings (device, capacity and address are set here).
 pub async fn sql_node_with(config: NodeConfig) -> RunningNode {
-    let config = NodeConfig {
+    sql_node_on(NodeConfig {
         device: "emulated:mem".into(),
         capacity: ByteSize::mib(512),
+        ..config
+    })
+    .await
+}
+
+/// A node on `config`'s own device and capacity, listening on 127.0.0.1.
+pub async fn sql_node_on(config: NodeConfig) -> RunningNode {
+    let config = NodeConfig {
         listen: "127.0.0.1:0".into(),
         ..config
     };
