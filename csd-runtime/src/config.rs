@@ -26,7 +26,9 @@ pub use csd_protocol::size::ByteSize;
 pub struct NodeConfig {
     /// Device: a file or raw device path (io_uring + O_DIRECT), `nvme:/dev/ngXnY` (NVMe
     /// commands through io_uring passthrough; a path of that name means the same), or
-    /// `emulated:mem|file=PATH[,latency_us=..,read_mbps=..,write_mbps=..,queue_depth=..,parallelism=..]`.
+    /// `emulated:mem|file=PATH[,latency_us=..,read_mbps=..,write_mbps=..,queue_depth=..,parallelism=..]`;
+    /// `faulty:SEED[,rot=P,corrupt=P,misdirect=P,lse=P,write_eio=P,enospc=P,flush_fail=P,spike=P,spike_ms=MS,safe_below=LBA]:DEVICE`
+    /// injects a drive's faults in front of any of them (docs/node.md).
     #[arg(long, env = "CSD_DEVICE", default_value = "csd-device.img")]
     pub device: String,
     /// Capacity of a new device file or emulated device.

@@ -327,9 +327,7 @@ impl ColumnSketches {
     fn decode(value: &str, columns: usize) -> Option<Self> {
         let e: Encoded = serde_json::from_str(value).ok()?;
         // Written with more registers (version 1 had 4,096): folded to this many.
-        let Some(extra) = e.p.checked_sub(P).filter(|x| *x <= 4) else {
-            return None;
-        };
+        let extra = e.p.checked_sub(P).filter(|x| *x <= 4)?;
         let m = M << extra;
         let registers: Vec<Option<Vec<u8>>> = match e.v {
             1 => e

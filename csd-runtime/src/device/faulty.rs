@@ -580,7 +580,7 @@ mod tests {
         .map(|f| n.get(f).copied().unwrap_or(0))
         .sum::<u64>();
         assert_eq!(settled, 32, "{n:?}");
-        assert!(n.get(&Fault::CachedTorn).is_some(), "{n:?}");
+        assert!(n.contains_key(&Fault::CachedTorn), "{n:?}");
         let mut seen = HashSet::new();
         for b in 2..34 {
             let got = read(&again, b).await.unwrap();
@@ -624,7 +624,7 @@ mod tests {
         assert!(e.to_string().contains("block 10"), "{e}");
         assert!(read(&dev, 10).await.is_err(), "still unreadable");
         dev.write(10, DmaBuf::from_slice(&[1; 4096])).await.unwrap();
-        assert!(disk.lock().unreadable.contains(&10) == false);
+        assert!(!disk.lock().unreadable.contains(&10));
     }
 
     #[tokio::test]
