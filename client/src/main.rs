@@ -51,6 +51,9 @@ enum Command {
     Invoke(commands::invoke::InvokeArgs),
     /// Print node, device and object-store figures as JSON.
     Stats(commands::stats::StatsArgs),
+    /// Read every object a node stores from its device and check its checksums;
+    /// prints what was damaged as JSON (exit code 4 when anything was).
+    Scrub(commands::scrub::ScrubArgs),
     /// Tokens and certificates for nodes with tenants (`csd serve --auth`, TLS).
     #[command(subcommand)]
     Auth(commands::auth::AuthCmd),
@@ -101,6 +104,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
         Command::Lease(args) => commands::lease::run(args).await,
         Command::Invoke(args) => commands::invoke::run(args).await,
         Command::Stats(args) => commands::stats::run(args).await,
+        Command::Scrub(args) => commands::scrub::run(args).await,
         Command::Auth(cmd) => commands::auth::run(cmd),
         Command::Sql(args) => commands::sql::run(args).await,
         Command::Worker(args) => commands::worker::run(args).await,

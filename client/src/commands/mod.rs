@@ -17,6 +17,7 @@ pub(crate) mod release;
 pub(crate) mod renew;
 pub(crate) mod rm;
 pub(crate) mod run;
+pub(crate) mod scrub;
 pub(crate) mod serve;
 pub(crate) mod sql;
 pub(crate) mod stats;

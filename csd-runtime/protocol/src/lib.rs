@@ -51,7 +51,7 @@ pub use actions::{
     ActionRequest, DeleteRequest, DeleteResponse, GatewayStatsRequest, INVOKE, InvokeAnswer,
     InvokeRequest, LeaseInfo, LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE,
     PutModuleResponse, RefDescription, RefsRequest, ReleaseLeaseRequest, ReleaseRequest,
-    StatsRequest, TouchLeaseRequest,
+    ScrubRequest, StatsRequest, TouchLeaseRequest,
 };
 pub use digest::ModuleDigest;
 pub use error::{Error, Result, StatusCode};
@@ -60,7 +60,7 @@ pub use messages::{
     PushBack, PutSummary, TableDescription,
 };
 pub use size::ByteSize;
-pub use stats::{GatewayStats, NodeStats};
+pub use stats::{GatewayStats, NodeStats, ScrubReport};
 pub use ticket::{AskerFigures, Compression, Ticket};
 
 /// Metadata key of the `authorization` header (a bearer token, or Basic for Flight's

@@ -293,6 +293,31 @@ pub struct StoreStats {
     /// and reads it answered and missed.
     #[serde(default)]
     pub read_cache: ReadCacheStats,
+    /// Reads refused since start because the stored bytes were damaged or could not
+    /// be read (each a DATA_LOSS naming the object).
+    #[serde(default)]
+    pub corrupt_reads: u64,
+    /// Scrubs since start and what they found.
+    #[serde(default)]
+    pub scrub: ScrubReport,
+}
+
+/// What scrubbing the object store found: every chunk of every object read from the
+/// device and checked against its checksum.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScrubReport {
+    /// Scrubs run (all of them, in the node's figures; 1 in one scrub's answer).
+    pub runs: u64,
+    /// Objects checked.
+    pub objects: u64,
+    /// Bytes read and checked.
+    pub bytes: u64,
+    /// Damaged ranges found, each naming its object and bytes (the first 64).
+    pub damaged: Vec<String>,
+    /// Damaged ranges found, in all.
+    pub damaged_count: u64,
+    /// Seconds spent.
+    pub seconds: f64,
 }
 
 /// Figures of the node's read cache (`--read-cache`).

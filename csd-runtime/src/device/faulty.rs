@@ -336,6 +336,14 @@ impl FaultyDisk {
         self.lock().injected.clone()
     }
 
+    /// A new handle, every earlier one dead, the cache kept: what a node process
+    /// restarted on a drive that kept its power sees (no stray command from the old
+    /// process reaches the drive after the new one opened it).
+    pub fn reattach(self: &Arc<Self>) -> Arc<dyn BlockDevice> {
+        self.lock().epoch += 1;
+        self.device()
+    }
+
     /// Power back on: the cache is settled (each block written, dropped or torn) and
     /// a new handle is returned; every earlier handle stays dead.
     pub async fn restart(self: &Arc<Self>) -> Result<Arc<dyn BlockDevice>> {

@@ -20,6 +20,7 @@
 pub mod alloc;
 mod format;
 mod read;
+mod scrub;
 mod write;
 
 use read::ReadCache;
@@ -39,7 +40,7 @@ use crate::device::{BlockDevice, DmaBuf};
 use crate::error::{Error, Result};
 use alloc::Allocator;
 pub use alloc::Extent;
-pub use csd_protocol::stats::{ReadCacheStats, StoreStats};
+pub use csd_protocol::stats::{ReadCacheStats, ScrubReport, StoreStats};
 use format::{
     CatalogProto, ExtentProto, ObjectProto, SLOT_HEADER, Superblock, decode_slot_header,
     encode_slot_header,
@@ -131,6 +132,10 @@ struct Inner {
     /// reopened, so the store refuses further changes.
     failed: AtomicBool,
     read_cache: std::sync::OnceLock<ReadCache>,
+    /// Reads refused as damaged since open.
+    corrupt_reads: std::sync::atomic::AtomicU64,
+    /// What scrubs since open found.
+    scrubs: Mutex<ScrubReport>,
 }
 
 /// The object store. Cheap to clone.
@@ -253,6 +258,8 @@ impl ObjectStore {
                 next_id: Mutex::new(catalog.next_id.max(1)),
                 failed: AtomicBool::new(false),
                 read_cache: std::sync::OnceLock::new(),
+                corrupt_reads: std::sync::atomic::AtomicU64::new(0),
+                scrubs: Mutex::new(Default::default()),
             }),
         })
     }
@@ -476,6 +483,8 @@ impl ObjectStore {
             catalog_bytes: c.catalog_bytes,
             catalog_capacity: sb.slot_bytes() - SLOT_HEADER,
             read_cache: self.read_cache_stats(),
+            corrupt_reads: self.inner.corrupt_reads.load(Ordering::Relaxed),
+            scrub: lock(&self.inner.scrubs).clone(),
         }
     }
 }

@@ -104,6 +104,14 @@ impl ObjectStore {
         offset: u64,
         len: u64,
     ) -> Result<Bytes> {
+        let r = self.verified_range(info, offset, len).await;
+        if let Err(Error::Corrupt(_)) = &r {
+            self.inner.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    async fn verified_range(&self, info: &Arc<ObjectInfo>, offset: u64, len: u64) -> Result<Bytes> {
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= info.len)
@@ -132,19 +140,7 @@ impl ObjectStore {
         let span_start = first * chunk;
         let span_end = ((last + 1) * chunk).min(info.len);
         let bytes = self.read_logical(info, span_start, span_end).await?;
-        for k in first..=last {
-            let a = (k * chunk - span_start) as usize;
-            let b = (((k + 1) * chunk).min(info.len) - span_start) as usize;
-            let want = table.get(k as usize).copied();
-            if Some(crc32c::crc32c(&bytes[a..b])) != want {
-                return Err(Error::Corrupt(format!(
-                    "object {}: checksum mismatch in bytes [{}, {})",
-                    info.name,
-                    k * chunk,
-                    k * chunk + (b - a) as u64
-                )));
-            }
-        }
+        self.verify_chunks(info, &table, span_start, &bytes)?;
         let out = bytes.slice((offset - span_start) as usize..(end - span_start) as usize);
         // A range larger than a sixteenth of the cache would push out too much. The
         // cache keeps a copy: the slice would hold its whole read buffer.
@@ -155,6 +151,30 @@ impl ObjectStore {
             c.ranges.insert(key, Bytes::copy_from_slice(&out));
         }
         Ok(out)
+    }
+
+    /// Checks `bytes`, the object's logical bytes from `span_start` (a chunk
+    /// boundary) to a chunk boundary or its end, against its checksum `table`.
+    pub(super) fn verify_chunks(
+        &self,
+        info: &ObjectInfo,
+        table: &[u32],
+        span_start: u64,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let chunk = self.inner.sb.chunk_size as u64;
+        for (i, piece) in bytes.chunks(chunk as usize).enumerate() {
+            let at = span_start + i as u64 * chunk;
+            let want = table.get((at / chunk) as usize).copied();
+            if Some(crc32c::crc32c(piece)) != want {
+                return Err(Error::Corrupt(format!(
+                    "object {}: checksum mismatch in bytes [{at}, {})",
+                    info.name,
+                    at + piece.len() as u64
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Reads logical bytes `[start, end)` (block-aligned start) of an object, unverified.
@@ -215,6 +235,13 @@ impl ObjectStore {
         if let Some(t) = lock(&self.inner.crc_tables).get(&info.id) {
             return Ok(t.clone());
         }
+        let table = self.crc_table_from_device(info).await?;
+        lock(&self.inner.crc_tables).insert(info.id, table.clone());
+        Ok(table)
+    }
+
+    /// The object's checksum table as the device holds it, checked.
+    pub(super) async fn crc_table_from_device(&self, info: &ObjectInfo) -> Result<Arc<[u32]>> {
         let bs = self.inner.sb.block_size as u64;
         let chunks = info.len.div_ceil(self.inner.sb.chunk_size as u64);
         let data_bytes = info.len.div_ceil(bs) * bs;
@@ -227,9 +254,7 @@ impl ObjectStore {
                 info.name
             )));
         }
-        let table: Arc<[u32]> = raw.chunks_exact(4).map(format::le_u32).collect();
-        lock(&self.inner.crc_tables).insert(info.id, table.clone());
-        Ok(table)
+        Ok(raw.chunks_exact(4).map(format::le_u32).collect())
     }
 }
 

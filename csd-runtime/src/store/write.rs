@@ -128,6 +128,13 @@ impl ObjectStore {
             lock(&inner.quarantine).extend(quarantined);
             return Err(e);
         }
+        // Another flush of this store (an abandoned upload's) that failed since this
+        // change began may have lost this change's data, and this flush then had
+        // nothing left to write: it succeeds, and must not be believed.
+        if let Err(e) = self.check_writable() {
+            lock(&inner.quarantine).extend(quarantined);
+            return Err(e);
+        }
         let bs = inner.sb.block_size as usize;
         let blocks = (SLOT_HEADER + catalog.len()).div_ceil(bs);
         let mut buf = DmaBuf::zeroed(blocks * bs);

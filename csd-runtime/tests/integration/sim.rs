@@ -359,6 +359,9 @@ impl Sim {
                     drop(store);
                     if self.disk.is_dead() || outcome == Step::Crashed {
                         self.restart().await?;
+                    } else {
+                        // The node process restarts; the drive keeps its power.
+                        self.dev = self.disk.reattach();
                     }
                     store = self.open().await?;
                     store = self.verify_all(store).await?;

@@ -645,3 +645,43 @@ async fn a_lost_object_loses_its_partition_not_the_node() {
         .unwrap();
     assert_eq!(tables.table("t").unwrap().objects_of(&[]).unwrap().len(), 2);
 }
+
+/// A scrub reads every chunk from the device (not the read cache), names each
+/// damaged range and goes on, and the node's figures count it and the refused reads.
+#[tokio::test]
+async fn a_scrub_finds_damage_a_cached_read_would_hide() {
+    let dev = mem_device(16 << 20);
+    let store = open(&dev).await;
+    store.set_read_cache(8 << 20, None);
+    let data = crate::contents(9, 300_000);
+    let damaged = store.put("t/p/a", &data).await.unwrap();
+    store.put("t/p/b", &data).await.unwrap();
+    let clean = store.scrub("").await.unwrap();
+    assert_eq!(
+        (clean.objects, clean.bytes, clean.damaged_count),
+        (2, 600_000, 0)
+    );
+    // Read once (now cached), then damaged at rest in two chunks.
+    let range = store.read_range("t/p/a", 70_000, 100).await.unwrap();
+    flip(&dev, damaged.extents[0].lba + 1, &[3]).await;
+    flip(&dev, damaged.extents[0].lba + 20, &[3]).await;
+    assert_eq!(
+        store.read_range("t/p/a", 70_000, 100).await.unwrap(),
+        range,
+        "the cache still answers"
+    );
+    let found = store.scrub("").await.unwrap();
+    assert_eq!((found.objects, found.damaged_count), (2, 2), "{found:?}");
+    assert!(
+        found.damaged.iter().all(|d| d.contains("t/p/a")),
+        "{:?}",
+        found.damaged
+    );
+    assert_eq!(found.bytes, 600_000 - 2 * 65_536);
+    assert_eq!(store.scrub("t/p/b").await.unwrap().damaged_count, 0);
+    // A read of the damage is refused and counted.
+    assert!(store.read_range("t/p/a", 5_000, 10).await.is_err());
+    let s = store.stats().await;
+    assert_eq!((s.scrub.runs, s.scrub.damaged_count), (3, 2));
+    assert_eq!(s.corrupt_reads, 1);
+}

@@ -138,6 +138,39 @@ async fn bad_sql_and_unknown_tables_exit_with_a_clear_message() {
     assert_eq!(unreachable.status.code(), Some(3), "{err}");
 }
 
+/// `csd scrub` reads what a node stores and says it is whole; `csd stats` counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_reads_every_object_back() {
+    let node = sql_node().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sales.csv");
+    write_csv(&file);
+    let put = csd(args(
+        &[
+            "put",
+            file.to_str().unwrap(),
+            "--table",
+            "sales",
+            "--partition",
+            "a",
+        ],
+        &node.url,
+    ))
+    .await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let scrub = csd(args(&["scrub"], &node.url)).await;
+    let (out, err) = text(&scrub);
+    assert_eq!(scrub.status.code(), Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["objects"], 1, "{out}");
+    assert_eq!(report["damaged_count"], 0, "{out}");
+    assert!(report["bytes"].as_u64().unwrap() > 0, "{out}");
+    let stats = csd(args(&["stats"], &node.url)).await;
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["store"]["scrub"]["runs"], 1);
+    assert_eq!(stats["store"]["corrupt_reads"], 0);
+}
+
 /// `csd csd_env…` with extra environment variables.
 async fn csd_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
     tokio::task::spawn_blocking(move || {

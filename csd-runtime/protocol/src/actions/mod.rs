@@ -77,6 +77,22 @@ impl ActionRequest for StatsRequest {
     type Response = NodeStats;
 }
 
+/// `scrub`: read every stored object's chunks from the device and check them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubRequest {
+    /// Only objects whose names start with this (all when empty).
+    #[serde(default)]
+    pub prefix: String,
+}
+
+impl ActionRequest for ScrubRequest {
+    const TYPE: &'static str = "scrub";
+    const DESCRIPTION: &'static str =
+        "read every stored object's chunks from the device and check their checksums (admins only)";
+    type Response = crate::stats::ScrubReport;
+}
+
 /// `gateway_stats`: a Flight SQL gateway's figures (served by `csd gateway`, not
 /// by nodes).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -176,8 +192,9 @@ pub const RENEW_FLIGHT_ENDPOINT: &str = "RenewFlightEndpoint";
 pub const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
 
 /// Every action a node serves, as `(type, description)` for `ListActions`.
-pub const ACTIONS: [(&str, &str); 15] = [
+pub const ACTIONS: [(&str, &str); 16] = [
     (StatsRequest::TYPE, StatsRequest::DESCRIPTION),
+    (ScrubRequest::TYPE, ScrubRequest::DESCRIPTION),
     (DeleteRequest::TYPE, DeleteRequest::DESCRIPTION),
     (ObjectsRequest::TYPE, ObjectsRequest::DESCRIPTION),
     (

@@ -490,6 +490,15 @@ impl NodeClient {
         self.action(&StatsRequest {}).await
     }
 
+    /// Reads every stored object whose name starts with `prefix` (all when empty)
+    /// from the device and checks it; what was damaged.
+    pub async fn scrub(&self, prefix: &str) -> Result<crate::stats::ScrubReport> {
+        self.action(&crate::actions::ScrubRequest {
+            prefix: prefix.into(),
+        })
+        .await
+    }
+
     /// Stored objects whose names start with `prefix`.
     pub async fn objects(&self, prefix: &str) -> Result<Vec<ObjectEntry>> {
         self.action(&ObjectsRequest {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result, truncated};
 use crate::protocol::actions::{
     ACTIONS, ActionRequest, CANCEL_FLIGHT_INFO, DeleteRequest, GrantRequest, INVOKE, LeaseRequest,
     LeasesRequest, ObjectsRequest, PUT_ATTACHMENT, PUT_MODULE, RENEW_FLIGHT_ENDPOINT, RefsRequest,
-    ReleaseLeaseRequest, ReleaseRequest, StatsRequest, TouchLeaseRequest,
+    ReleaseLeaseRequest, ReleaseRequest, ScrubRequest, StatsRequest, TouchLeaseRequest,
 };
 
 impl FlightNode {
@@ -29,6 +29,7 @@ impl FlightNode {
         let body = action.body;
         match action.r#type.as_str() {
             StatsRequest::TYPE => self.stats(who, StatsRequest::decode(&body)?).await,
+            ScrubRequest::TYPE => self.scrub(who, ScrubRequest::decode(&body)?).await,
             DeleteRequest::TYPE => self.delete(who, DeleteRequest::decode(&body)?).await,
             ObjectsRequest::TYPE => self.objects(who, ObjectsRequest::decode(&body)?),
             PUT_MODULE => self.put_module(who, body).await,

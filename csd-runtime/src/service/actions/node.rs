@@ -1,8 +1,10 @@
-//! The node's own actions: `stats`, `delete`, `objects`.
+//! The node's own actions: `stats`, `scrub`, `delete`, `objects`.
 
 use crate::auth::{Permission, Principal};
 use crate::error::Result;
-use crate::protocol::actions::{DeleteRequest, DeleteResponse, ObjectsRequest, StatsRequest};
+use crate::protocol::actions::{
+    DeleteRequest, DeleteResponse, ObjectsRequest, ScrubRequest, StatsRequest,
+};
 use crate::protocol::messages::ObjectEntry;
 
 use super::super::{FlightNode, json_result};
@@ -16,6 +18,17 @@ impl FlightNode {
     ) -> Result<arrow_flight::Result> {
         who.check_admin("read the node's figures (stats)")?;
         json_result(&self.state.stats().await)
+    }
+
+    /// `scrub`: every stored object (or those under a prefix) read from the device
+    /// and checked (admins only).
+    pub(super) async fn scrub(
+        &self,
+        who: &Principal,
+        r: ScrubRequest,
+    ) -> Result<arrow_flight::Result> {
+        who.check_admin("scrub the node's objects")?;
+        json_result(&self.state.store().scrub(&r.prefix).await?)
     }
 
     /// `delete`: a table, or one partition of it.
