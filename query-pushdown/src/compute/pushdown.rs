@@ -71,9 +71,9 @@ pub(crate) enum PushKind {
     },
     /// The partial phase of the aggregate at the fragment's root.
     PartialAggregate {
-        /// Whether the nodes' sketches said it shrinks; if not (none to say), the
-        /// nodes judge it while running.
-        judged: bool,
+        /// The groups the nodes' sketches say they would answer together, when they
+        /// can say (it then shrinks); `None`: the nodes judge it while running.
+        groups: Option<u64>,
     },
     /// The sort-with-fetch at the fragment's root, per node partition.
     TopK,
@@ -113,10 +113,10 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
     }
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let what = match self.kind {
-            PushKind::PartialAggregate { judged: true } => {
+            PushKind::PartialAggregate { groups: Some(_) } => {
                 "partial aggregate at the storage nodes, final merge here"
             }
-            PushKind::PartialAggregate { judged: false } => {
+            PushKind::PartialAggregate { groups: None } => {
                 "partial aggregate at the storage nodes unless it does not shrink there \
                  (no distinct-count sketches), final merge here"
             }
@@ -214,8 +214,10 @@ fn judged(table: &CsdTable, a: &Aggregate, max_fraction: f64) -> PushKind {
             groups: e.groups.round() as u64,
             rows: e.rows.round() as u64,
         },
-        Some(_) => PushKind::PartialAggregate { judged: true },
-        None => PushKind::PartialAggregate { judged: false },
+        Some(e) => PushKind::PartialAggregate {
+            groups: Some(e.groups.round() as u64),
+        },
+        None => PushKind::PartialAggregate { groups: None },
     }
 }
 
@@ -423,7 +425,7 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                 }
                 Ok(Some(Arc::new(scan)))
             }
-            PushKind::PartialAggregate { judged } => {
+            PushKind::PartialAggregate { groups } => {
                 // DataFusion's own two-phase plan, with the partial phase at the nodes.
                 let local = physical_inputs.first().cloned().ok_or_else(|| {
                     DataFusionError::Internal("CsdPushdown planned without input".into())
@@ -442,7 +444,16 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                             what.clone(),
                         )
                         .with_functions(functions.clone());
-                        if !judged && max_fraction < 1.0 {
+                        if let Some(groups) = groups {
+                            // The sketches' groups, each filter keeping 20% of the
+                            // rows as DataFusion assumes: lets a join above build
+                            // from the smaller side (TPC-H Q18's `IN (… HAVING …)`
+                            // built from all of orders without it).
+                            scan = scan.with_estimate(
+                                Some(group_fraction(groups, &table, &node.fragment)),
+                                None,
+                            );
+                        } else if max_fraction < 1.0 {
                             // A stream's first rows hold more groups per row than
                             // the whole (groups grow slower than rows): the probe's
                             // line sits higher, DataFusion's own.
@@ -463,6 +474,24 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                 }
             }
         }
+    }
+}
+
+/// The rows a partial aggregate answering `groups` (by the sketches, before filters)
+/// sends, as a fraction of the rows its nodes hold.
+fn group_fraction(groups: u64, table: &CsdTable, fragment: &LogicalPlan) -> f64 {
+    let rows: u64 = table
+        .at()
+        .per_node()
+        .endpoints()
+        .iter()
+        .map(|e| e.rows)
+        .sum();
+    let filtered = 0.2f64.powi(filters_in(fragment));
+    if rows == 0 {
+        0.0
+    } else {
+        (groups as f64 / rows as f64).min(1.0).min(filtered)
     }
 }
 

@@ -173,6 +173,27 @@ async fn aggregates_that_would_not_shrink_stay_here() {
     assert_same(&local, &on, sql).await;
 }
 
+/// A pushed partial aggregate says how many rows it will send (its groups, by the
+/// sketches), so a join above builds from the smaller side: here the few keys the
+/// `HAVING` keeps, not every row of `g` (TPC-H Q18's `IN` over a key spread across
+/// files built from all of `orders` before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_builds_from_the_pushed_aggregates_few_groups() {
+    let (_nodes, on, _off, local) = setup().await;
+    let sql = "SELECT id, v FROM g WHERE m IN \
+               (SELECT m FROM g GROUP BY m HAVING count(*) > 14)";
+    let plan = explain(&on, sql).await;
+    let join = plan
+        .lines()
+        .find(|l| l.contains("HashJoinExec"))
+        .unwrap_or_else(|| panic!("no hash join:\n{plan}"));
+    assert!(
+        plan.contains("partial aggregate at") && join.contains("join_type=RightSemi"),
+        "the aggregate's side should build:\n{plan}"
+    );
+    assert_same(&local, &on, sql).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_top_k_per_group_is_cut_at_the_nodes() {
     let (_nodes, on, off, local) = setup().await;
