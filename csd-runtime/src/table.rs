@@ -19,7 +19,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::async_writer::{AsyncArrowWriter, AsyncFileWriter};
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{KeyValue, PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +97,19 @@ impl ParquetOptions {
     }
 }
 
+/// The footer key saying how many copies of the object's partition its writer
+/// asked for (see `PartitionDescription::copies`).
+pub const COPIES_KEY: &str = "csd.copies";
+
+/// How an append writes its object.
+struct Writing {
+    props: WriterProperties,
+    /// The memory it stays within (see [`TableStore::append_within`]).
+    within: Option<u64>,
+    /// The copies of the partition being stored (see [`COPIES_KEY`]).
+    copies: u32,
+}
+
 /// One Parquet object of a partition, with its footer cached.
 #[derive(Debug, Clone)]
 pub struct ParquetObject {
@@ -119,6 +132,19 @@ impl ParquetObject {
             metadata,
             sketches,
         }
+    }
+
+    /// The copies of its partition its writer asked for (footer key
+    /// [`COPIES_KEY`]; 1 when absent or unreadable).
+    pub fn copies(&self) -> u32 {
+        self.metadata
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|e| e.key == COPIES_KEY))
+            .and_then(|e| e.value.as_deref()?.parse().ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(1)
     }
 
     /// Rows in the object.
@@ -433,13 +459,20 @@ impl TableStore {
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        self.append_with(table, partition, schema, batches, self.props.clone(), None)
+        let how = Writing {
+            props: self.props.clone(),
+            within: None,
+            copies: 1,
+        };
+        self.append_with(table, partition, schema, batches, how)
             .await
     }
 
     /// Like [`Self::append`], within `memory` bytes: a row group ends early once its
     /// encoded pages reach a third of it (the writer copies a finished row group once
-    /// more while it flushes, and decoded batches wait beside it).
+    /// more while it flushes, and decoded batches wait beside it). `copies`: the
+    /// copies of the partition the writer is storing on as many nodes (kept in the
+    /// footer, see [`COPIES_KEY`]).
     pub async fn append_within<S>(
         &self,
         table: &str,
@@ -447,19 +480,18 @@ impl TableStore {
         schema: SchemaRef,
         batches: S,
         memory: u64,
+        copies: u32,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        self.append_with(
-            table,
-            partition,
-            schema,
-            batches,
-            self.props.clone(),
-            Some(memory),
-        )
-        .await
+        let how = Writing {
+            props: self.props.clone(),
+            within: Some(memory),
+            copies,
+        };
+        self.append_with(table, partition, schema, batches, how)
+            .await
     }
 
     /// Like [`Self::append`], encoded for the CPU rather than for space (LZ4_RAW
@@ -482,7 +514,12 @@ impl TableStore {
             .into_builder()
             .set_compression(Compression::LZ4_RAW)
             .build();
-        self.append_with(table, partition, schema, batches, props, Some(memory))
+        let how = Writing {
+            props,
+            within: Some(memory),
+            copies: 1,
+        };
+        self.append_with(table, partition, schema, batches, how)
             .await
     }
 
@@ -492,13 +529,17 @@ impl TableStore {
         partition: &str,
         schema: SchemaRef,
         mut batches: S,
-        props: WriterProperties,
-        within: Option<u64>,
+        how: Writing,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
         // Within a memory bound, a row group ends once its pages reach a third of it.
+        let Writing {
+            props,
+            within,
+            copies,
+        } = how;
         let flush_at = within.map(|m| (m / 3).max(1 << 20) as usize);
         validate_table_name(table)?;
         validate_partition_name(partition)?;
@@ -530,6 +571,9 @@ impl TableStore {
         }
         if let Some(s) = sketches {
             pw.append_key_value_metadata(s.to_key_value());
+        }
+        if copies > 1 {
+            pw.append_key_value_metadata(KeyValue::new(COPIES_KEY.into(), copies.to_string()));
         }
         pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;

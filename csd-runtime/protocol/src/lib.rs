@@ -88,6 +88,9 @@ pub const MISSING_ATTACHMENT_METADATA: &str = "csd-missing-attachment";
 /// cleanly on either) and stores nothing. Clients that do not promise (any Flight
 /// client) have their upload stored when the stream ends cleanly.
 pub const PUT_MARKED: &[u8] = b"csd.put.marked";
+/// The most copies of a partition a put may ask for (the third element of a
+/// `DoPut` descriptor's path, `[table, partition, copies]`).
+pub const MAX_COPIES: u32 = 16;
 /// `app_metadata` of the message, with no header or body, that closes a marked upload.
 pub const PUT_END: &[u8] = b"csd.put.end";
 

@@ -41,6 +41,20 @@ pub struct PartitionDescription {
     /// rather than read `objects` alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<String>,
+    /// The copies of the partition its writer asked for (`csd put --replicas`), one
+    /// on each of that many nodes; 1 for a partition put once. The compute tier
+    /// reads a table with nodes out of reach only while fewer nodes are out than
+    /// its partitions have copies.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub copies: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// One Parquet object in a [`PartitionDescription`].
@@ -58,6 +72,11 @@ pub struct ObjectDescription {
     /// footer statistics; empty when unknown.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub int_ranges: Vec<Option<[i64; 2]>>,
+    /// A digest of the object's bytes (CRC-32C of its chunks' CRC table): copies of
+    /// a partition on several nodes are replicas only when their objects' digests
+    /// agree. `None` from a node that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<u32>,
 }
 
 /// What one append stored.

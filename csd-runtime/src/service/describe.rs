@@ -71,6 +71,7 @@ impl FlightNode {
                     distinct: t.distinct(objects.iter()),
                     lost: t.damaged.get(name).cloned().unwrap_or_default(),
                     rows: objects.iter().map(ParquetObject::rows).sum(),
+                    copies: objects.iter().map(ParquetObject::copies).min().unwrap_or(1),
                     bytes: objects.iter().map(|o| o.object.len).sum(),
                     objects: objects
                         .iter()
@@ -80,6 +81,7 @@ impl FlightNode {
                             rows: o.rows(),
                             row_groups: o.metadata.metadata().num_row_groups(),
                             int_ranges: o.int_ranges(),
+                            digest: Some(o.object.digest()),
                         })
                         .collect(),
                 })

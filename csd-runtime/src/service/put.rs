@@ -22,7 +22,7 @@ use tonic::{Status, Streaming};
 
 use super::FlightNode;
 use crate::auth::{Permission, Principal};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, truncated};
 use crate::protocol::ipc::{check_message, map_incoming, next_decoded};
 use crate::protocol::{PUT_END, PUT_MARKED, PutSummary};
 
@@ -32,6 +32,8 @@ struct Upload {
     partition: String,
     /// The client promised an end marker.
     marked: bool,
+    /// The copies of the partition the client is storing on as many nodes.
+    copies: u32,
     /// What its tenant stored before, when it has a quota.
     quota_stored: Option<u64>,
 }
@@ -81,15 +83,29 @@ impl FlightNode {
         let desc = first.flight_descriptor.as_ref().ok_or_else(|| {
             Error::InvalidArgument("the first DoPut message must carry a descriptor".into())
         })?;
-        let (table, partition) = match desc.path.as_slice() {
-            [t] => (t.clone(), "0".to_string()),
-            [t, p] => (t.clone(), p.clone()),
+        let (table, partition, copies) = match desc.path.as_slice() {
+            [t] => (t.clone(), "0".to_string(), "1"),
+            [t, p] => (t.clone(), p.clone(), "1"),
+            [t, p, c] => (t.clone(), p.clone(), c.as_str()),
             _ => {
                 return Err(Error::InvalidArgument(
-                    "DoPut descriptor must be the path [table] or [table, partition]".into(),
+                    "DoPut descriptor must be the path [table], [table, partition] or \
+                     [table, partition, copies]"
+                        .into(),
                 ));
             }
         };
+        let copies = copies
+            .parse::<u32>()
+            .ok()
+            .filter(|c| (1..=crate::protocol::MAX_COPIES).contains(c))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "DoPut copies {:?}: must be a number from 1 to {}",
+                    truncated(copies),
+                    crate::protocol::MAX_COPIES
+                ))
+            })?;
         crate::table::validate_table_name(&table)?;
         crate::table::validate_partition_name(&partition)?;
         self.check_table(who, Permission::Write, &table)?;
@@ -100,6 +116,7 @@ impl FlightNode {
             table,
             partition,
             marked: first.app_metadata.as_ref() == PUT_MARKED,
+            copies,
             quota_stored,
         })
     }
@@ -131,14 +148,18 @@ impl FlightNode {
         let ended = Arc::new(AtomicBool::new(false));
         let body = body_until_ended(rx, ended.clone());
         let state = self.state.clone();
-        let (t, p) = (upload.table.clone(), upload.partition.clone());
+        let (t, p, copies) = (
+            upload.table.clone(),
+            upload.partition.clone(),
+            upload.copies,
+        );
         let writer = state.node.pool.spawn({
             let state = state.clone();
             async move {
                 state
                     .node
                     .tables
-                    .append_within(&t, &p, schema, body, memory)
+                    .append_within(&t, &p, schema, body, memory, copies)
                     .await
             }
         });

@@ -97,6 +97,12 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
+    /// A digest of the object's bytes: the CRC-32C of its chunks' CRC table, equal
+    /// for equal bytes wherever they are stored.
+    pub fn digest(&self) -> u32 {
+        self.table_crc
+    }
+
     /// As the `objects` action lists it.
     pub fn entry(&self) -> csd_protocol::messages::ObjectEntry {
         csd_protocol::messages::ObjectEntry {

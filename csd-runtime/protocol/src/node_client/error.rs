@@ -134,6 +134,26 @@ impl Error {
         }
     }
 
+    /// Whether the node (or this copy of its data) is gone rather than refusing
+    /// the request: it cannot be reached, its connection broke mid-answer, it is
+    /// unavailable, or it lost the data. Another copy of the same data on another
+    /// node can answer instead; a refusal (pushed back, busy, bad request) cannot
+    /// be cured that way.
+    pub fn node_lost(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::Flight(_) => true,
+            Error::Rpc { code, .. } => matches!(
+                code,
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Aborted
+                    | tonic::Code::DataLoss
+            ),
+            _ => false,
+        }
+    }
+
     /// What kind of failure this is.
     pub fn status_code(&self) -> StatusCode {
         match self {

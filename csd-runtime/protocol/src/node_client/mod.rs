@@ -250,16 +250,33 @@ impl NodeClient {
     where
         S: Stream<Item = Result<RecordBatch>> + Send + 'static,
     {
+        self.put_copy(table, partition, 1, schema, batches).await
+    }
+
+    /// [`put`](Self::put) of one of `copies` copies of the partition, each stored
+    /// on its own node by the caller (the node keeps the number with the object).
+    pub async fn put_copy<S>(
+        &self,
+        table: &str,
+        partition: &str,
+        copies: u32,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<RecordBatch>> + Send + 'static,
+    {
+        let mut path = vec![table.to_string(), partition.to_string()];
+        if copies != 1 {
+            path.push(copies.to_string());
+        }
         // The upload is marked and closed with an end message: should this future be
         // dropped or `batches` fail, arrow-flight's client ends the stream cleanly,
         // and the missing end tells the node to store nothing.
         let data = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .with_metadata(bytes::Bytes::from_static(crate::PUT_MARKED))
-            .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![
-                table.into(),
-                partition.into(),
-            ])))
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(path)))
             .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
             .chain(futures::stream::once(async {
                 Ok(FlightData::new().with_app_metadata(crate::PUT_END))
