@@ -35,6 +35,11 @@ pub struct Endpoint {
     pub distinct: Vec<Option<u64>>,
     /// The same over every partition of the table at this endpoint's node.
     pub node_distinct: Arc<Vec<Option<u64>>>,
+    /// The same partition on other nodes, byte for byte (see
+    /// [`crate::compute::replicas`]): where its fragment goes when this node is
+    /// lost. Empty for a partition kept once, and for an endpoint standing for
+    /// several partitions.
+    pub replicas: Vec<Endpoint>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -121,6 +126,7 @@ impl TableEndpoints {
                         // union of them all).
                         distinct: many[0].node_distinct.as_ref().clone(),
                         node_distinct: many[0].node_distinct.clone(),
+                        replicas: vec![],
                     });
                 }
             }
@@ -156,6 +162,16 @@ impl TableEndpoints {
     /// Where fragments the nodes hand back wait for a core here.
     pub(crate) fn local_gate(&self) -> &Arc<LocalGate> {
         &self.local
+    }
+
+    /// Whether `e`'s partition (or, for an endpoint standing for several, any of
+    /// their objects) is kept on another node too.
+    pub(crate) fn has_copies(&self, e: &Endpoint) -> bool {
+        !e.replicas.is_empty()
+            || e.objects.iter().any(|o| {
+                self.ranges
+                    .has_copies(&NodeRangeStore::path(e.node, &o.name))
+            })
     }
 
     /// The objects of `endpoints` read by byte range, as a table here.

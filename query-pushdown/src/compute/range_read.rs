@@ -15,8 +15,8 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use csd_protocol::Compression;
 use csd_protocol::node_client::NodeClient;
+use csd_protocol::{Compression, ObjectDescription};
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
@@ -41,6 +41,10 @@ pub(crate) const CLUSTER_URL: &str = "csd-cluster://nodes";
 pub struct NodeRangeStore {
     nodes: RwLock<Vec<NodeClient>>,
     objects: RwLock<HashMap<Path, u64>>,
+    /// For an object of a partition kept on several nodes, the same object's paths
+    /// on the others (byte for byte the same: see `compute::replicas`), read when
+    /// its node is lost.
+    copies: RwLock<HashMap<Path, Vec<Path>>>,
     /// How the nodes send the pieces (the nodes store column chunks uncompressed).
     compression: Compression,
     /// Bytes received (compressed where they came compressed).
@@ -76,6 +80,7 @@ impl NodeRangeStore {
                     .map(|(n, name, len)| (Self::path(*n, name), *len))
                     .collect(),
             ),
+            copies: RwLock::new(HashMap::new()),
             compression: Compression::None,
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -112,6 +117,35 @@ impl NodeRangeStore {
         for (name, len) in objects {
             known.insert(Self::path(node, name), len);
         }
+    }
+
+    /// Makes the objects of a partition's `replicas` (node, objects) stand in for
+    /// its `objects` on `node` when that node is lost (object by object, in listing
+    /// order: replicas agree on them).
+    pub(crate) fn add_copies(
+        &self,
+        node: usize,
+        objects: &[ObjectDescription],
+        replicas: &[(usize, &[ObjectDescription])],
+    ) {
+        if replicas.is_empty() {
+            return;
+        }
+        let mut copies = write(&self.copies);
+        for (i, o) in objects.iter().enumerate() {
+            let others = replicas
+                .iter()
+                .filter_map(|(n, r)| r.get(i).map(|c| Self::path(*n, &c.name)))
+                .collect();
+            copies.insert(Self::path(node, &o.name), others);
+        }
+    }
+
+    /// Whether the object at `location` is kept on another node too.
+    pub(crate) fn has_copies(&self, location: &Path) -> bool {
+        read(&self.copies)
+            .get(location)
+            .is_some_and(|c| !c.is_empty())
     }
 
     /// Bytes read so far (what crossed the network).
@@ -153,19 +187,49 @@ impl NodeRangeStore {
         }
     }
 
+    /// Reads `r` of the object at `location`, or of a copy of it on another node
+    /// when its node is lost; every node's error when none answers.
     async fn read(&self, location: &Path, r: Range<u64>) -> object_store::Result<Bytes> {
-        let (client, name, _) = self.locate(location)?;
-        let (b, wire) = client
-            .read_range_with(&name, r.start, r.end - r.start, self.compression)
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "csd-node",
-                source: Box::new(e),
-            })?;
+        let mut tried = Vec::new();
+        let copies = read(&self.copies)
+            .get(location)
+            .cloned()
+            .unwrap_or_default();
+        for at in std::iter::once(location).chain(&copies) {
+            let (client, name, _) = self.locate(at)?;
+            match client
+                .read_range_with(&name, r.start, r.end - r.start, self.compression)
+                .await
+            {
+                Ok((b, wire)) => return Ok(self.received(b, wire)),
+                Err(e) if e.node_lost() && copies.len() > tried.len() => {
+                    tracing::warn!(node = %client.url(), object = %name, "reading a copy instead: {e}");
+                    tried.push(format!("{}: {e}", client.url()));
+                }
+                Err(e) if tried.is_empty() => {
+                    return Err(object_store::Error::Generic {
+                        store: "csd-node",
+                        source: Box::new(e),
+                    });
+                }
+                Err(e) => {
+                    tried.push(format!("{}: {e}", client.url()));
+                    break;
+                }
+            }
+        }
+        Err(object_store::Error::Generic {
+            store: "csd-node",
+            source: format!("no copy of {location} could be read ({})", tried.join("; ")).into(),
+        })
+    }
+
+    /// Counts `b`, which took `wire` bytes on the network.
+    fn received(&self, b: Bytes, wire: u64) -> Bytes {
         self.bytes.fetch_add(wire, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         let _ = READ_FOR.try_with(|c| c.fetch_add(wire, Ordering::Relaxed));
-        Ok(b)
+        b
     }
 }
 

@@ -23,6 +23,7 @@ use crate::compute::lost::LostTable;
 use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
+use crate::compute::replicas;
 use crate::compute::scan::{CsdScanExec, EndpointRun};
 use crate::compute::semijoin_down::SemiJoinDown;
 use crate::error::to_datafusion;
@@ -66,6 +67,9 @@ impl Default for SessionOptions {
 #[derive(Clone)]
 pub struct Cluster {
     nodes: Vec<NodeClient>,
+    /// Nodes that could not be reached when connecting (URL, why); their clients in
+    /// `nodes` connect on first use.
+    unreachable: Vec<(String, String)>,
 }
 
 /// A table as found on the cluster.
@@ -73,12 +77,13 @@ pub struct Cluster {
 pub struct ClusterTable {
     /// Schema (the same on every node).
     pub schema: SchemaRef,
-    /// Partitions on nodes.
+    /// Its partitions, each once: a partition kept on several nodes is one endpoint
+    /// with the other copies as its replicas (see [`crate::compute::replicas`]).
     pub endpoints: Vec<Endpoint>,
-    /// Node index of each endpoint.
-    pub node_of: Vec<usize>,
-    /// Objects the nodes have lost, each message naming its object and node: a
-    /// table with any is registered as [`LostTable`], whose reads fail.
+    /// Why the table cannot be read whole, each message naming what and where:
+    /// objects the nodes have lost, copies that differ, nodes out of reach that may
+    /// hold partitions nobody else does. A table with any is registered as
+    /// [`LostTable`], whose reads fail with them.
     pub lost: Vec<String>,
 }
 
@@ -89,24 +94,40 @@ impl Cluster {
     }
 
     /// Connects to every node with a token and TLS settings.
+    /// A node out of reach is noted, not fatal: the tables whose partitions all
+    /// have copies on the others stay readable (see [`Cluster::tables`]); when no
+    /// node can be reached, the first one's error.
     pub async fn connect_with(urls: &[String], credentials: &Credentials) -> Result<Self> {
         if urls.is_empty() {
             return Err(DataFusionError::Plan("no storage nodes given".into()));
         }
-        let mut nodes = Vec::new();
+        let (mut nodes, mut unreachable, mut first_error) = (Vec::new(), Vec::new(), None);
         for u in urls {
-            nodes.push(
-                NodeClient::connect_with(u, credentials)
-                    .await
-                    .map_err(to_datafusion)?,
-            );
+            match NodeClient::connect_with(u, credentials).await {
+                Ok(c) => nodes.push(c),
+                Err(e) if e.node_lost() => {
+                    tracing::warn!(node = %u, "storage node out of reach: {e}");
+                    nodes.push(
+                        NodeClient::connect_lazy_with(u, credentials).map_err(to_datafusion)?,
+                    );
+                    unreachable.push((u.clone(), e.to_string()));
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => return Err(to_datafusion(e)),
+            }
         }
-        Ok(Cluster { nodes })
+        match first_error {
+            Some(e) if unreachable.len() == urls.len() => Err(to_datafusion(e)),
+            _ => Ok(Cluster { nodes, unreachable }),
+        }
     }
 
     /// A cluster of nodes already connected (e.g. with a tenant named for admission).
     pub fn from_clients(nodes: Vec<NodeClient>) -> Self {
-        Cluster { nodes }
+        Cluster {
+            nodes,
+            unreachable: vec![],
+        }
     }
 
     /// The nodes.
@@ -114,17 +135,38 @@ impl Cluster {
         &self.nodes
     }
 
-    /// All tables, merged across nodes (a table's schema must agree everywhere).
+    /// All tables, merged across nodes (a table's schema must agree everywhere; a
+    /// partition on several nodes is one partition with replicas). Nodes out of
+    /// reach are left out; a table is readable without them only while fewer are
+    /// out than its partitions have copies.
     pub async fn tables(&self) -> Result<BTreeMap<String, ClusterTable>> {
         let mut out: BTreeMap<String, ClusterTable> = BTreeMap::new();
+        // Per table: its copies by partition, and the fewest copies any asked for.
+        let mut copies: BTreeMap<String, (BTreeMap<String, Vec<Endpoint>>, u32)> = BTreeMap::new();
+        let mut damaged: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        let mut unreachable = self.unreachable.clone();
         for (i, n) in self.nodes.iter().enumerate() {
-            for t in n.list_tables("").await.map_err(to_datafusion)? {
+            if unreachable.iter().any(|(u, _)| u == n.url()) {
+                continue;
+            }
+            let listed = match n.list_tables("").await {
+                Ok(l) => l,
+                Err(e) if e.node_lost() && unreachable.len() + 1 < self.nodes.len() => {
+                    tracing::warn!(node = %n.url(), "storage node out of reach: {e}");
+                    unreachable.push((n.url().to_string(), e.to_string()));
+                    continue;
+                }
+                Err(e) => return Err(to_datafusion(e)),
+            };
+            for t in listed {
                 let entry = out.entry(t.name.clone()).or_insert_with(|| ClusterTable {
                     schema: t.schema.clone(),
                     endpoints: vec![],
-                    node_of: vec![],
                     lost: vec![],
                 });
+                let (parts, fewest) = copies
+                    .entry(t.name.clone())
+                    .or_insert_with(|| (BTreeMap::new(), u32::MAX));
                 if entry.schema.fields() != t.schema.fields() {
                     return Err(DataFusionError::Plan(format!(
                         "table {} has different schemas on {} and another node",
@@ -134,12 +176,18 @@ impl Cluster {
                 }
                 let node_distinct = Arc::new(t.description.distinct.clone());
                 for p in &t.description.partitions {
-                    entry.lost.extend(
-                        p.lost
-                            .iter()
-                            .map(|why| format!("{why} (partition {} at {})", p.name, n.url())),
-                    );
-                    entry.endpoints.push(Endpoint {
+                    *fewest = (*fewest).min(p.copies.max(1));
+                    if !p.lost.is_empty() {
+                        // A damaged copy serves nothing; another copy may.
+                        let at =
+                            |why: &String| format!("{why} (partition {} at {})", p.name, n.url());
+                        damaged
+                            .entry((t.name.clone(), p.name.clone()))
+                            .or_default()
+                            .extend(p.lost.iter().map(at));
+                        continue;
+                    }
+                    parts.entry(p.name.clone()).or_default().push(Endpoint {
                         client: n.clone(),
                         partition: p.name.clone(),
                         rows: p.rows,
@@ -149,10 +197,38 @@ impl Cluster {
                         merged: vec![],
                         distinct: p.distinct.clone(),
                         node_distinct: node_distinct.clone(),
+                        replicas: vec![],
                     });
-                    entry.node_of.push(i);
                 }
             }
+        }
+        for ((name, partition), why) in damaged {
+            let intact = copies
+                .get(&name)
+                .is_some_and(|(p, _)| p.contains_key(&partition));
+            match out.get_mut(&name) {
+                Some(_) if intact => {
+                    tracing::warn!(table = %name, %partition, "read from another copy: {}", why.join("; "));
+                }
+                Some(entry) => entry.lost.extend(why),
+                None => {}
+            }
+        }
+        for (name, (parts, fewest)) in copies {
+            let Some(entry) = out.get_mut(&name) else {
+                continue;
+            };
+            entry
+                .lost
+                .extend(replicas::unreachable_loses(&name, fewest, &unreachable));
+            for (_, copies) in parts {
+                match replicas::merge_copies(&name, copies) {
+                    Ok(e) => entry.endpoints.push(e),
+                    Err(why) => entry.lost.push(why),
+                }
+            }
+            // Node order, as listed before copies were merged.
+            entry.endpoints.sort_by_key(|e| e.node);
         }
         Ok(out)
     }
@@ -208,13 +284,21 @@ impl Cluster {
             .flat_map(|t| {
                 t.endpoints
                     .iter()
-                    .zip(&t.node_of)
-                    .flat_map(|(e, n)| e.objects.iter().map(|o| (*n, o.name.clone(), o.len)))
+                    .flat_map(|e| std::iter::once(e).chain(&e.replicas))
             })
+            .flat_map(|e| e.objects.iter().map(|o| (e.node, o.name.clone(), o.len)))
             .collect();
         let ranges = Arc::new(
             NodeRangeStore::new(self.nodes.clone(), &objects).with_compression(opts.compression),
         );
+        for e in tables.values().flat_map(|t| &t.endpoints) {
+            let replicas: Vec<(usize, &[_])> = e
+                .replicas
+                .iter()
+                .map(|r| (r.node, &r.objects[..]))
+                .collect();
+            ranges.add_copies(e.node, &e.objects, &replicas);
+        }
         let url = datafusion::execution::object_store::ObjectStoreUrl::parse(CLUSTER_URL)?;
         runtime.register_object_store(url.as_ref(), ranges.clone());
         let mut builder = SessionStateBuilder::new()
@@ -257,11 +341,14 @@ impl Cluster {
                 let files = t
                     .endpoints
                     .iter()
-                    .zip(&t.node_of)
-                    .flat_map(|(e, n)| {
-                        e.objects
-                            .iter()
-                            .map(|o| (NodeRangeStore::path(*n, &o.name).to_string(), o.len, o.rows))
+                    .flat_map(|e| {
+                        e.objects.iter().map(|o| {
+                            (
+                                NodeRangeStore::path(e.node, &o.name).to_string(),
+                                o.len,
+                                o.rows,
+                            )
+                        })
                     })
                     .collect();
                 let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());

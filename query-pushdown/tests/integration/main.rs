@@ -12,6 +12,7 @@ mod gateway;
 mod holdout;
 mod hostile;
 mod plans;
+mod replicas;
 mod shrink;
 mod tpch;
 

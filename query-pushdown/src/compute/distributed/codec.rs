@@ -248,12 +248,14 @@ mod tests {
                                 rows: 10 * i as u64,
                                 row_groups: i,
                                 int_ranges: vec![Some([i as i64, 7]), None],
+                                digest: None,
                             })
                             .collect(),
                         node,
                         merged: vec![],
                         distinct: vec![],
                         node_distinct: Default::default(),
+                        replicas: vec![],
                     }
                 })
                 .collect();
@@ -348,6 +350,7 @@ mod tests {
                 merged: vec![],
                 distinct: vec![],
                 node_distinct: Default::default(),
+                replicas: vec![],
             }],
             Compression::None,
             env.ranges().clone(),

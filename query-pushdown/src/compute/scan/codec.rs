@@ -240,6 +240,7 @@ impl CsdScanExec {
                 // Pushdown was decided where the plan was made.
                 distinct: vec![],
                 node_distinct: Default::default(),
+                replicas: vec![],
             });
         }
         let compression =

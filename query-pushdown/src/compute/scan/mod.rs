@@ -54,6 +54,9 @@ pub struct EndpointRun {
     /// A scan that reduces nothing, read here by byte range (see
     /// [`CsdScanExec::direct`]).
     pub direct: bool,
+    /// Copies of the partition asked before the one that answered, each with why
+    /// it did not (its node lost: see `crate::compute::replicas`).
+    pub failed_over: Vec<String>,
 }
 
 impl EndpointRun {
@@ -225,6 +228,7 @@ impl CsdScanExec {
             key_filters: self.key_filters.clone(),
             table_columns: self.table_columns.clone(),
             direct: self.direct,
+            here: None,
             functions: self.functions.clone(),
             context,
         }
@@ -363,21 +367,11 @@ impl DisplayAs for CsdScanExec {
                     let per: Vec<String> = runs
                         .iter()
                         .map(|r| {
-                            if let Some(why) = &r.pushed_back {
-                                return format!("{}: pushed_back ({why})", r.endpoint);
+                            let per = render_run(r);
+                            match r.failed_over.is_empty() {
+                                true => per,
+                                false => format!("{per} (after {})", r.failed_over.join("; ")),
                             }
-                            if r.direct {
-                                return format!("{}: read here by byte range", r.endpoint);
-                            }
-                            format!(
-                                "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
-                                r.endpoint,
-                                r.report.bytes_read,
-                                r.report.bytes_sent,
-                                r.report.rows_scanned,
-                                r.report.rows_returned,
-                                r.report.elapsed_us as f64 / 1000.0
-                            )
                         })
                         .collect();
                     write!(f, ", at_nodes=[{}]", per.join("; "))?;
@@ -386,6 +380,25 @@ impl DisplayAs for CsdScanExec {
             }
         }
     }
+}
+
+/// What one endpoint did, for `EXPLAIN ANALYZE`.
+fn render_run(r: &EndpointRun) -> String {
+    if let Some(why) = &r.pushed_back {
+        return format!("{}: pushed_back ({why})", r.endpoint);
+    }
+    if r.direct {
+        return format!("{}: read here by byte range", r.endpoint);
+    }
+    format!(
+        "{}: device_read={} sent={} rows_scanned={} rows_returned={} node_time={:.1}ms",
+        r.endpoint,
+        r.report.bytes_read,
+        r.report.bytes_sent,
+        r.report.rows_scanned,
+        r.report.rows_returned,
+        r.report.elapsed_us as f64 / 1000.0
+    )
 }
 
 impl ExecutionPlan for CsdScanExec {

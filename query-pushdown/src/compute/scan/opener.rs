@@ -39,6 +39,7 @@ pub(crate) enum Opened {
 }
 
 /// Everything needed to open one endpoint of a scan.
+#[derive(Clone)]
 pub(crate) struct EndpointOpener {
     pub table: Arc<TableEndpoints>,
     pub endpoint: Endpoint,
@@ -50,6 +51,9 @@ pub(crate) struct EndpointOpener {
     pub table_columns: Option<Arc<Vec<usize>>>,
     /// A scan that reduces nothing by itself (see `CsdScanExec::direct`).
     pub direct: bool,
+    /// Evaluate here without asking the node: `Some(why)` once the node (and every
+    /// other copy asked) was lost; its objects are read from their copies.
+    pub here: Option<String>,
     /// The Wasm SQL functions the fragment calls (with their modules' bytes).
     pub functions: Arc<Vec<Arc<ShippedFunction>>>,
     pub context: Arc<TaskContext>,
@@ -71,6 +75,13 @@ impl EndpointOpener {
             }
         }
         let args = frag.to_bytes();
+        if let Some(why) = &self.here {
+            let stream = self.evaluate_here(&args, !self.direct).await?;
+            return Ok(Opened::Here {
+                stream,
+                pushed_back: Some(why.clone()),
+            });
+        }
         if self.direct && frag.key_filters.is_empty() {
             let stream = self.evaluate_here(&args, false).await?;
             return Ok(Opened::Here {
@@ -120,7 +131,10 @@ impl EndpointOpener {
         let column = *self.table_columns.as_ref()?.get(*c)?;
         let node = self.endpoint.node;
         let mut ranges = Vec::new();
-        for e in self.table.endpoints().iter().filter(|e| e.node == node) {
+        // This endpoint's own objects too: a copy asked after its partition's node
+        // was lost is at a node that serves other partitions.
+        let at_node = self.table.endpoints().iter().filter(|e| e.node == node);
+        for e in at_node.chain(std::iter::once(&self.endpoint)) {
             for o in e.objects.iter().filter(|o| o.rows > 0) {
                 ranges.push((*o.int_ranges.get(column)?)?);
             }

@@ -2,7 +2,15 @@
 //! endpoint ([`EndpointOpener`]), then passes on the node's batches (or those
 //! evaluated here) under the plan's schema, and when the node's answer ends records
 //! what the endpoint did.
+//!
+//! A partition kept on several nodes (see `crate::compute::replicas`) fails over:
+//! when its node is lost before its answer was passed on, the same fragment is
+//! asked of the next copy. To make that possible mid-answer too, the node's batches
+//! are held until its answer ends (up to [`HOLD_BYTES`]; past that they stream, and
+//! a node lost after that fails the query, naming the partition and every copy
+//! tried). Reads by byte range fail over below, in the range store.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,11 +29,69 @@ use futures::{FutureExt, Stream, StreamExt};
 use super::EndpointRun;
 use super::metrics::ScanMetrics;
 use super::opener::{EndpointOpener, Opened};
+use crate::compute::endpoints::Endpoint;
 use crate::compute::range_read::counting_reads;
 use crate::error::to_datafusion;
 
 /// Where a partition leaves its [`EndpointRun`] for `EXPLAIN ANALYZE` and `csd sql`.
 pub(crate) type RunSlot = Arc<Mutex<Option<EndpointRun>>>;
+
+/// The most of a node's answer held back while another copy could still take over.
+pub(crate) const HOLD_BYTES: usize = 16 << 20;
+
+/// What a stream needs to ask another copy of its partition.
+struct Failover {
+    /// The opener, for the copy asked last.
+    opener: EndpointOpener,
+    /// Copies not asked yet.
+    replicas: VecDeque<Endpoint>,
+    /// Copies asked, each with why it did not answer.
+    tried: Vec<String>,
+    /// The node's batches held back (see the module docs), while `holding`.
+    held: Vec<RecordBatch>,
+    held_bytes: usize,
+    holding: bool,
+}
+
+impl Failover {
+    /// The opener of the next copy after `endpoint` (the copy asked) failed with
+    /// `why`: another node holding it, and when none is left, this tier over the
+    /// objects' other copies by byte range (an endpoint standing for several
+    /// partitions has no replica of its own, its objects do). `None` when a batch
+    /// was passed on already, or this tier was tried.
+    fn next(
+        &mut self,
+        endpoint: &str,
+        why: &dyn std::fmt::Display,
+        passed: bool,
+    ) -> Option<EndpointOpener> {
+        if passed || self.opener.here.is_some() {
+            return None;
+        }
+        self.tried.push(format!("{endpoint}: {why}"));
+        self.held.clear();
+        self.held_bytes = 0;
+        match self.replicas.pop_front() {
+            Some(next) => {
+                tracing::warn!(%endpoint, to = %next.client.url(), "asking another copy: {why}");
+                // A fragment pinned to objects names this copy's.
+                if !self.opener.fragment.objects.is_empty() {
+                    self.opener.fragment.objects =
+                        next.objects.iter().map(|o| o.name.clone()).collect();
+                }
+                self.opener.endpoint = Endpoint {
+                    replicas: vec![],
+                    ..next
+                };
+            }
+            None => {
+                tracing::warn!(%endpoint, "evaluating here over the objects' copies: {why}");
+                self.opener.here = Some(format!("node lost ({why}): read here from the copies"));
+            }
+        }
+        Some(self.opener.clone())
+    }
+}
 
 enum State {
     /// Waiting for join keys and the node's first answer.
@@ -51,6 +117,11 @@ pub(crate) struct EndpointStream {
     direct: bool,
     /// Bytes read by byte range while this stream is polled (see `poll_next`).
     ranges: Arc<AtomicU64>,
+    failover: Failover,
+    /// Batches to pass on before anything else (held ones, released).
+    pending: VecDeque<RecordBatch>,
+    /// Whether a batch was passed on (no other copy may take over then).
+    passed: bool,
 }
 
 impl EndpointStream {
@@ -70,6 +141,18 @@ impl EndpointStream {
         if let Ok(mut g) = run.lock() {
             *g = None;
         }
+        let replicas: VecDeque<Endpoint> = opener.endpoint.replicas.iter().cloned().collect();
+        // Held while another copy could take over: a node's answer, when its objects
+        // have copies elsewhere.
+        let copies = !replicas.is_empty() || opener.table.has_copies(&opener.endpoint);
+        let failover = Failover {
+            opener: opener.clone(),
+            holding: copies,
+            replicas,
+            tried: vec![],
+            held: vec![],
+            held_bytes: 0,
+        };
         EndpointStream {
             state: State::Opening(opener.open().boxed()),
             schema,
@@ -78,6 +161,43 @@ impl EndpointStream {
             endpoint,
             direct,
             ranges: Arc::new(AtomicU64::new(0)),
+            failover,
+            pending: VecDeque::new(),
+            passed: false,
+        }
+    }
+
+    /// Asks the next copy of the partition after this one failed with `why`;
+    /// false when none can take over.
+    fn fail_over(&mut self, why: &dyn std::fmt::Display) -> bool {
+        match self.failover.next(&self.endpoint, why, self.passed) {
+            Some(opener) => {
+                self.endpoint = format!(
+                    "{}/{}",
+                    opener.endpoint.client.url(),
+                    opener.endpoint.partition
+                );
+                self.state = State::Opening(opener.open().boxed());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `e`, naming the copies tried before, if any.
+    fn failed(&self, e: DataFusionError) -> DataFusionError {
+        match self.failover.tried.is_empty() {
+            true => e,
+            false => DataFusionError::Context(
+                format!(
+                    "no copy of partition {} of table {} answered (tried {}; last {})",
+                    self.failover.opener.endpoint.partition,
+                    self.failover.opener.table.name(),
+                    self.failover.tried.join("; "),
+                    self.endpoint
+                ),
+                Box::new(e),
+            ),
         }
     }
 
@@ -100,11 +220,13 @@ impl EndpointStream {
             endpoint: self.endpoint.clone(),
             bytes_received: bytes,
             report,
+            failed_over: self.failover.tried.clone(),
             ..Default::default()
         });
     }
 
-    fn batch(&self, b: RecordBatch) -> Result<RecordBatch> {
+    fn batch(&mut self, b: RecordBatch) -> Result<RecordBatch> {
+        self.passed = true;
         self.metrics.output_rows.add(b.num_rows());
         relabel(b, &self.schema)
     }
@@ -133,6 +255,9 @@ impl EndpointStream {
     ) -> Poll<Option<Result<RecordBatch>>> {
         loop {
             let this = &mut *self;
+            if let Some(b) = this.pending.pop_front() {
+                return Poll::Ready(Some(this.batch(b)));
+            }
             match &mut this.state {
                 State::Opening(open) => match ready!(open.poll_unpin(cx)) {
                     Ok(Opened::Node { batches, stats }) => {
@@ -149,26 +274,42 @@ impl EndpointStream {
                             endpoint: this.endpoint.clone(),
                             pushed_back,
                             direct: this.direct,
+                            failed_over: this.failover.tried.clone(),
                             ..Default::default()
                         });
                         this.state = State::Here(stream);
                     }
                     Err(e) => {
+                        if node_lost(&e) && this.fail_over(&e) {
+                            continue;
+                        }
                         this.state = State::Done;
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err(this.failed(e))));
                     }
                 },
                 State::FromNode { batches, stats } => match ready!(batches.poll_next_unpin(cx)) {
+                    Some(Ok(b)) if this.failover.holding => {
+                        let f = &mut this.failover;
+                        f.held_bytes += b.get_array_memory_size();
+                        f.held.push(b);
+                        if f.held_bytes > HOLD_BYTES {
+                            f.holding = false;
+                            this.pending.extend(f.held.drain(..));
+                        }
+                    }
                     Some(Ok(b)) => return Poll::Ready(Some(this.batch(b))),
                     Some(Err(e)) => {
+                        if e.node_lost() && this.fail_over(&e) {
+                            continue;
+                        }
                         this.state = State::Done;
-                        return Poll::Ready(Some(Err(to_datafusion(e))));
+                        return Poll::Ready(Some(Err(this.failed(to_datafusion(e)))));
                     }
                     None => {
                         let stats = stats.clone();
                         this.finish_node(&stats);
+                        this.pending.extend(this.failover.held.drain(..));
                         this.state = State::Done;
-                        return Poll::Ready(None);
                     }
                 },
                 State::Here(stream) => match ready!(stream.poll_next_unpin(cx)) {
@@ -191,6 +332,18 @@ impl EndpointStream {
 impl RecordBatchStream for EndpointStream {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+}
+
+/// Whether `e` is a node's client error saying the node (or its copy of the data)
+/// is lost (see `csd_protocol::node_client::Error::node_lost`).
+fn node_lost(e: &DataFusionError) -> bool {
+    match e {
+        DataFusionError::External(inner) => inner
+            .downcast_ref::<csd_protocol::node_client::Error>()
+            .is_some_and(|c| c.node_lost()),
+        DataFusionError::Context(_, inner) => node_lost(inner),
+        _ => false,
     }
 }
 

@@ -1,0 +1,117 @@
+//! Copies of one partition on several nodes (`csd put --replicas N`), merged into one
+//! endpoint, and the nodes a table can do without.
+//!
+//! Every copy is a whole partition, computable in place (no striping): a fragment
+//! runs at any one of them. Copies are replicas only when they agree object for
+//! object — rows, length and the digest of the bytes each node reports — and a
+//! partition whose copies disagree is not read at all (which one is right cannot be
+//! told here). Each partition's fragments go to one copy, chosen by the partition's
+//! name so that a table's partitions spread over the nodes holding them; the others
+//! stand by for when that node is lost (see `scan/stream.rs` and the byte-range
+//! store's failover in `range_read.rs`).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use crate::compute::endpoints::Endpoint;
+
+/// One partition from its copies (in node order): the copy that serves it, the
+/// others as its replicas; `Err(why)` when the copies are not the same data.
+pub(crate) fn merge_copies(
+    table: &str,
+    mut copies: Vec<Endpoint>,
+) -> std::result::Result<Endpoint, String> {
+    let first = copies.first().ok_or("no copies")?;
+    for other in &copies[1..] {
+        if let Err(how) = same_data(first, other) {
+            return Err(format!(
+                "partition {} of table {table} is stored on {} and on {}, and the copies \
+                 differ ({how}): they are not replicas of each other; delete the wrong \
+                 one (`csd rm`) or put the partition again",
+                first.partition,
+                first.client.url(),
+                other.client.url()
+            ));
+        }
+    }
+    let mut h = DefaultHasher::new();
+    (table, &first.partition).hash(&mut h);
+    let serving = (h.finish() % copies.len() as u64) as usize;
+    let mut primary = copies.remove(serving);
+    primary.replicas = copies;
+    Ok(primary)
+}
+
+/// How `a` and `b` differ, if they do: object by object, rows, length and digest
+/// (a digest either node does not report is not compared).
+fn same_data(a: &Endpoint, b: &Endpoint) -> std::result::Result<(), String> {
+    if a.rows != b.rows {
+        return Err(format!("{} rows against {}", a.rows, b.rows));
+    }
+    if a.objects.len() != b.objects.len() {
+        return Err(format!(
+            "{} objects against {}",
+            a.objects.len(),
+            b.objects.len()
+        ));
+    }
+    for (x, y) in a.objects.iter().zip(&b.objects) {
+        if x.rows != y.rows || x.len != y.len {
+            return Err(format!(
+                "{} ({} rows, {} bytes) against {} ({} rows, {} bytes)",
+                x.name, x.rows, x.len, y.name, y.rows, y.len
+            ));
+        }
+        if let (Some(dx), Some(dy)) = (x.digest, y.digest)
+            && dx != dy
+        {
+            return Err(format!(
+                "{} has digest {dx:08x}, {} has {dy:08x}",
+                x.name, y.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why a table cannot be read with `out` of its nodes out of reach, if it cannot:
+/// a partition kept in `copies` copies (the fewest of any partition the reachable
+/// nodes list) may be on `copies` of the unreachable nodes only, and then nobody
+/// here knows it exists — reading the rest would silently drop its rows.
+pub(crate) fn unreachable_loses(
+    table: &str,
+    copies: u32,
+    out: &[(String, String)],
+) -> Option<String> {
+    if out.is_empty() || (out.len() as u64) < u64::from(copies) {
+        return None;
+    }
+    let nodes: Vec<String> = out.iter().map(|(u, why)| format!("{u} ({why})")).collect();
+    Some(format!(
+        "table {table} cannot be read whole: {} of its nodes cannot be reached ({}) and \
+         its partitions are kept in {copies} {}, so some may be on those nodes only; \
+         bring them back, or store the table with `csd put --replicas` above {}",
+        out.len(),
+        nodes.join(", "),
+        if copies == 1 { "copy" } else { "copies" },
+        out.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_survives_fewer_lost_nodes_than_copies() {
+        let out = vec![("grpc://a".to_string(), "refused".to_string())];
+        assert!(unreachable_loses("t", 2, &out).is_none());
+        assert!(unreachable_loses("t", 1, &[]).is_none());
+        let why = unreachable_loses("t", 1, &out).unwrap();
+        assert!(
+            why.contains("grpc://a (refused)") && why.contains("1 copy"),
+            "{why}"
+        );
+        let two = vec![out[0].clone(), ("grpc://b".into(), "timed out".into())];
+        assert!(unreachable_loses("t", 2, &two).is_some());
+    }
+}
