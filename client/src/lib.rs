@@ -7,6 +7,7 @@
 //!   with or without pushdown; [`script`] splits the SQL scripts `csd sql -f` runs.
 //! * [`features`]: image datasets in, DNN features out (split planned, prefix at the
 //!   nodes, the rest here).
+//! * [`placement`]: which nodes hold the copies of a partition (`csd put --replicas`).
 //! * [`demo`] is the README's main job. The `csd` binary (`src/main.rs`) wraps them.
 
 #![warn(unreachable_pub)]
@@ -14,6 +15,7 @@
 pub mod demo;
 pub mod error;
 pub mod features;
+pub mod placement;
 pub mod script;
 
 pub use csd_protocol::node_client::{NodeClient, OperatorReply, ReplyStats, TableInfo};

@@ -118,14 +118,15 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if !matches!(
+    let client_only = !matches!(
         cli.command,
         Command::Serve(_)
             | Command::Demo(_)
             | Command::Testbed(_)
             | Command::Gateway(_)
             | Command::Worker(_)
-    ) {
+    );
+    if client_only {
         // Pure client commands behave like other Unix tools under `csd ls | head`: end
         // quietly on a closed pipe instead of panicking in println!. Not where a server
         // runs (a node, a gateway, a worker): a peer closing its socket would then kill
@@ -144,10 +145,15 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if client_only {
+        // The runtime's threads do the network I/O: a node killed mid-answer must
+        // fail a write there with EPIPE (and the query fail over to another copy),
+        // not kill the process with SIGPIPE (hyper writes with `writev`, which has no
+        // MSG_NOSIGNAL). SIGPIPE stays deliverable to the main thread, which prints.
+        rt.on_thread_start(block_sigpipe);
+    }
+    let rt = match rt.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("csd: cannot start the async runtime: {e}");
@@ -160,6 +166,18 @@ fn main() -> std::process::ExitCode {
             eprintln!("csd: {}", csd_protocol::error::chain(&e));
             std::process::ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// Blocks SIGPIPE for the calling thread: a write to a closed socket returns EPIPE.
+fn block_sigpipe() {
+    // SAFETY: a zeroed sigset_t is valid storage for sigemptyset, which initialises
+    // it; pthread_sigmask changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 

@@ -12,6 +12,8 @@ pub(crate) mod invoke;
 pub(crate) mod lease;
 pub(crate) mod ls;
 pub(crate) mod put;
+pub(crate) mod put_copies;
+pub(crate) mod put_file;
 pub(crate) mod refs;
 pub(crate) mod release;
 pub(crate) mod renew;

@@ -556,5 +556,6 @@ impl Drop for Kill {
 
 mod onnx;
 mod processes;
+mod replicas;
 #[cfg(feature = "spdk")]
 mod spdk;

@@ -1,0 +1,183 @@
+//! `csd put --replicas`, and `csd sql` with a node killed (SIGKILL) before and
+//! during its queries: every answer the same as with every node up.
+
+use super::processes::spawn_listening_with;
+use super::*;
+
+const PARTS: usize = 4;
+
+/// Partition `p`'s CSV: 60,000 rows of `id,k,city,v`.
+fn write_part(path: &Path, p: usize) {
+    let mut csv = String::from("id,k,city,v\n");
+    for i in 0..60_000i64 {
+        let id = p as i64 * 60_000 + i;
+        let city = ["oslo", "lima", "pune", "kobe"][(id % 4) as usize];
+        writeln!(csv, "{id},{},{city},{}", id % 1_009, (id * 31) % 997).unwrap();
+    }
+    std::fs::write(path, csv).unwrap();
+}
+
+fn serve() -> (Kill, String) {
+    let (child, url) = spawn_listening_with(
+        &[
+            "serve",
+            "--device",
+            "emulated:mem",
+            "--capacity",
+            "256MiB",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    (Kill(child), url)
+}
+
+/// `csd ARGS --node U…` for every node of `urls`.
+fn on_all(a: &[&str], urls: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+    for u in urls {
+        v.extend(["--node".to_string(), u.clone()]);
+    }
+    v
+}
+
+const QUERIES: &[&str] = &[
+    "SELECT k % 10 AS g, count(*) AS n, sum(v) AS s FROM t GROUP BY k % 10 ORDER BY g",
+    "SELECT id, v FROM t WHERE city = 'lima' AND v > 990 ORDER BY id",
+    "SELECT count(*) AS n, max(id) AS m, sum(v) AS s FROM t",
+    "SELECT city, count(DISTINCT k) AS d FROM t GROUP BY city ORDER BY city",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_query_costs_no_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<(Kill, String)> = (0..3).map(|_| serve()).collect();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    for p in 0..PARTS {
+        let f = dir.path().join(format!("p{p}.csv"));
+        write_part(&f, p);
+        let put = csd(on_all(
+            &[
+                "put",
+                f.to_str().unwrap(),
+                "--table",
+                "t",
+                "--partition",
+                &format!("p{p}"),
+                "--replicas",
+                "2",
+            ],
+            &urls,
+        ))
+        .await;
+        assert!(put.status.success(), "{:?}", text(&put));
+        assert!(text(&put).0.contains("2 copies of t/p"), "{:?}", text(&put));
+    }
+    // More copies than nodes, or a partition that exists: refused, nothing stored.
+    let f0 = dir.path().join("p0.csv");
+    let f0 = f0.to_str().unwrap();
+    let four = csd(on_all(
+        &[
+            "put",
+            f0,
+            "--table",
+            "t",
+            "--partition",
+            "x",
+            "--replicas",
+            "4",
+        ],
+        &urls,
+    ))
+    .await;
+    assert!(
+        !four.status.success() && text(&four).1.contains("4 copies"),
+        "{:?}",
+        text(&four)
+    );
+    let again = csd(on_all(
+        &[
+            "put",
+            f0,
+            "--table",
+            "t",
+            "--partition",
+            "p0",
+            "--replicas",
+            "2",
+        ],
+        &urls,
+    ))
+    .await;
+    assert!(
+        !again.status.success() && text(&again).1.contains("already exists"),
+        "{:?}",
+        text(&again)
+    );
+
+    let sql = |q: &str| on_all(&["sql", "--format", "csv", q], &urls);
+    let mut expected = Vec::new();
+    for q in QUERIES {
+        let o = csd(sql(q)).await;
+        assert!(o.status.success(), "{q}: {:?}", text(&o));
+        expected.push(text(&o).0);
+    }
+    assert!(expected[2].contains("240000"), "{}", expected[2]);
+
+    // Node 0 is killed while the queries run (each its own process), then stays dead.
+    let queries: Vec<_> = QUERIES
+        .iter()
+        .map(|q| {
+            let a = sql(q);
+            tokio::task::spawn_blocking(move || {
+                Command::new(env!("CARGO_BIN_EXE_csd"))
+                    .args(&a)
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let (mut killed, _) = nodes.remove(0);
+    killed.0.kill().unwrap(); // SIGKILL
+    let _ = killed.0.wait();
+    for (i, q) in queries.into_iter().enumerate() {
+        let o = q.await.unwrap();
+        assert!(o.status.success(), "{}: {:?}", QUERIES[i], text(&o));
+        assert_eq!(text(&o).0, expected[i], "{}", QUERIES[i]);
+    }
+    for (i, q) in QUERIES.iter().enumerate() {
+        let o = csd(sql(q)).await;
+        assert!(o.status.success(), "{q} with node 0 dead: {:?}", text(&o));
+        assert_eq!(text(&o).0, expected[i], "{q} with node 0 dead");
+    }
+    // A new replicated put that needs the dead node fails and leaves no copy.
+    let needs_dead = (0..100)
+        .map(|i| format!("n{i}"))
+        .find(|p| {
+            csd_client::placement::nodes_for("t", p, &urls, 2)
+                .unwrap()
+                .contains(&&urls[0])
+        })
+        .unwrap();
+    let put = csd(on_all(
+        &[
+            "put",
+            f0,
+            "--table",
+            "t",
+            "--partition",
+            &needs_dead,
+            "--replicas",
+            "2",
+        ],
+        &urls,
+    ))
+    .await;
+    assert!(!put.status.success(), "{:?}", text(&put));
+    assert!(text(&put).1.contains(&urls[0]), "{:?}", text(&put));
+    let o = csd(sql("SELECT count(*) AS n FROM t")).await;
+    assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
+    drop(nodes);
+}
