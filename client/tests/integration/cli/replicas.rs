@@ -179,5 +179,31 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     assert!(text(&put).1.contains(&urls[0]), "{:?}", text(&put));
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
     assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
+    // A delete must reach every copy: refused while node 0 is dead, nothing deleted.
+    let rm = csd(on_all(&["rm", "t/p1"], &urls)).await;
+    assert!(!rm.status.success(), "{:?}", text(&rm));
+    let o = csd(sql("SELECT count(*) AS n FROM t")).await;
+    assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
+    // Over the live nodes it deletes both copies of a partition kept on them.
+    let live = &urls[1..];
+    let both = (0..PARTS)
+        .map(|p| format!("p{p}"))
+        .find(|p| {
+            csd_client::placement::nodes_for("t", p, &urls, 2)
+                .unwrap()
+                .iter()
+                .all(|n| live.contains(n))
+        })
+        .expect("a partition on nodes 1 and 2");
+    let rm = csd(on_all(&["rm", &format!("t/{both}")], live)).await;
+    assert!(rm.status.success(), "{:?}", text(&rm));
+    assert_eq!(
+        text(&rm).0.matches("deleted t/").count(),
+        2,
+        "{:?}",
+        text(&rm)
+    );
+    let o = csd(sql("SELECT count(*) AS n FROM t")).await;
+    assert!(text(&o).0.contains("180000"), "{:?}", text(&o));
     drop(nodes);
 }
