@@ -1,7 +1,7 @@
 //! `csd put --replicas`, and `csd sql` with a node killed (SIGKILL) before and
 //! during its queries: every answer the same as with every node up.
 
-use super::processes::spawn_listening_with;
+use super::processes::spawn_serve;
 use super::*;
 
 const PARTS: usize = 4;
@@ -18,18 +18,7 @@ fn write_part(path: &Path, p: usize) {
 }
 
 fn serve() -> (Kill, String) {
-    let (child, url) = spawn_listening_with(
-        &[
-            "serve",
-            "--device",
-            "emulated:mem",
-            "--capacity",
-            "256MiB",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    let (child, url) = spawn_serve("emulated:mem");
     (Kill(child), url)
 }
 
@@ -184,17 +173,35 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     assert!(!rm.status.success(), "{:?}", text(&rm));
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
     assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
-    // Over the live nodes it deletes both copies of a partition kept on them.
+    // Over the live nodes it deletes both copies of a partition kept on them (one
+    // placed there, put now: node 0 is not among its nodes).
     let live = &urls[1..];
-    let both = (0..PARTS)
-        .map(|p| format!("p{p}"))
+    let both = (0..100)
+        .map(|i| format!("m{i}"))
         .find(|p| {
             csd_client::placement::nodes_for("t", p, &urls, 2)
                 .unwrap()
                 .iter()
                 .all(|n| live.contains(n))
         })
-        .expect("a partition on nodes 1 and 2");
+        .expect("a partition placed on nodes 1 and 2");
+    let put = csd(on_all(
+        &[
+            "put",
+            f0,
+            "--table",
+            "t",
+            "--partition",
+            &both,
+            "--replicas",
+            "2",
+        ],
+        &urls,
+    ))
+    .await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let o = csd(sql("SELECT count(*) AS n FROM t")).await;
+    assert!(text(&o).0.contains("300000"), "{:?}", text(&o));
     let rm = csd(on_all(&["rm", &format!("t/{both}")], live)).await;
     assert!(rm.status.success(), "{:?}", text(&rm));
     assert_eq!(
@@ -204,6 +211,6 @@ async fn a_node_killed_mid_query_costs_no_answer() {
         text(&rm)
     );
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
-    assert!(text(&o).0.contains("180000"), "{:?}", text(&o));
+    assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
     drop(nodes);
 }
