@@ -48,6 +48,15 @@ pub enum Error {
         #[source]
         source: parquet::errors::ParquetError,
     },
+    /// A node's error, with what was being done and what was left behind.
+    #[error("{context}: {source}")]
+    NodeStep {
+        /// What was being done, and what was undone.
+        context: String,
+        /// The node's error.
+        #[source]
+        source: csd_protocol::node_client::Error,
+    },
     /// Bad input from the user (arguments, files).
     #[error("{0}")]
     InvalidInput(String),
@@ -90,7 +99,7 @@ impl Error {
     /// What kind of failure this is.
     pub fn status_code(&self) -> StatusCode {
         match self {
-            Error::Node(e) => e.status_code(),
+            Error::Node(e) | Error::NodeStep { source: e, .. } => e.status_code(),
             Error::Runtime(e) => e.status_code(),
             Error::Query(e) => csd_query_pushdown::error::status_code(e),
             Error::Ml(e) => e.status_code(),

@@ -52,6 +52,19 @@ fn pushback_in(e: &(dyn std::error::Error + 'static)) -> Option<csd_protocol::Pu
     None
 }
 
+/// Whether the first node client error among `e`'s causes says its node (or the
+/// node's copy of the data) is lost (see `node_client::Error::node_lost`).
+pub(crate) fn node_lost(e: &DataFusionError) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c.downcast_ref::<csd_protocol::node_client::Error>() {
+            return n.node_lost();
+        }
+        cur = c.source();
+    }
+    false
+}
+
 /// The kind of the first node or client error among `e`'s causes.
 fn ours_in(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
     let mut cur = Some(e);

@@ -54,11 +54,14 @@ pub(crate) async fn run(
             Ok(s) => stored.push((c, s)),
             Err(e) => {
                 let undone = undo(&stored, table, partition).await;
-                return Err(Error::InvalidInput(format!(
-                    "storing copy {} of {copies} of {table}/{partition} on {} failed: {e}; {undone}",
-                    stored.len() + 1,
-                    c.url()
-                )));
+                return Err(Error::NodeStep {
+                    context: format!(
+                        "storing copy {} of {copies} of {table}/{partition} on {} failed ({undone})",
+                        stored.len() + 1,
+                        c.url()
+                    ),
+                    source: e,
+                });
             }
         }
     }

@@ -46,11 +46,14 @@ pub(crate) async fn run(args: RmArgs) -> Result<()> {
             }
             Err(e) if e.status_code() == StatusCode::NotFound => {}
             Err(e) => {
-                return Err(Error::InvalidInput(format!(
-                    "deleting {target} on {} failed after {deleted} of the nodes deleted \
-                     it: {e}; run the same command again once it answers",
-                    c.url()
-                )));
+                return Err(Error::NodeStep {
+                    context: format!(
+                        "deleting {target} on {} failed after {deleted} of the nodes deleted \
+                         it (run the same command again once it answers)",
+                        c.url()
+                    ),
+                    source: e,
+                });
             }
         }
     }

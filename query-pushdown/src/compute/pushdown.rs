@@ -480,13 +480,7 @@ impl ExtensionPlanner for CsdExtensionPlanner {
 /// The rows a partial aggregate answering `groups` (by the sketches, before filters)
 /// sends, as a fraction of the rows its nodes hold.
 fn group_fraction(groups: u64, table: &CsdTable, fragment: &LogicalPlan) -> f64 {
-    let rows: u64 = table
-        .at()
-        .per_node()
-        .endpoints()
-        .iter()
-        .map(|e| e.rows)
-        .sum();
+    let rows = table.rows();
     let filtered = 0.2f64.powi(filters_in(fragment));
     if rows == 0 {
         0.0

@@ -190,38 +190,54 @@ impl NodeRangeStore {
     /// Reads `r` of the object at `location`, or of a copy of it on another node
     /// when its node is lost; every node's error when none answers.
     async fn read(&self, location: &Path, r: Range<u64>) -> object_store::Result<Bytes> {
-        let mut tried = Vec::new();
+        let generic =
+            |source: Box<dyn std::error::Error + Send + Sync>| object_store::Error::Generic {
+                store: "csd-node",
+                source,
+            };
+        let e = match self.read_at(location, &r).await? {
+            Ok(b) => return Ok(b),
+            Err(e) if e.node_lost() => e,
+            Err(e) => return Err(generic(Box::new(e))),
+        };
+        // Only now: the copies are looked up when a node is lost, not on every read.
         let copies = read(&self.copies)
             .get(location)
             .cloned()
             .unwrap_or_default();
-        for at in std::iter::once(location).chain(&copies) {
-            let (client, name, _) = self.locate(at)?;
-            match client
-                .read_range_with(&name, r.start, r.end - r.start, self.compression)
-                .await
-            {
-                Ok((b, wire)) => return Ok(self.received(b, wire)),
-                Err(e) if e.node_lost() && copies.len() > tried.len() => {
-                    tracing::warn!(node = %client.url(), object = %name, "reading a copy instead: {e}");
-                    tried.push(format!("{}: {e}", client.url()));
-                }
-                Err(e) if tried.is_empty() => {
-                    return Err(object_store::Error::Generic {
-                        store: "csd-node",
-                        source: Box::new(e),
-                    });
-                }
+        if copies.is_empty() {
+            return Err(generic(Box::new(e)));
+        }
+        let mut tried = vec![format!("{location}: {e}")];
+        for at in &copies {
+            tracing::warn!(from = %location, to = %at, "reading a copy instead: {e}");
+            match self.read_at(at, &r).await? {
+                Ok(b) => return Ok(b),
                 Err(e) => {
-                    tried.push(format!("{}: {e}", client.url()));
-                    break;
+                    tried.push(format!("{at}: {e}"));
+                    if !e.node_lost() {
+                        break;
+                    }
                 }
             }
         }
-        Err(object_store::Error::Generic {
-            store: "csd-node",
-            source: format!("no copy of {location} could be read ({})", tried.join("; ")).into(),
-        })
+        Err(generic(
+            format!("no copy of {location} could be read ({})", tried.join("; ")).into(),
+        ))
+    }
+
+    /// Reads `r` of the object at `location` from its node: the node's error as it
+    /// came (the outer error: no such object here).
+    async fn read_at(
+        &self,
+        location: &Path,
+        r: &Range<u64>,
+    ) -> object_store::Result<csd_protocol::node_client::Result<Bytes>> {
+        let (client, name, _) = self.locate(location)?;
+        Ok(client
+            .read_range_with(&name, r.start, r.end - r.start, self.compression)
+            .await
+            .map(|(b, wire)| self.received(b, wire)))
     }
 
     /// Counts `b`, which took `wire` bytes on the network.

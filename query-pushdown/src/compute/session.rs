@@ -142,7 +142,8 @@ impl Cluster {
     pub async fn tables(&self) -> Result<BTreeMap<String, ClusterTable>> {
         let mut out: BTreeMap<String, ClusterTable> = BTreeMap::new();
         // Per table: its copies by partition, and the fewest copies any asked for.
-        let mut copies: BTreeMap<String, (BTreeMap<String, Vec<Endpoint>>, u32)> = BTreeMap::new();
+        let mut by_table: BTreeMap<String, (BTreeMap<String, Vec<Endpoint>>, u32)> =
+            BTreeMap::new();
         let mut damaged: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         let mut unreachable = self.unreachable.clone();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -164,7 +165,7 @@ impl Cluster {
                     endpoints: vec![],
                     lost: vec![],
                 });
-                let (parts, fewest) = copies
+                let (parts, fewest) = by_table
                     .entry(t.name.clone())
                     .or_insert_with(|| (BTreeMap::new(), u32::MAX));
                 if entry.schema.fields() != t.schema.fields() {
@@ -203,7 +204,7 @@ impl Cluster {
             }
         }
         for ((name, partition), why) in damaged {
-            let intact = copies
+            let intact = by_table
                 .get(&name)
                 .is_some_and(|(p, _)| p.contains_key(&partition));
             match out.get_mut(&name) {
@@ -214,7 +215,7 @@ impl Cluster {
                 None => {}
             }
         }
-        for (name, (parts, fewest)) in copies {
+        for (name, (parts, fewest)) in by_table {
             let Some(entry) = out.get_mut(&name) else {
                 continue;
             };

@@ -74,7 +74,11 @@ pub async fn nodes(n: usize) -> (Vec<RunningNode>, Vec<NodeClient>) {
 /// Sessions over `nodes` with pushdown on and off.
 pub async fn sessions(nodes: &[RunningNode]) -> (CsdSession, CsdSession) {
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
-    let cluster = Cluster::connect(&urls).await.unwrap();
+    sessions_of(&Cluster::connect(&urls).await.unwrap()).await
+}
+
+/// Sessions over `cluster` with pushdown on and off.
+pub async fn sessions_of(cluster: &Cluster) -> (CsdSession, CsdSession) {
     let on = cluster.session(SessionOptions::default()).await.unwrap();
     let off = cluster
         .session(SessionOptions {

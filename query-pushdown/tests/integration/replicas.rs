@@ -13,7 +13,7 @@ use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, SessionOptions};
 use datafusion::prelude::SessionContext;
 
-use crate::{assert_same, nodes, register_local};
+use crate::{assert_same, nodes, register_local, sessions_of};
 
 const PARTS: usize = 6;
 const ROWS: i64 = 3_000;
@@ -84,14 +84,7 @@ async fn copies_are_one_partition_and_a_lost_node_costs_no_answer() {
     let r = &tables["r"];
     assert_eq!(r.endpoints.len(), PARTS, "six partitions, not twelve");
     assert!(r.endpoints.iter().all(|e| e.replicas.len() == 1));
-    let on = cluster.session(SessionOptions::default()).await.unwrap();
-    let off = cluster
-        .session(SessionOptions {
-            pushdown: false,
-            ..SessionOptions::default()
-        })
-        .await
-        .unwrap();
+    let (on, off) = sessions_of(&cluster).await;
     for sql in QUERIES {
         assert_same(&local, &on, sql).await;
         assert_same(&local, &off, sql).await;

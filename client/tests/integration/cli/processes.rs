@@ -35,7 +35,7 @@ pub(super) fn spawn_listening_with(
 }
 
 /// `csd serve` on `device` as its own process, and the URL it prints.
-fn spawn_serve(device: &str) -> (std::process::Child, String) {
+pub(super) fn spawn_serve(device: &str) -> (std::process::Child, String) {
     spawn_listening(&[
         "serve",
         "--device",

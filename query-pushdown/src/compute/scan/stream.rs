@@ -31,7 +31,7 @@ use super::metrics::ScanMetrics;
 use super::opener::{EndpointOpener, Opened};
 use crate::compute::endpoints::Endpoint;
 use crate::compute::range_read::counting_reads;
-use crate::error::to_datafusion;
+use crate::error::{node_lost, to_datafusion};
 
 /// Where a partition leaves its [`EndpointRun`] for `EXPLAIN ANALYZE` and `csd sql`.
 pub(crate) type RunSlot = Arc<Mutex<Option<EndpointRun>>>;
@@ -332,18 +332,6 @@ impl EndpointStream {
 impl RecordBatchStream for EndpointStream {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
-    }
-}
-
-/// Whether `e` is a node's client error saying the node (or its copy of the data)
-/// is lost (see `csd_protocol::node_client::Error::node_lost`).
-fn node_lost(e: &DataFusionError) -> bool {
-    match e {
-        DataFusionError::External(inner) => inner
-            .downcast_ref::<csd_protocol::node_client::Error>()
-            .is_some_and(|c| c.node_lost()),
-        DataFusionError::Context(_, inner) => node_lost(inner),
-        _ => false,
     }
 }
 
