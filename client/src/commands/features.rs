@@ -64,8 +64,9 @@ pub(crate) struct FeaturesArgs {
     /// Send features as f16 (half the bytes).
     #[arg(long)]
     f16: bool,
-    /// Compression of the node's answers: none, lz4 or zstd.
-    #[arg(long, default_value = "lz4")]
+    /// Compression of the node's answers: auto (LZ4, and zstd for the pieces the link
+    /// holds back), none, lz4 or zstd.
+    #[arg(long, default_value = "auto")]
     compression: String,
     /// Leave out samples that cannot be decoded (counted at the end) instead of
     /// failing on the first.

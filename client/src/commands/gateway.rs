@@ -18,8 +18,9 @@ pub(crate) struct GatewayArgs {
     /// Read everything to the gateway and run queries here (the baseline).
     #[arg(long)]
     no_pushdown: bool,
-    /// Compression of pushed-down answers: none, lz4 or zstd.
-    #[arg(long, default_value = "lz4")]
+    /// Compression of pushed-down answers: auto (LZ4, and zstd for the pieces the link
+    /// holds back), none, lz4 or zstd.
+    #[arg(long, default_value = "auto")]
     compression: String,
     /// Certificate (PEM) of the gateway's own port: clients then connect with
     /// `grpc+tls://` (with --listen-tls-key).

@@ -33,8 +33,9 @@ pub(crate) struct RunArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
-    /// Compression of the nodes' answers: none, lz4 or zstd.
-    #[arg(long, default_value = "lz4")]
+    /// Compression of the nodes' answers: auto (LZ4, and zstd for the pieces the link
+    /// holds back), none, lz4 or zstd.
+    #[arg(long, default_value = "auto")]
     compression: String,
     #[command(flatten)]
     creds: ClientCreds,

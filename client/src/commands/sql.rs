@@ -19,8 +19,9 @@ pub(crate) struct SqlArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
-    /// Compression of pushed-down answers: none, lz4 or zstd.
-    #[arg(long, default_value = "lz4")]
+    /// Compression of pushed-down answers: auto (LZ4, and zstd for the pieces the link
+    /// holds back), none, lz4 or zstd.
+    #[arg(long, default_value = "auto")]
     compression: String,
     /// Read the SQL from this file.
     #[arg(short = 'f', long = "file")]

@@ -30,7 +30,7 @@ const ZSTD_LEVEL: i32 = 1;
 pub fn compress(c: Compression, raw: &[u8]) -> Option<(Vec<u8>, &'static [u8])> {
     let (packed, marker) = match c {
         Compression::None => return None,
-        Compression::Lz4Frame => {
+        Compression::Lz4Frame | Compression::Auto => {
             let mut w = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
             std::io::Write::write_all(&mut w, raw).ok()?;
             (w.finish().ok()?, LZ4)

@@ -10,7 +10,7 @@
 //! message Ref      { string id = 1; }
 //! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3;
 //!                    string host = 4; repeated uint32 cpus = 5; }
-//! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; }
+//! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; AUTO = 3; }
 //! ```
 //!
 //! A `Scan` answers Arrow IPC batches (columns in table order; empty `columns` = all);
@@ -142,6 +142,12 @@ pub enum Compression {
     Lz4Frame = 1,
     /// ZSTD: more CPU, smallest; pays on slow links.
     Zstd = 2,
+    /// Each piece of an operator's answer chosen as it is sent: LZ4 while the answer
+    /// leaves as fast as the node makes it, ZSTD (level 1) while earlier pieces still
+    /// wait to be sent (the link or the asker holds the answer back, so the extra
+    /// CPU costs it no time). A `Range` asked so chooses each piece's codec the same
+    /// way, by whether the network finds the next piece already made.
+    Auto = 3,
 }
 
 impl std::str::FromStr for Compression {
@@ -151,8 +157,9 @@ impl std::str::FromStr for Compression {
             "none" => Ok(Compression::None),
             "lz4" | "lz4_frame" => Ok(Compression::Lz4Frame),
             "zstd" => Ok(Compression::Zstd),
+            "auto" => Ok(Compression::Auto),
             _ => Err(Error::InvalidArgument(format!(
-                "compression {s:?} is not one of none, lz4, zstd"
+                "compression {s:?} is not one of auto, none, lz4, zstd"
             ))),
         }
     }

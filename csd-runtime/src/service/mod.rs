@@ -16,6 +16,7 @@
 
 mod access;
 mod actions;
+mod answer_codec;
 mod describe;
 mod get;
 mod keep;

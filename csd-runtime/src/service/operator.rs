@@ -19,6 +19,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use super::FlightNode;
+use super::answer_codec;
 use super::stream::{ENCODER_LIMIT, TaskStream, forward};
 use crate::admission::{Ask, Asker, Kept, Permit, Refusal};
 use crate::auth::{Permission, Principal, RequestSlot};
@@ -252,11 +253,16 @@ impl FlightNode {
         let piece = self.state.wire_piece;
         let options = IpcWriteOptions::default().try_with_compression(match compression {
             Compression::None => None,
-            Compression::Lz4Frame => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+            // An answer that cannot adapt (it has dictionaries) goes LZ4 throughout.
+            Compression::Lz4Frame | Compression::Auto => {
+                Some(arrow::ipc::CompressionType::LZ4_FRAME)
+            }
             Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
         })?;
         let (opened_tx, opened_rx) = tokio::sync::oneshot::channel::<Result<()>>();
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel(ANSWER_QUEUE);
+        // The answer's own queue tells the adaptive encoder how far sending lags.
+        let queue = tx.clone();
         let task = self.state.node.pool.spawn(async move {
             let opened = match request.open(ctx).await {
                 Ok(o) => o,
@@ -281,11 +287,19 @@ impl FlightNode {
                     }
                 })
                 .try_flatten();
-            let encoder = FlightDataEncoderBuilder::new()
-                .with_max_flight_data_size(ENCODER_LIMIT)
-                .with_options(options)
-                .with_schema(opened.schema)
-                .build(batches);
+            let encoder =
+                if compression == Compression::Auto && answer_codec::adaptable(&opened.schema) {
+                    let waiting = move || queue.max_capacity() - queue.capacity();
+                    answer_codec::encode(opened.schema, batches, waiting, ANSWER_QUEUE)?.boxed()
+                } else {
+                    drop(queue);
+                    FlightDataEncoderBuilder::new()
+                        .with_max_flight_data_size(ENCODER_LIMIT)
+                        .with_options(options)
+                        .with_schema(opened.schema)
+                        .build(batches)
+                        .boxed()
+                };
             // Ran to the end: its time teaches the cost model; the slot is freed
             // before the report goes.
             forward(encoder, &tx, |sent| {
@@ -315,6 +329,9 @@ impl FlightNode {
         })
     }
 }
+
+/// Encoded messages of an answer queued ahead of the network.
+const ANSWER_QUEUE: usize = 4;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

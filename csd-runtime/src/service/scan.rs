@@ -21,6 +21,7 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use tonic::Status;
 
 use super::FlightNode;
+use super::answer_codec::Behind;
 use super::stream::{ENCODER_LIMIT, TaskStream};
 use crate::admission::ReadPermit;
 use crate::error::{Error, Result, truncated};
@@ -232,7 +233,8 @@ impl FlightNode {
 
     /// Streams bytes `[offset, offset + length)` of `object`, a chunk a message; with
     /// a `compression`, each chunk that shrinks goes compressed (compressed on the CPU
-    /// pool; see [`crate::protocol::bodies`]).
+    /// pool; see [`crate::protocol::bodies`]); with `Auto`, zstd while the network
+    /// finds chunks waiting, else LZ4 (see [`Behind`]).
     pub(super) fn range(
         &self,
         object: &str,
@@ -257,19 +259,25 @@ impl FlightNode {
         let sent = self.state.counters.bytes_sent.clone();
         let chunk = self.state.range_chunk;
         let node = self.state.node.clone();
+        let behind = (compression == Compression::Auto).then(Behind::default);
+        let gauge = behind.clone();
         // Up to RANGE_READ_AHEAD chunk reads in flight, sent in order.
         let s = futures::stream::iter(
             (offset..end).step_by(usize::try_from(chunk).unwrap_or(usize::MAX)),
         )
         .map(move |pos| {
             let (store, info, sent) = (store.clone(), info.clone(), sent.clone());
-            let node = node.clone();
+            let (node, behind) = (node.clone(), behind.clone());
             async move {
                 let n = chunk.min(end - pos);
                 let body = store
                     .read_object_range(&info, pos, n)
                     .await
                     .map_err(|e| e.to_status())?;
+                let compression = match &behind {
+                    Some(b) => b.codec().compression(),
+                    None => compression,
+                };
                 let packed = match compression {
                     Compression::None => None,
                     c => {
@@ -296,6 +304,9 @@ impl FlightNode {
             }
         })
         .buffered(RANGE_READ_AHEAD);
-        Ok(s.boxed())
+        Ok(match gauge {
+            Some(g) => g.watch(s.boxed()).boxed(),
+            None => s.boxed(),
+        })
     }
 }

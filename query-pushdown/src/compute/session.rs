@@ -55,7 +55,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             pushdown: true,
-            compression: Compression::Lz4Frame,
+            compression: Compression::Auto,
             target_partitions: None,
             direct_unfiltered: true,
             local_slots: None,

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admission;
+mod answer_codec;
 mod distributed;
 mod edge;
 mod explain;
