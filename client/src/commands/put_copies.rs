@@ -1,9 +1,13 @@
 //! `csd put --replicas N`: one file stored whole as the same partition on N nodes,
-//! acknowledged once every copy is durable, nothing left behind when one fails.
+//! read once and written to all of them at the same time, acknowledged once every
+//! copy is durable, nothing left behind when one fails.
 
 use std::path::Path;
 
+use arrow::array::RecordBatch;
 use csd_client::{Error, NodeClient, Result};
+use csd_protocol::node_client::{Error as NodeError, Result as NodeResult};
+use tokio::sync::mpsc;
 
 use super::ClientCreds;
 use super::put_file::read_file;
@@ -37,33 +41,51 @@ pub(crate) async fn run(
             )));
         }
     }
+    // The file is read once; every copy is written at the same time from it.
+    let (schema, bar, rx) = read_file(file.to_path_buf())?;
+    let (feeds, inputs): (Vec<_>, Vec<_>) = clients.iter().map(|_| mpsc::channel(4)).unzip();
+    let tee = tokio::spawn(tee(rx, feeds));
+    let puts = futures::future::join_all(clients.iter().zip(inputs).map(|(c, input)| {
+        c.put_copy(
+            table,
+            partition,
+            copies,
+            schema.clone(),
+            tokio_stream::wrappers::ReceiverStream::new(input),
+        )
+    }))
+    .await;
+    bar.finish_and_clear();
+    let read = tee
+        .await
+        .map_err(|e| Error::InvalidInput(format!("reading {}: {e}", file.display())))?;
     let mut stored = Vec::new();
-    for c in &clients {
-        let (schema, bar, rx) = read_file(file.to_path_buf())?;
-        let put = c
-            .put_copy(
-                table,
-                partition,
-                copies,
-                schema,
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-            )
-            .await;
-        bar.finish_and_clear();
+    let mut failed = None;
+    for (c, put) in clients.iter().zip(puts) {
         match put {
             Ok(s) => stored.push((c, s)),
-            Err(e) => {
-                let undone = undo(&stored, table, partition).await;
-                return Err(Error::NodeStep {
-                    context: format!(
-                        "storing copy {} of {copies} of {table}/{partition} on {} failed ({undone})",
-                        stored.len() + 1,
-                        c.url()
-                    ),
-                    source: e,
-                });
-            }
+            Err(e) => failed = failed.or(Some((c, e))),
         }
+    }
+    if read.is_err() || failed.is_some() {
+        let undone = undo(&stored, table, partition).await;
+        return Err(match (read, failed) {
+            (Err(e), _) => Error::NodeStep {
+                context: format!(
+                    "reading {} for {table}/{partition} failed ({undone})",
+                    file.display()
+                ),
+                source: e,
+            },
+            (Ok(()), Some((c, e))) => Error::NodeStep {
+                context: format!(
+                    "storing a copy of {table}/{partition} on {} failed ({undone})",
+                    c.url()
+                ),
+                source: e,
+            },
+            (Ok(()), None) => unreachable!("checked above"),
+        });
     }
     for (c, s) in &stored {
         println!(
@@ -79,6 +101,34 @@ pub(crate) async fn run(
         );
     }
     println!("{copies} copies of {table}/{partition} are durable");
+    Ok(())
+}
+
+/// Feeds every copy's upload each batch read (a copy whose upload failed has gone:
+/// the others go on). A read error stops every upload and is returned.
+async fn tee(
+    mut read: mpsc::Receiver<NodeResult<RecordBatch>>,
+    feeds: Vec<mpsc::Sender<NodeResult<RecordBatch>>>,
+) -> NodeResult<()> {
+    while let Some(item) = read.recv().await {
+        match item {
+            Ok(batch) => {
+                for feed in &feeds {
+                    let _ = feed.send(Ok(batch.clone())).await;
+                }
+            }
+            Err(e) => {
+                for feed in &feeds {
+                    let _ = feed
+                        .send(Err(NodeError::InvalidInput(
+                            "the input file could not be read".into(),
+                        )))
+                        .await;
+                }
+                return Err(e);
+            }
+        }
+    }
     Ok(())
 }
 

@@ -104,6 +104,31 @@ async fn a_node_killed_mid_query_costs_no_answer() {
         "{:?}",
         text(&again)
     );
+    // A file found bad after 60,000 good rows: every copy's upload (written at the
+    // same time) stops and none is kept (the counts below stay at four partitions).
+    let bad = dir.path().join("bad.csv");
+    let mut rows = std::fs::read_to_string(f0).unwrap();
+    rows.push_str("1,2,oslo,not-a-number\n");
+    std::fs::write(&bad, rows).unwrap();
+    let put = csd(on_all(
+        &[
+            "put",
+            bad.to_str().unwrap(),
+            "--table",
+            "t",
+            "--partition",
+            "bad",
+            "--replicas",
+            "3",
+        ],
+        &urls,
+    ))
+    .await;
+    assert!(
+        !put.status.success() && text(&put).1.contains("bad.csv"),
+        "{:?}",
+        text(&put)
+    );
 
     let sql = |q: &str| on_all(&["sql", "--format", "csv", q], &urls);
     let mut expected = Vec::new();
