@@ -64,12 +64,23 @@ impl GroupEstimate {
 /// leave its nodes with, before filters; `None` when a group key is not made of
 /// table columns whose distinct counts every node knows.
 pub(crate) fn groups_at_nodes(table: &CsdTable, a: &Aggregate) -> Option<GroupEstimate> {
+    groups_of(table, &a.input, &a.group_expr)
+}
+
+/// The groups of `keys` (expressions over `input`, pushable projections and filters
+/// over `table`) at the nodes, as for [`groups_at_nodes`]: also what a per-group
+/// top-k (a window's `PARTITION BY`) keeps groups of.
+pub(crate) fn groups_of(
+    table: &CsdTable,
+    input: &LogicalPlan,
+    keys_of: &[Expr],
+) -> Option<GroupEstimate> {
     let schema = table.at().schema().clone();
     // Each group key as the table columns it is computed from.
     let mut keys: Vec<usize> = Vec::new();
-    for g in &a.group_expr {
+    for g in keys_of {
         for c in g.column_refs() {
-            let name = base_column(&a.input, c)?;
+            let name = base_column(input, c)?;
             let i = schema.index_of(&name).ok()?;
             if !keys.contains(&i) {
                 keys.push(i);

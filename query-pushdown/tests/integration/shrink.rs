@@ -236,6 +236,11 @@ async fn a_top_k_per_group_is_cut_at_the_nodes() {
     let sql = "SELECT id, k FROM (SELECT id, k, row_number() OVER (PARTITION BY k ORDER BY id) AS r FROM g) t WHERE r > 3";
     assert!(!explain(&on, sql).await.contains("rows of every group"));
     assert_same(&local, &on, sql).await;
+    // A top-k over the unique key keeps every row (the sketches say one row a group):
+    // ranked here, not at the nodes and then again here.
+    let sql = "SELECT id, v FROM (SELECT id, v, rank() OVER (PARTITION BY id ORDER BY v DESC) AS r FROM g) t WHERE r <= 1";
+    assert!(!explain(&on, sql).await.contains("rows of every group"));
+    assert_same(&local, &on, sql).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
