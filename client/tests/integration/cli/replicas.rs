@@ -31,6 +31,25 @@ fn on_all(a: &[&str], urls: &[String]) -> Vec<String> {
     v
 }
 
+/// `csd put FILE --table t --partition PARTITION --replicas N` over every node of `urls`.
+async fn put(file: &str, partition: &str, replicas: u32, urls: &[String]) -> Output {
+    let n = replicas.to_string();
+    csd(on_all(
+        &[
+            "put",
+            file,
+            "--table",
+            "t",
+            "--partition",
+            partition,
+            "--replicas",
+            &n,
+        ],
+        urls,
+    ))
+    .await
+}
+
 const QUERIES: &[&str] = &[
     "SELECT k % 10 AS g, count(*) AS n, sum(v) AS s FROM t GROUP BY k % 10 ORDER BY g",
     "SELECT id, v FROM t WHERE city = 'lima' AND v > 990 ORDER BY id",
@@ -46,59 +65,24 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     for p in 0..PARTS {
         let f = dir.path().join(format!("p{p}.csv"));
         write_part(&f, p);
-        let put = csd(on_all(
-            &[
-                "put",
-                f.to_str().unwrap(),
-                "--table",
-                "t",
-                "--partition",
-                &format!("p{p}"),
-                "--replicas",
-                "2",
-            ],
-            &urls,
-        ))
-        .await;
-        assert!(put.status.success(), "{:?}", text(&put));
-        assert!(text(&put).0.contains("2 copies of t/p"), "{:?}", text(&put));
+        let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, &urls).await;
+        assert!(stored.status.success(), "{:?}", text(&stored));
+        assert!(
+            text(&stored).0.contains("2 copies of t/p"),
+            "{:?}",
+            text(&stored)
+        );
     }
     // More copies than nodes, or a partition that exists: refused, nothing stored.
     let f0 = dir.path().join("p0.csv");
     let f0 = f0.to_str().unwrap();
-    let four = csd(on_all(
-        &[
-            "put",
-            f0,
-            "--table",
-            "t",
-            "--partition",
-            "x",
-            "--replicas",
-            "4",
-        ],
-        &urls,
-    ))
-    .await;
+    let four = put(f0, "x", 4, &urls).await;
     assert!(
         !four.status.success() && text(&four).1.contains("4 copies"),
         "{:?}",
         text(&four)
     );
-    let again = csd(on_all(
-        &[
-            "put",
-            f0,
-            "--table",
-            "t",
-            "--partition",
-            "p0",
-            "--replicas",
-            "2",
-        ],
-        &urls,
-    ))
-    .await;
+    let again = put(f0, "p0", 2, &urls).await;
     assert!(
         !again.status.success() && text(&again).1.contains("already exists"),
         "{:?}",
@@ -110,24 +94,11 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     let mut rows = std::fs::read_to_string(f0).unwrap();
     rows.push_str("1,2,oslo,not-a-number\n");
     std::fs::write(&bad, rows).unwrap();
-    let put = csd(on_all(
-        &[
-            "put",
-            bad.to_str().unwrap(),
-            "--table",
-            "t",
-            "--partition",
-            "bad",
-            "--replicas",
-            "3",
-        ],
-        &urls,
-    ))
-    .await;
+    let stored = put(bad.to_str().unwrap(), "bad", 3, &urls).await;
     assert!(
-        !put.status.success() && text(&put).1.contains("bad.csv"),
+        !stored.status.success() && text(&stored).1.contains("bad.csv"),
         "{:?}",
-        text(&put)
+        text(&stored)
     );
 
     let sql = |q: &str| on_all(&["sql", "--format", "csv", q], &urls);
@@ -175,22 +146,9 @@ async fn a_node_killed_mid_query_costs_no_answer() {
                 .contains(&&urls[0])
         })
         .unwrap();
-    let put = csd(on_all(
-        &[
-            "put",
-            f0,
-            "--table",
-            "t",
-            "--partition",
-            &needs_dead,
-            "--replicas",
-            "2",
-        ],
-        &urls,
-    ))
-    .await;
-    assert!(!put.status.success(), "{:?}", text(&put));
-    assert!(text(&put).1.contains(&urls[0]), "{:?}", text(&put));
+    let stored = put(f0, &needs_dead, 2, &urls).await;
+    assert!(!stored.status.success(), "{:?}", text(&stored));
+    assert!(text(&stored).1.contains(&urls[0]), "{:?}", text(&stored));
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
     assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
     // A delete must reach every copy: refused while node 0 is dead, nothing deleted.
@@ -210,21 +168,8 @@ async fn a_node_killed_mid_query_costs_no_answer() {
                 .all(|n| live.contains(n))
         })
         .expect("a partition placed on nodes 1 and 2");
-    let put = csd(on_all(
-        &[
-            "put",
-            f0,
-            "--table",
-            "t",
-            "--partition",
-            &both,
-            "--replicas",
-            "2",
-        ],
-        &urls,
-    ))
-    .await;
-    assert!(put.status.success(), "{:?}", text(&put));
+    let stored = put(f0, &both, 2, &urls).await;
+    assert!(stored.status.success(), "{:?}", text(&stored));
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
     assert!(text(&o).0.contains("300000"), "{:?}", text(&o));
     let rm = csd(on_all(&["rm", &format!("t/{both}")], live)).await;
