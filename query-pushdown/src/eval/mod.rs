@@ -4,6 +4,7 @@
 //! [`plan_fragment`]) and filtered by its join-key filters ([`key_filtered`]).
 
 pub(crate) mod decimal;
+pub(crate) mod group_top_k;
 pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod rewrite;
@@ -35,6 +36,7 @@ use futures::FutureExt;
 
 use crate::error::to_runtime;
 use crate::eval::decimal::FastDecimal;
+use crate::eval::group_top_k::GroupTopK;
 use crate::eval::keyfilter::below_aggregate;
 use crate::eval::like::FastLike;
 use crate::eval::string_eq::FastStringEq;
@@ -44,8 +46,9 @@ use crate::wire::keyfilter::KeyFilter;
 /// The physical optimizer rules fragments are planned with: DataFusion's, without
 /// the one that would merge the partial/final aggregate split a fragment needs, and
 /// then [`FastLike`] (multi-piece `LIKE` patterns without a regex), [`FastStringEq`]
-/// (short string literals compared by view) and [`FastDecimal`] (decimal arithmetic
-/// without a checked multiply per value).
+/// (short string literals compared by view), [`FastDecimal`] (decimal arithmetic
+/// without a checked multiply per value) and [`GroupTopK`] (a ranking window's
+/// per-group top-k kept before its sort).
 fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     static RULES: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>> = OnceLock::new();
     RULES
@@ -61,6 +64,7 @@ fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
                     Arc::new(FastLike) as Arc<dyn PhysicalOptimizerRule + Send + Sync>,
                     Arc::new(FastStringEq),
                     Arc::new(FastDecimal),
+                    Arc::new(GroupTopK),
                 ])
                 .collect()
         })
