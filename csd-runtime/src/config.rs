@@ -139,6 +139,12 @@ pub struct NodeConfig {
     /// Raw reads that may wait before the node answers RESOURCE_EXHAUSTED.
     #[arg(long, env = "CSD_READ_QUEUE", default_value_t = 4096)]
     pub read_queue: usize,
+    /// Background scrub: every object read back from the device and checked, pass
+    /// after pass (a minute apart), at most this many bytes a second (e.g. `20MiB`),
+    /// each read taking a raw-read slot in turn with the node's other reads. Off
+    /// unless given.
+    #[arg(long, env = "CSD_SCRUB_RATE")]
+    pub scrub_rate: Option<ByteSize>,
     /// Bytes of an object a raw range stream sends per message.
     #[arg(long, env = "CSD_RANGE_CHUNK", default_value = "1MiB")]
     pub range_chunk: ByteSize,

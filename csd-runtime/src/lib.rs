@@ -38,6 +38,7 @@ pub mod operator;
 pub mod pool;
 pub mod refs;
 pub mod sandbox;
+mod scrubber;
 mod service;
 pub mod sketch;
 mod state;

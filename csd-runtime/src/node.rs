@@ -32,9 +32,9 @@ pub struct RunningNode {
     pub state: Arc<NodeState>,
     /// Where Prometheus metrics are served, with `metrics_listen`.
     pub metrics_addr: Option<SocketAddr>,
-    metrics_task: Option<JoinHandle<()>>,
-    reload_task: Option<JoinHandle<()>>,
-    sweep_task: Option<JoinHandle<()>>,
+    /// The node's own tasks beside the server (metrics, SIGHUP, sweeps, scrub):
+    /// stopped with it.
+    background: Vec<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<Result<()>>,
 }
@@ -42,18 +42,7 @@ pub struct RunningNode {
 impl RunningNode {
     /// Stops accepting, finishes in-flight calls, and waits.
     pub async fn shutdown(mut self) -> Result<()> {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.metrics_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.reload_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.sweep_task.take() {
-            t.abort();
-        }
+        self.stop_background();
         (&mut self.server)
             .await
             .map_err(|e| Error::external(StatusCode::Internal, "the server task", e))?
@@ -65,22 +54,21 @@ impl RunningNode {
             .await
             .map_err(|e| Error::external(StatusCode::Internal, "the server task", e))?
     }
+
+    /// Tells the server to stop and ends the background tasks.
+    fn stop_background(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        for t in self.background.drain(..) {
+            t.abort();
+        }
+    }
 }
 
 impl Drop for RunningNode {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.metrics_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.reload_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.sweep_task.take() {
-            t.abort();
-        }
+        self.stop_background();
     }
 }
 
@@ -266,6 +254,12 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         Arc::downgrade(&state),
         std::time::Duration::from_secs(1),
     ));
+    let scrub_task = config.scrub_rate.filter(|r| r.bytes() > 0).map(|r| {
+        tokio::spawn(crate::scrubber::scrub_every(
+            Arc::downgrade(&state),
+            r.bytes(),
+        ))
+    });
     if auth.enabled() {
         state
             .admission
@@ -324,9 +318,10 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         url,
         state,
         metrics_addr,
-        metrics_task,
-        reload_task,
-        sweep_task: Some(sweep_task),
+        background: [Some(sweep_task), reload_task, metrics_task, scrub_task]
+            .into_iter()
+            .flatten()
+            .collect(),
         stop: Some(stop),
         server,
     })

@@ -24,6 +24,7 @@ mod scrub;
 mod write;
 
 use read::ReadCache;
+pub use scrub::{Pace, Turn, Unpaced};
 pub use write::ObjectWriter;
 use write::WRITE_UNIT;
 

@@ -1,7 +1,10 @@
 //! Scrubbing: every chunk of every object read from the device (never from the
 //! read cache) and checked against its checksum, one piece at a time, so that
-//! damage is found before a query needs the bytes.
+//! damage is found before a query needs the bytes. A [`Pace`] spaces the pieces: a
+//! scrub asked for runs them back to back, the node's background scrub at its rate
+//! and in turn with the node's other reads.
 
+use std::future::Future;
 use std::time::Instant;
 
 use super::{ObjectStore, ScrubReport, lock};
@@ -13,12 +16,43 @@ const PIECE: u64 = 1 << 20;
 /// Damaged ranges a report names (it counts them all).
 const NAMED: usize = 64;
 
+/// How a scrub spaces its reads.
+pub trait Pace: Send {
+    /// Held while one piece is read.
+    type Turn: Send;
+    /// Waits until a piece of `bytes` may be read; the turn is held while it is.
+    fn turn(&mut self, bytes: u64) -> impl Future<Output = Turn<Self::Turn>> + Send;
+}
+
+/// A [`Pace`]'s answer: read now, or stop the scrub here.
+pub enum Turn<T> {
+    /// Read the piece, holding this.
+    Go(T),
+    /// Stop: what was checked so far is the report.
+    Stop,
+}
+
+/// Pieces back to back.
+pub struct Unpaced;
+
+impl Pace for Unpaced {
+    type Turn = ();
+    async fn turn(&mut self, _bytes: u64) -> Turn<()> {
+        Turn::Go(())
+    }
+}
+
 impl ObjectStore {
     /// Reads and checks every object whose name starts with `prefix`; what was
     /// damaged. A read the device refuses or whose checksum does not match is a
     /// damaged range (counted, named, and the scrub goes on with the next piece);
     /// only a device that stops answering (lost power, a bad command) ends it.
     pub async fn scrub(&self, prefix: &str) -> Result<ScrubReport> {
+        self.scrub_paced(prefix, &mut Unpaced).await
+    }
+
+    /// [`Self::scrub`], each piece read when `pace` gives it a turn.
+    pub async fn scrub_paced(&self, prefix: &str, pace: &mut impl Pace) -> Result<ScrubReport> {
         let started = Instant::now();
         let mut report = ScrubReport {
             runs: 1,
@@ -31,7 +65,7 @@ impl ObjectStore {
                 report.damaged.push(why);
             }
         };
-        for info in self.list(prefix) {
+        'objects: for info in self.list(prefix) {
             report.objects += 1;
             let table = match self.crc_table_from_device(&info).await {
                 Ok(t) => t,
@@ -47,7 +81,12 @@ impl ObjectStore {
             let mut at = 0;
             while at < info.len {
                 let end = (at + piece).min(info.len);
-                match self.read_logical(&info, at, end).await {
+                let Turn::Go(turn) = pace.turn(end - at).await else {
+                    break 'objects;
+                };
+                let read = self.read_logical(&info, at, end).await;
+                drop(turn);
+                match read {
                     // Each chunk on its own: every damaged one is named.
                     Ok(bytes) => {
                         for (i, c) in bytes.chunks(chunk as usize).enumerate() {

@@ -685,3 +685,73 @@ async fn a_scrub_finds_damage_a_cached_read_would_hide() {
     assert_eq!((s.scrub.runs, s.scrub.damaged_count), (3, 2));
     assert_eq!(s.corrupt_reads, 1);
 }
+
+/// A paced scrub asks its pace for a turn before each piece, holds the turn while
+/// the piece is read, and stops where the pace says stop, reporting what it checked.
+#[tokio::test]
+async fn a_paced_scrub_reads_each_piece_in_its_turn_and_can_be_stopped() {
+    use csd_runtime::store::{Pace, Turn};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts turns and pieces' bytes; `held` counts turns not yet given back.
+    struct Counting {
+        turns: usize,
+        bytes: u64,
+        stop_after: usize,
+        held: Arc<AtomicUsize>,
+    }
+    struct Held(Arc<AtomicUsize>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    impl Pace for Counting {
+        type Turn = Held;
+        async fn turn(&mut self, bytes: u64) -> Turn<Held> {
+            assert_eq!(self.held.load(Ordering::SeqCst), 0, "one piece at a time");
+            if self.turns == self.stop_after {
+                return Turn::Stop;
+            }
+            self.turns += 1;
+            self.bytes += bytes;
+            self.held.fetch_add(1, Ordering::SeqCst);
+            Turn::Go(Held(self.held.clone()))
+        }
+    }
+
+    let dev = mem_device(32 << 20);
+    let store = open(&dev).await;
+    // 2.5 MiB and 1.5 MiB: pieces of 1 MiB, 3 + 2 of them.
+    store
+        .put("t/p/a", &crate::contents(3, 5 << 19))
+        .await
+        .unwrap();
+    store
+        .put("t/p/b", &crate::contents(4, 3 << 19))
+        .await
+        .unwrap();
+    let held = Arc::new(AtomicUsize::new(0));
+    let mut all = Counting {
+        turns: 0,
+        bytes: 0,
+        stop_after: usize::MAX,
+        held: held.clone(),
+    };
+    let whole = store.scrub_paced("", &mut all).await.unwrap();
+    assert_eq!((all.turns, all.bytes), (5, 4 << 20));
+    assert_eq!(
+        (whole.objects, whole.bytes, whole.damaged_count),
+        (2, 4 << 20, 0)
+    );
+    assert_eq!(held.load(Ordering::SeqCst), 0);
+    let mut some = Counting {
+        turns: 0,
+        bytes: 0,
+        stop_after: 2,
+        held,
+    };
+    let part = store.scrub_paced("", &mut some).await.unwrap();
+    assert_eq!(part.bytes, 2 << 20, "{part:?}");
+    assert_eq!(store.stats().await.scrub.runs, 2);
+}

@@ -171,6 +171,73 @@ async fn scrub_reads_every_object_back() {
     assert_eq!(stats["store"]["corrupt_reads"], 0);
 }
 
+/// A node started with `--scrub-rate` reads back what it stores by itself, in the
+/// background, and counts it; queries run meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_scrub_reads_what_the_node_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |scrub: Option<ByteSize>| NodeConfig {
+        device: format!("emulated:file={}", dir.path().join("dev.img").display()),
+        capacity: ByteSize::mib(256),
+        listen: "127.0.0.1:0".into(),
+        cpus: 2,
+        scrub_rate: scrub,
+        ..NodeConfig::default()
+    };
+    let start = |c: NodeConfig| async move {
+        let operators = csd_query_pushdown::registry_with(&c).unwrap();
+        node::start_with(&c, operators).await.unwrap()
+    };
+    let node = start(config(None)).await;
+    let file = dir.path().join("sales.csv");
+    let rows = write_csv(&file);
+    let put = csd(args(
+        &[
+            "put",
+            file.to_str().unwrap(),
+            "--table",
+            "sales",
+            "--partition",
+            "a",
+        ],
+        &node.url,
+    ))
+    .await;
+    assert!(put.status.success(), "{:?}", text(&put));
+    let stored: u64 = node
+        .state
+        .node
+        .tables
+        .object_store()
+        .list("")
+        .iter()
+        .map(|o| o.len)
+        .sum();
+    node.shutdown().await.unwrap();
+    // Restarted over the same device with a background scrub.
+    let node = start(config(Some(ByteSize::mib(64)))).await;
+    let mut scrubbed = serde_json::Value::Null;
+    for _ in 0..100 {
+        let stats = csd(args(&["stats"], &node.url)).await;
+        let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+        scrubbed = stats["store"]["scrub"].clone();
+        if scrubbed["runs"].as_u64() >= Some(1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(scrubbed["runs"], 1, "{scrubbed}");
+    assert_eq!(scrubbed["objects"], 1, "{scrubbed}");
+    assert_eq!(scrubbed["bytes"].as_u64(), Some(stored), "{scrubbed}");
+    assert_eq!(scrubbed["damaged_count"], 0, "{scrubbed}");
+    let q = csd(args(
+        &["sql", "--format", "csv", "SELECT count(*) AS n FROM sales"],
+        &node.url,
+    ))
+    .await;
+    assert_eq!(text(&q).0, format!("n\n{}\n", rows.len()), "{:?}", text(&q));
+}
+
 /// `csd csd_env…` with extra environment variables.
 async fn csd_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
     tokio::task::spawn_blocking(move || {
