@@ -67,24 +67,25 @@ pub(crate) async fn run(
             Err(e) => failed = failed.or(Some((c, e))),
         }
     }
-    if read.is_err() || failed.is_some() {
+    let failure = match (read, failed) {
+        (Err(e), _) => Some((
+            format!("reading {} for {table}/{partition} failed", file.display()),
+            e,
+        )),
+        (Ok(()), Some((c, e))) => Some((
+            format!(
+                "storing a copy of {table}/{partition} on {} failed",
+                c.url()
+            ),
+            e,
+        )),
+        (Ok(()), None) => None,
+    };
+    if let Some((what, source)) = failure {
         let undone = undo(&stored, table, partition).await;
-        return Err(match (read, failed) {
-            (Err(e), _) => Error::NodeStep {
-                context: format!(
-                    "reading {} for {table}/{partition} failed ({undone})",
-                    file.display()
-                ),
-                source: e,
-            },
-            (Ok(()), Some((c, e))) => Error::NodeStep {
-                context: format!(
-                    "storing a copy of {table}/{partition} on {} failed ({undone})",
-                    c.url()
-                ),
-                source: e,
-            },
-            (Ok(()), None) => unreachable!("checked above"),
+        return Err(Error::NodeStep {
+            context: format!("{what} ({undone})"),
+            source,
         });
     }
     for (c, s) in &stored {

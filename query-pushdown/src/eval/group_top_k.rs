@@ -53,7 +53,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec, WindowUDFExpr};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-    SendableRecordBatchStream,
+    SendableRecordBatchStream, apply_expression_roots,
 };
 use futures::StreamExt;
 
@@ -118,16 +118,8 @@ fn place(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>
                 return Ok(None);
             };
             column = c.index();
-        } else if let Some(w) = node.downcast_ref::<BoundedWindowAggExec>() {
-            break (
-                w.input().clone(),
-                window_expr(w.window_expr(), w.input(), column),
-            );
-        } else if let Some(w) = node.downcast_ref::<WindowAggExec>() {
-            break (
-                w.input().clone(),
-                window_expr(w.window_expr(), w.input(), column),
-            );
+        } else if let Some((input, exprs)) = window(&node) {
+            break (input.clone(), window_expr(exprs, input, column));
         } else {
             return Ok(None);
         }
@@ -168,6 +160,18 @@ fn place(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>
         rebuilt = replace_children_if_necessary(p, vec![rebuilt])?;
     }
     Ok(Some(rebuilt))
+}
+
+/// A window operator's input and its window expressions.
+type Window<'a> = (&'a Arc<dyn ExecutionPlan>, &'a [Arc<dyn WindowExpr>]);
+
+/// A window operator's input and expressions.
+fn window(plan: &Arc<dyn ExecutionPlan>) -> Option<Window<'_>> {
+    if let Some(w) = plan.downcast_ref::<BoundedWindowAggExec>() {
+        return Some((w.input(), w.window_expr()));
+    }
+    let w = plan.downcast_ref::<WindowAggExec>()?;
+    Some((w.input(), w.window_expr()))
 }
 
 /// The window expression producing output `column`, if it is `row_number` or `rank`
@@ -289,16 +293,12 @@ impl ExecutionPlan for GroupTopKExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self
-            .partition_by
-            .iter()
-            .chain(self.order_by.iter().map(|s| &s.expr))
-        {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_expression_roots(
+            self.partition_by
+                .iter()
+                .chain(self.order_by.iter().map(|s| &s.expr)),
+            f,
+        )
     }
 
     fn replace_children(
@@ -348,6 +348,7 @@ impl ExecutionPlan for GroupTopKExec {
             top: Some(top),
             reservation,
             out: Vec::new(),
+            ended: false,
             metrics: BaselineMetrics::new(&self.metrics, partition),
         };
         let stream = futures::stream::unfold(state, |mut s| async move {
@@ -365,6 +366,8 @@ struct State {
     reservation: MemoryReservation,
     /// Batches ready to pass on, last first.
     out: Vec<RecordBatch>,
+    /// The input has ended (it is not polled again).
+    ended: bool,
     metrics: BaselineMetrics,
 }
 
@@ -375,7 +378,11 @@ impl State {
                 self.metrics.record_output(b.num_rows());
                 return Some(Ok(b));
             }
+            if self.ended {
+                return None;
+            }
             let item = self.input.next().await;
+            self.ended = item.is_none();
             let Some(top) = self.top.as_mut() else {
                 if let Some(Ok(b)) = &item {
                     self.metrics.record_output(b.num_rows());
@@ -442,6 +449,7 @@ struct Top {
     /// The rows held: kept ones and overtaken ones not yet compacted away.
     held: Vec<RecordBatch>,
     held_rows: usize,
+    held_bytes: usize,
     kept: usize,
     seen: usize,
     /// Bytes of the order keys held.
@@ -483,6 +491,7 @@ impl Top {
             kept_of: Vec::new(),
             held: Vec::new(),
             held_rows: 0,
+            held_bytes: 0,
             kept: 0,
             seen: 0,
             key_bytes: 0,
@@ -560,8 +569,9 @@ impl Top {
         }
         if !taken.is_empty() {
             self.held_rows += taken.len();
-            let rows = take_record_batch(batch, &UInt32Array::from(taken))?;
-            self.held.push(own_views(rows)?);
+            let rows = own_views(take_record_batch(batch, &UInt32Array::from(taken))?)?;
+            self.held_bytes += rows.get_array_memory_size();
+            self.held.push(rows);
         }
         if self.held_rows > 2 * self.kept + COMPACT_SLACK {
             self.compact()?;
@@ -577,12 +587,11 @@ impl Top {
 
     /// Memory held: the rows, the keys, the groups.
     fn size(&self) -> usize {
-        let rows: usize = self.held.iter().map(|b| b.get_array_memory_size()).sum();
         let entries = self.kept * std::mem::size_of::<Entry>();
         let groups = self.groups.size()
             + self.worst.capacity() * std::mem::size_of::<u128>()
             + self.kept_of.capacity() * std::mem::size_of::<Vec<Entry>>();
-        rows + entries + groups + self.key_bytes
+        self.held_bytes + entries + groups + self.key_bytes
     }
 
     /// The kept rows gathered into one batch, the entries pointing into it.
@@ -601,8 +610,10 @@ impl Top {
             Some(_) => interleave_record_batch(&held, &places)?,
             None => return Ok(()),
         };
+        let batch = own_views(batch)?;
         self.held_rows = batch.num_rows();
-        self.held = vec![own_views(batch)?];
+        self.held_bytes = batch.get_array_memory_size();
+        self.held = vec![batch];
         Ok(())
     }
 
