@@ -20,6 +20,7 @@ pub(crate) mod scan;
 pub(crate) mod semijoin_down;
 pub(crate) mod session;
 pub(crate) mod shrink;
+pub(crate) mod typed_footers;
 #[cfg(feature = "wasm")]
 pub(crate) mod wasm;
 pub(crate) mod window_down;

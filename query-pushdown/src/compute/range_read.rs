@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use csd_protocol::node_client::NodeClient;
-use csd_protocol::{Compression, ObjectDescription};
+use csd_protocol::{Compression, ObjectDescription, StatusCode};
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
@@ -32,6 +32,7 @@ use object_store::{
     ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
+use crate::compute::typed_footers::{Failures, TypedFooters};
 use crate::eval::scan;
 
 /// The URL the baseline's object store is registered under.
@@ -45,6 +46,8 @@ pub struct NodeRangeStore {
     /// on the others (byte for byte the same: see `compute::replicas`), read when
     /// its node is lost.
     copies: RwLock<HashMap<Path, Vec<Path>>>,
+    /// The kind of each object's last failed read (see `typed_footers`).
+    failures: RwLock<HashMap<Path, StatusCode>>,
     /// How the nodes send the pieces (the nodes store column chunks uncompressed).
     compression: Compression,
     /// Bytes received (compressed where they came compressed).
@@ -81,6 +84,7 @@ impl NodeRangeStore {
                     .collect(),
             ),
             copies: RwLock::new(HashMap::new()),
+            failures: RwLock::new(HashMap::new()),
             compression: Compression::None,
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -148,6 +152,20 @@ impl NodeRangeStore {
             .is_some_and(|c| !c.is_empty())
     }
 
+    /// `source`, of kind `code`, as a failed read of `location` (and remembered).
+    fn failed(
+        &self,
+        location: &Path,
+        code: StatusCode,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> object_store::Error {
+        write(&self.failures).insert(location.clone(), code);
+        object_store::Error::Generic {
+            store: "csd-node",
+            source,
+        }
+    }
+
     /// Bytes read so far (what crossed the network).
     pub fn bytes_read(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
@@ -190,15 +208,10 @@ impl NodeRangeStore {
     /// Reads `r` of the object at `location`, or of a copy of it on another node
     /// when its node is lost; every node's error when none answers.
     async fn read(&self, location: &Path, r: Range<u64>) -> object_store::Result<Bytes> {
-        let generic =
-            |source: Box<dyn std::error::Error + Send + Sync>| object_store::Error::Generic {
-                store: "csd-node",
-                source,
-            };
         let e = match self.read_at(location, &r).await? {
             Ok(b) => return Ok(b),
             Err(e) if e.node_lost() => e,
-            Err(e) => return Err(generic(Box::new(e))),
+            Err(e) => return Err(self.failed(location, e.status_code(), Box::new(e))),
         };
         // Only now: the copies are looked up when a node is lost, not on every read.
         let copies = read(&self.copies)
@@ -206,8 +219,9 @@ impl NodeRangeStore {
             .cloned()
             .unwrap_or_default();
         if copies.is_empty() {
-            return Err(generic(Box::new(e)));
+            return Err(self.failed(location, e.status_code(), Box::new(e)));
         }
+        let mut code = e.status_code();
         let mut tried = vec![format!("{location}: {e}")];
         for at in &copies {
             tracing::warn!(from = %location, to = %at, "reading a copy instead: {e}");
@@ -215,13 +229,16 @@ impl NodeRangeStore {
                 Ok(b) => return Ok(b),
                 Err(e) => {
                     tried.push(format!("{at}: {e}"));
+                    code = e.status_code();
                     if !e.node_lost() {
                         break;
                     }
                 }
             }
         }
-        Err(generic(
+        Err(self.failed(
+            location,
+            code,
             format!("no copy of {location} could be read ({})", tried.join("; ")).into(),
         ))
     }
@@ -374,6 +391,13 @@ impl ObjectStore for NodeRangeStore {
     }
 }
 
+impl Failures for NodeRangeStore {
+    /// The kind of the last read of `location` that failed, if one did.
+    fn failure(&self, location: &Path) -> Option<StatusCode> {
+        read(&self.failures).get(location).copied()
+    }
+}
+
 /// A table read by the baseline: its objects on all nodes, scanned by DataFusion here.
 #[derive(Debug, Clone)]
 pub(crate) struct RangeReadTable {
@@ -419,9 +443,9 @@ impl TableProvider for RangeReadTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
-        let reader = Arc::new(CachedParquetFileReaderFactory::new(
+        let reader = Arc::new(TypedFooters::new(
+            CachedParquetFileReaderFactory::new(self.store.clone(), cache),
             self.store.clone(),
-            cache,
         ));
         scan::parquet_scan(
             state,

@@ -106,6 +106,13 @@ async fn answers_are_exact_or_data_loss_over_a_rotting_drive() {
                                 data_loss,
                                 "seed {seed}: {sql} failed without naming lost data: {text}"
                             );
+                            // Of that kind too, wherever it was found (a footer's
+                            // failure once reached here as an internal error).
+                            assert_eq!(
+                                csd_query_pushdown::error::status_code(&e),
+                                csd_protocol::StatusCode::DataLoss,
+                                "seed {seed}: {sql}: {text}"
+                            );
                             if std::env::var_os("CSD_FAULT_TRACE").is_some() {
                                 println!("seed {seed}: {text}");
                             }

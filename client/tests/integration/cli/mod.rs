@@ -621,6 +621,7 @@ impl Drop for Kill {
     }
 }
 
+mod crashes;
 mod onnx;
 mod processes;
 mod replicas;
