@@ -54,6 +54,10 @@ enum Command {
     /// Read every object a node stores from its device and check its checksums;
     /// prints what was damaged as JSON (exit code 4 when anything was).
     Scrub(commands::scrub::ScrubArgs),
+    /// Give every partition back the copies it was put with (`put --replicas`):
+    /// verifies each copy (a scrub on its node), deletes damaged ones and copies a
+    /// good one byte for byte to the nodes that should hold it; reports what it did.
+    Repair(commands::repair::RepairArgs),
     /// Tokens and certificates for nodes with tenants (`csd serve --auth`, TLS).
     #[command(subcommand)]
     Auth(commands::auth::AuthCmd),
@@ -105,6 +109,7 @@ async fn run(cli: Cli, matches: &clap::ArgMatches) -> Result<()> {
         Command::Invoke(args) => commands::invoke::run(args).await,
         Command::Stats(args) => commands::stats::run(args).await,
         Command::Scrub(args) => commands::scrub::run(args).await,
+        Command::Repair(args) => commands::repair::run(args).await,
         Command::Auth(cmd) => commands::auth::run(cmd),
         Command::Sql(args) => commands::sql::run(args).await,
         Command::Worker(args) => commands::worker::run(args).await,

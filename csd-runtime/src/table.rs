@@ -328,6 +328,14 @@ fn check_same_schema(table: &str, want: &SchemaRef, got: &SchemaRef) -> Result<(
 }
 
 /// Types Parquet cannot hold are the caller's problem (INVALID_ARGUMENT), not the node's.
+/// The schema an object was put with: the reader's carries the footer's key-value
+/// pairs, the node's own among them (sketches, copies), which are not the table's.
+fn as_put(metadata: &ArrowReaderMetadata) -> SchemaRef {
+    let mut schema = metadata.schema().as_ref().clone();
+    schema.metadata.retain(|k, _| !k.starts_with("csd."));
+    Arc::new(schema)
+}
+
 fn unstorable(e: parquet::errors::ParquetError) -> Error {
     match e {
         parquet::errors::ParquetError::NYI(m) => {
@@ -388,7 +396,7 @@ impl TableStore {
                 }
                 Err(e) => return Err(e),
             };
-            let schema = metadata.schema().clone();
+            let schema = as_put(&metadata);
             let table = tables.entry(t.to_string()).or_insert_with(|| Table {
                 name: t.to_string(),
                 schema: schema.clone(),
@@ -546,12 +554,7 @@ impl TableStore {
         if let Ok(t) = self.table(table) {
             check_same_schema(table, &t.schema, &schema)?;
         }
-        let seq = {
-            let mut n = self.next_seq.lock().unwrap_or_else(|p| p.into_inner());
-            *n += 1;
-            *n - 1
-        };
-        let name = format!("{table}/{partition}/{seq:08}.parquet");
+        let name = self.new_object_name(table, partition);
         let writer = self.store.create(&name)?;
         let mut pw =
             AsyncArrowWriter::try_new(writer, schema.clone(), Some(props)).map_err(unstorable)?;
@@ -590,6 +593,65 @@ impl TableStore {
             }
             Err(e) => return Err(e),
         };
+        self.register(table, partition, &schema, name, object, metadata)
+            .await
+    }
+
+    /// The name of a new object of `table`/`partition`.
+    fn new_object_name(&self, table: &str, partition: &str) -> String {
+        let seq = {
+            let mut n = self.next_seq.lock().unwrap_or_else(|p| p.into_inner());
+            *n += 1;
+            *n - 1
+        };
+        format!("{table}/{partition}/{seq:08}.parquet")
+    }
+
+    /// Stores `pieces`, the bytes of another node's Parquet object of
+    /// `table`/`partition`, byte for byte as a new object of that partition (so the
+    /// copies stay replicas: same length, same digest; `csd repair`). The bytes must
+    /// read as Parquet of the table's schema, else nothing is kept.
+    pub async fn adopt<S>(&self, table: &str, partition: &str, mut pieces: S) -> Result<PutSummary>
+    where
+        S: Stream<Item = Result<Bytes>> + Unpin + Send,
+    {
+        validate_table_name(table)?;
+        validate_partition_name(partition)?;
+        let name = self.new_object_name(table, partition);
+        let mut writer = self.store.create(&name)?;
+        while let Some(piece) = pieces.next().await {
+            writer.write(&piece?).await?;
+        }
+        let object = writer.finish().await?;
+        let metadata = match ObjectReader::new(self.store.clone(), object.clone())
+            .load_metadata()
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                self.store.delete(&name).await?;
+                return Err(Error::InvalidArgument(format!(
+                    "the copy of {table}/{partition} sent here does not read as Parquet \
+                     ({e}); nothing was stored"
+                )));
+            }
+        };
+        let schema = as_put(&metadata);
+        self.register(table, partition, &schema, name, object, metadata)
+            .await
+    }
+
+    /// Makes `object` (just committed as `name`, of `schema`) one of the objects of
+    /// `table`/`partition`; deletes it again when the table's schema differs.
+    async fn register(
+        &self,
+        table: &str,
+        partition: &str,
+        schema: &SchemaRef,
+        name: String,
+        object: Arc<ObjectInfo>,
+        metadata: ArrowReaderMetadata,
+    ) -> Result<PutSummary> {
         let summary = PutSummary {
             table: table.into(),
             partition: partition.into(),
@@ -611,7 +673,7 @@ impl TableStore {
                 entry.schema = schema.clone();
             }
             // A concurrent first append may have created the table with another schema.
-            match check_same_schema(table, &entry.schema, &schema) {
+            match check_same_schema(table, &entry.schema, schema) {
                 Ok(()) => {
                     entry
                         .partitions

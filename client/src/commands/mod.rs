@@ -17,6 +17,7 @@ pub(crate) mod put_file;
 pub(crate) mod refs;
 pub(crate) mod release;
 pub(crate) mod renew;
+pub(crate) mod repair;
 pub(crate) mod rm;
 pub(crate) mod run;
 pub(crate) mod scrub;

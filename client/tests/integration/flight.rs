@@ -423,3 +423,87 @@ async fn config_files_are_checked() {
     let e = node::start(&bad).await.err().unwrap().to_string();
     assert!(e.contains("non-negative"), "{e}");
 }
+
+/// An object copy (`csd repair`'s DoPut) is stored byte for byte: the same length
+/// and digest as its source, the same rows; bytes that are not Parquet and an
+/// upload cut off before its end store nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_copy_is_byte_for_byte_or_nothing() {
+    let (a, b) = (crate::mem_node().await, crate::mem_node().await);
+    let ca = NodeClient::connect(&a.url).await.unwrap();
+    let cb = NodeClient::connect(&b.url).await.unwrap();
+    let part = lineitem(0.02, 1, 1).unwrap();
+    let schema = part[0].schema();
+    ca.put_copy("li", "p0", 2, schema, stream(part))
+        .await
+        .unwrap();
+    let source = ca.table("li").await.unwrap().description.partitions;
+    let object = &source[0].objects[0];
+    assert!(object.len > 4 << 20, "several 4 MiB pieces: {}", object.len);
+    let summary = cb.copy_object_from(&ca, "li", "p0", object).await.unwrap();
+    assert_eq!(summary.bytes, object.len);
+    let copied = cb.table("li").await.unwrap().description.partitions;
+    assert_eq!(copied[0].objects[0].len, object.len);
+    assert_eq!(copied[0].objects[0].digest, object.digest);
+    assert!(object.digest.is_some());
+    assert_eq!(
+        copied[0].copies, 2,
+        "the footer carries the copies asked for"
+    );
+    assert_eq!(
+        concat(&scan_all(&cb, "li", None, &[]).await),
+        concat(&scan_all(&ca, "li", None, &[]).await)
+    );
+
+    let channel = tonic::transport::Endpoint::from_shared(b.url.replace("grpc://", "http://"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = FlightServiceClient::new(channel);
+    let first = |body: &'static [u8]| FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_path(vec!["x".into(), "p".into()])),
+        app_metadata: csd_runtime::protocol::PUT_OBJECT_COPY.into(),
+        data_body: body.into(),
+        ..Default::default()
+    };
+    let end = FlightData {
+        app_metadata: csd_runtime::protocol::PUT_END.into(),
+        ..Default::default()
+    };
+    // Not Parquet.
+    let s = raw
+        .do_put(futures::stream::iter(vec![
+            first(b"not parquet at all"),
+            end,
+        ]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("does not read as Parquet"), "{s:?}");
+    // Cut off: no end marker.
+    let s = raw
+        .do_put(futures::stream::iter(vec![first(b"PAR1")]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("cut off"), "{s:?}");
+    // A descriptor that is not [table, partition].
+    let mut bad = first(b"");
+    bad.flight_descriptor = Some(FlightDescriptor::new_path(vec!["x".into()]));
+    let s = raw
+        .do_put(futures::stream::iter(vec![bad]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    let e = cb.table("x").await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::NotFound), "nothing stored: {e}");
+    assert!(cb.objects("x/").await.unwrap().is_empty());
+}
+
+fn concat(batches: &[RecordBatch]) -> RecordBatch {
+    concat_batches(&batches[0].schema(), batches).unwrap()
+}

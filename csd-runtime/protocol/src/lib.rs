@@ -93,6 +93,11 @@ pub const PUT_MARKED: &[u8] = b"csd.put.marked";
 pub const MAX_COPIES: u32 = 16;
 /// `app_metadata` of the message, with no header or body, that closes a marked upload.
 pub const PUT_END: &[u8] = b"csd.put.end";
+/// `app_metadata` of a DoPut's first message whose upload is not Arrow but the bytes
+/// of another node's Parquet object of the partition in its descriptor (`[table,
+/// partition]`), each message's body the next piece, closed by [`PUT_END`]: stored
+/// byte for byte, so that the copies stay replicas (`csd repair`).
+pub const PUT_OBJECT_COPY: &[u8] = b"csd.put.object-copy";
 
 /// Largest gRPC message a node or client accepts or sends.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;

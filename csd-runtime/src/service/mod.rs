@@ -22,6 +22,7 @@ mod get;
 mod keep;
 mod operator;
 mod put;
+mod put_copy;
 mod scan;
 mod stream;
 

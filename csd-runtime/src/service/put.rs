@@ -24,7 +24,7 @@ use super::FlightNode;
 use crate::auth::{Permission, Principal};
 use crate::error::{Error, Result, truncated};
 use crate::protocol::ipc::{check_message, map_incoming, next_decoded};
-use crate::protocol::{PUT_END, PUT_MARKED, PutSummary};
+use crate::protocol::{PUT_END, PUT_MARKED, PUT_OBJECT_COPY, PutSummary};
 
 /// Where an upload goes, and what its tenant may still store.
 struct Upload {
@@ -60,6 +60,9 @@ impl FlightNode {
             .await
             .map_err(map_incoming)?
             .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
+        if first.app_metadata.as_ref() == PUT_OBJECT_COPY {
+            return self.put_object_copy(first, input, &who).await;
+        }
         let upload = self.upload_of(&first, &who)?;
         // Its buffers fit in the memory budget beside everything else, or it waits
         // (refused before a batch is read if it waits too long).

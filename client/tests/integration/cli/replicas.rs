@@ -1,6 +1,8 @@
 //! `csd put --replicas`, and `csd sql` with a node killed (SIGKILL) before and
 //! during its queries: every answer the same as with every node up.
 
+use std::collections::BTreeMap;
+
 use super::processes::spawn_serve;
 use super::*;
 
@@ -183,4 +185,132 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     let o = csd(sql("SELECT count(*) AS n FROM t")).await;
     assert!(text(&o).0.contains("240000"), "{:?}", text(&o));
     drop(nodes);
+}
+
+/// Where in its node's device file (4 KiB blocks) the first object of a partition
+/// that node `on` shares with node `with` starts, and the partition.
+async fn shared_object_offset(on: &str, with: &str) -> Option<(u64, String)> {
+    use csd_protocol::node_client::NodeClient;
+    let on = NodeClient::connect(on).await.unwrap();
+    let with = NodeClient::connect(with).await.unwrap();
+    let theirs = with.table("t").await.unwrap().description.partitions;
+    for o in on.objects("t/").await.unwrap() {
+        let partition = o.name.split('/').nth(1).unwrap().to_string();
+        if theirs.iter().any(|p| p.name == partition) {
+            return Some((o.extents[0].lba * 4096, partition));
+        }
+    }
+    None
+}
+
+/// Partitions (table/partition) each node of `urls` holds, and whether a scrub of it
+/// found any damage.
+async fn holdings(urls: &[String]) -> (BTreeMap<String, usize>, bool) {
+    let mut held = BTreeMap::new();
+    let mut damaged = false;
+    for u in urls {
+        let c = csd_protocol::node_client::NodeClient::connect(u)
+            .await
+            .unwrap();
+        for t in c.list_tables("").await.unwrap() {
+            for p in t.description.partitions {
+                *held.entry(format!("{}/{}", t.name, p.name)).or_insert(0) += 1;
+            }
+        }
+        damaged |= c.scrub("").await.unwrap().damaged_count > 0;
+    }
+    (held, damaged)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_gives_every_partition_its_copies_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = |name: &str| dir.path().join(name);
+    let on = |name: &str| {
+        let (child, url) = spawn_serve(&format!("uring:{}", device(name).display()));
+        (Kill(child), url)
+    };
+    let nodes: Vec<(Kill, String)> = ["a.img", "b.img", "c.img"].map(on).into();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    for p in 0..PARTS {
+        let f = dir.path().join(format!("p{p}.csv"));
+        write_part(&f, p);
+        let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, &urls).await;
+        assert!(stored.status.success(), "{:?}", text(&stored));
+    }
+    let sql = |q: &str, urls: &[String]| on_all(&["sql", "--format", "csv", q], urls);
+    let mut expected = Vec::new();
+    for q in QUERIES {
+        let o = csd(sql(q, &urls)).await;
+        assert!(o.status.success(), "{q}: {:?}", text(&o));
+        expected.push(text(&o).0);
+    }
+    // One node's drive is damaged at rest (in a partition whose other copy is on a
+    // second node); the third node's drive is replaced by an empty one.
+    let mut shared = None;
+    for (x, y) in [(0, 1), (1, 2), (2, 0), (1, 0), (2, 1), (0, 2)] {
+        if let Some((at, p)) = shared_object_offset(&urls[x], &urls[y]).await {
+            shared = Some((x, 3 - x - y, at, p));
+            break;
+        }
+    }
+    let (x, z, at, damaged_partition) = shared.expect("two nodes share a partition");
+    drop(nodes);
+    let mut drives = ["a.img", "b.img", "c.img"];
+    let mut bytes = std::fs::read(device(drives[x])).unwrap();
+    bytes[at as usize + 200] ^= 0x10;
+    std::fs::write(device(drives[x]), bytes).unwrap();
+    drives[z] = "new.img";
+    let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    let (held, damaged) = holdings(&urls).await;
+    assert!(
+        damaged && held.values().sum::<usize>() < 2 * PARTS,
+        "{held:?}"
+    );
+
+    let repair = csd(on_all(&["repair"], &urls)).await;
+    let (out, err) = text(&repair);
+    assert!(repair.status.success(), "{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "t/{damaged_partition} on {}: damaged copy deleted",
+            urls[x]
+        )),
+        "{out}"
+    );
+    assert!(out.contains(" 1 damaged copies replaced"), "{out}");
+    let (held, damaged) = holdings(&urls).await;
+    assert!(!damaged, "{out}");
+    assert_eq!(held.len(), PARTS, "{held:?}");
+    assert!(held.values().all(|n| *n == 2), "{held:?}");
+    // Nothing left to do: a second run changes nothing.
+    let again = csd(on_all(&["repair"], &urls)).await;
+    assert!(again.status.success(), "{:?}", text(&again));
+    assert!(
+        text(&again)
+            .0
+            .contains("0 copied, 0 damaged copies replaced"),
+        "{:?}",
+        text(&again)
+    );
+    // The copies made are replicas: every answer the same, with any one node dead.
+    let mut urls = urls;
+    for dead in 0..3 {
+        let (mut gone, _) = nodes.remove(dead);
+        gone.0.kill().unwrap(); // SIGKILL
+        let _ = gone.0.wait();
+        for (i, q) in QUERIES.iter().enumerate() {
+            let o = csd(sql(q, &urls)).await;
+            assert!(
+                o.status.success(),
+                "{q} with node {dead} dead: {:?}",
+                text(&o)
+            );
+            assert_eq!(text(&o).0, expected[i], "{q} with node {dead} dead");
+        }
+        let back = on(drives[dead]);
+        urls[dead] = back.1.clone();
+        nodes.insert(dead, back);
+    }
 }

@@ -38,7 +38,7 @@ use crate::actions::{
 };
 use crate::error::chain;
 use crate::host::{self, HostCores};
-use crate::messages::{ObjectEntry, PutSummary};
+use crate::messages::{ObjectDescription, ObjectEntry, PutSummary};
 use crate::stats::NodeStats;
 use crate::ticket::{AskerFigures, Compression, Ticket};
 use reply::reply_of;
@@ -278,6 +278,48 @@ impl NodeClient {
             .with_metadata(bytes::Bytes::from_static(crate::PUT_MARKED))
             .with_flight_descriptor(Some(FlightDescriptor::new_path(path)))
             .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
+            .chain(futures::stream::once(async {
+                Ok(FlightData::new().with_app_metadata(crate::PUT_END))
+            }));
+        let mut results = self.flight().do_put(data).await?;
+        let first = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::Protocol("DoPut returned no result".into()))?;
+        serde_json::from_slice(&first.app_metadata)
+            .map_err(|e| Error::Protocol(format!("put summary: {e}")))
+    }
+
+    /// Stores `object` of `from` (a Parquet object of `table`/`partition` there) on
+    /// this node byte for byte, read from `from` in 4 MiB pieces as it is sent: a
+    /// new copy of the partition that stays a replica of the others (same length,
+    /// same digest), added to the partition's objects here.
+    pub async fn copy_object_from(
+        &self,
+        from: &NodeClient,
+        table: &str,
+        partition: &str,
+        object: &ObjectDescription,
+    ) -> Result<PutSummary> {
+        const PIECE: u64 = 4 << 20;
+        let descriptor = FlightDescriptor::new_path(vec![table.to_string(), partition.to_string()]);
+        let (source, name, len) = (from.clone(), object.name.clone(), object.len);
+        let pieces = futures::stream::iter((0..len).step_by(PIECE as usize))
+            .then(move |at| {
+                let (source, name) = (source.clone(), name.clone());
+                async move {
+                    let n = PIECE.min(len - at);
+                    source.read_range(&name, at, n).await
+                }
+            })
+            .map_ok(|bytes| FlightData::new().with_data_body(bytes));
+        let first = FlightData::new()
+            .with_descriptor(descriptor)
+            .with_app_metadata(crate::PUT_OBJECT_COPY);
+        // A failed read ends the upload before its end marker: nothing is stored,
+        // and the read's error is the answer.
+        let data = futures::stream::once(async { Ok(first) })
+            .chain(pieces.map_err(|e| FlightError::ExternalError(Box::new(e))))
             .chain(futures::stream::once(async {
                 Ok(FlightData::new().with_app_metadata(crate::PUT_END))
             }));
