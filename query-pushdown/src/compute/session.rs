@@ -19,7 +19,7 @@ use crate::compute::distributed::Workers;
 use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::gate::LocalGate;
 use crate::compute::key_filter_rule::KeyFilterRule;
-use crate::compute::lost::LostTable;
+use crate::compute::lost::{LostTable, UnknownSchemas};
 use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
@@ -168,7 +168,12 @@ impl Cluster {
                 let (parts, fewest) = by_table
                     .entry(t.name.clone())
                     .or_insert_with(|| (BTreeMap::new(), u32::MAX));
-                if entry.schema.fields() != t.schema.fields() {
+                // A node whose every object of the table is lost cannot tell its
+                // schema (it lists none): another node's tells it.
+                if entry.schema.fields().is_empty() {
+                    entry.schema = t.schema.clone();
+                }
+                if !t.schema.fields().is_empty() && entry.schema.fields() != t.schema.fields() {
                     return Err(DataFusionError::Plan(format!(
                         "table {} has different schemas on {} and another node",
                         t.name,
@@ -321,7 +326,12 @@ impl Cluster {
         let local = opts
             .local_slots
             .map_or_else(LocalGate::per_core, LocalGate::new);
+        let mut unknown = BTreeMap::new();
         for (name, t) in tables {
+            if !t.lost.is_empty() && t.schema.fields().is_empty() {
+                unknown.insert(name, t.lost);
+                continue;
+            }
             if !t.lost.is_empty() {
                 let lost = LostTable::new(&name, t.schema.clone(), t.lost.clone());
                 ctx.register_table(name.as_str(), Arc::new(lost))?;
@@ -355,6 +365,15 @@ impl Cluster {
                 let direct = RangeReadTable::new(t.schema.clone(), files, ranges.clone());
                 ctx.register_table(name.as_str(), Arc::new(direct))?;
             }
+        }
+        if !unknown.is_empty() {
+            let catalog = ctx
+                .catalog("datafusion")
+                .ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
+            let public = catalog
+                .schema("public")
+                .ok_or_else(|| DataFusionError::Internal("no default schema".into()))?;
+            catalog.register_schema("public", Arc::new(UnknownSchemas::new(public, unknown)))?;
         }
         Ok(CsdSession {
             ctx,

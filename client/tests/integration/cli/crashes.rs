@@ -5,14 +5,15 @@
 //! oracle, after every step: a partition whose put was acknowledged answers exactly
 //! or the query fails with data loss naming it; a deleted partition never comes
 //! back; an unacknowledged put or delete left the partition whole or absent; both
-//! query paths agree. `CSD_FAULT_SEEDS=N` runs more seeds, `CSD_FAULT_SEED=S`
-//! replays one.
+//! query paths agree. The same over two nodes with every partition put twice
+//! (`--replicas 2`): a query answers whenever one copy is good, and `csd repair`
+//! gives a partition back its copies. `CSD_FAULT_SEEDS=N` runs more seeds,
+//! `CSD_FAULT_SEED=S` replays one.
 
 use std::collections::BTreeMap;
 use std::process::Child;
 use std::time::Duration;
 
-use super::processes::spawn_listening_with;
 use super::*;
 
 /// Rows of partition `p` are the ids `p * SPAN ..`: a query groups by `id / SPAN`.
@@ -69,87 +70,144 @@ struct Report {
     deletes_acked: u64,
     answers: u64,
     lost: u64,
+    repairs: u64,
+    /// Node starts that stopped on a failed flush and were started again.
+    restarts_after_flush: u64,
+    /// Copies `csd repair` made (of a damaged copy, or one a cut put left alone).
+    copied: u64,
 }
 
 struct Sim {
     seed: u64,
+    /// The test's name, for the replay line.
+    test: &'static str,
     rng: Rng,
     dir: tempfile::TempDir,
-    device: String,
-    node: Option<(Child, String)>,
+    /// Each node's drive file.
+    devices: Vec<String>,
+    /// Each node's starts so far: a drive's faults differ from one start to the next.
+    starts: Vec<u64>,
+    nodes: Vec<Option<(Child, String)>>,
+    /// Copies of each partition (`csd put --replicas`).
+    replicas: usize,
     parts: BTreeMap<i64, (State, (i64, i64))>,
     next: i64,
     report: Report,
 }
 
 impl Sim {
-    fn new(seed: u64) -> Sim {
+    fn new(seed: u64, nodes: usize, test: &'static str) -> Sim {
         let dir = tempfile::tempdir().unwrap();
-        // 64 MiB: catalog slots of 64 blocks, the store's metadata ends at block 129.
-        let device = format!(
-            "faulty:{seed},rot=0.0003,lse=0.0001,corrupt=0.002,write_eio=0.002,\
-             flush_fail=0.002,safe_below=129:uring:{}",
-            dir.path().join("dev.img").display()
-        );
-        let mut sim = Sim {
+        let devices = (0..nodes)
+            .map(|i| dir.path().join(format!("dev{i}.img")).display().to_string())
+            .collect();
+        Sim {
             seed,
+            test,
             rng: Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D)),
             dir,
-            device,
-            node: None,
+            devices,
+            starts: vec![0; nodes],
+            nodes: (0..nodes).map(|_| None).collect(),
+            replicas: nodes,
             parts: BTreeMap::new(),
             next: 0,
             report: Report::default(),
-        };
-        sim.start();
-        sim
+        }
     }
 
-    fn start(&mut self) {
-        let (child, url) = spawn_listening_with(
-            &[
+    /// Starts node `i` on its drive, again as a supervisor would when a flush failed
+    /// as it opened its store (it stops rather than trust it); what it logged when it
+    /// does not come up.
+    fn start(&mut self, i: usize) -> Result<(), String> {
+        let mut tries = 0;
+        loop {
+            match self.start_once(i) {
+                Err(e) if e.contains("flush") && tries < 3 => {
+                    tries += 1;
+                    self.report.restarts_after_flush += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn start_once(&mut self, i: usize) -> Result<(), String> {
+        let log = self.dir.path().join(format!("node{i}.log"));
+        self.starts[i] += 1;
+        // 64 MiB: catalog slots of 64 blocks, the store's metadata ends at block 129.
+        let device = format!(
+            "faulty:{},rot=0.0003,lse=0.0001,corrupt=0.002,write_eio=0.002,flush_fail=0.002,\
+             safe_below=129:uring:{}",
+            (self.seed * 16 + i as u64) * 4096 + self.starts[i],
+            self.devices[i]
+        );
+        let mut child = Command::new(env!("CARGO_BIN_EXE_csd"))
+            .args([
                 "serve",
                 "--device",
-                &self.device,
+                &device,
                 "--capacity",
                 "64MiB",
                 "--read-cache",
                 "0",
                 "--listen",
                 "127.0.0.1:0",
-            ],
-            &[],
-        );
-        self.node = Some((child, url));
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        use std::io::BufRead;
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        let Some(url) = line.split_whitespace().find(|w| w.starts_with("grpc://")) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let logged = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(self.fail(format!("node {i} did not start: {line}{logged}")));
+        };
+        self.nodes[i] = Some((child, url.to_string()));
+        Ok(())
     }
 
-    fn url(&self) -> String {
-        self.node.as_ref().unwrap().1.clone()
+    /// `csd a…` over every node.
+    fn on_all(&self, a: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        for (_, url) in self.nodes.iter().flatten() {
+            v.extend(["--node".to_string(), url.clone()]);
+        }
+        v
     }
 
-    /// SIGKILL, reaped, and a new process on the same drive file.
-    fn kill_and_restart(&mut self) {
-        if let Some((mut child, _)) = self.node.take() {
+    /// SIGKILL of a node chosen at random, reaped, and a new process on the same
+    /// drive file.
+    fn kill_and_restart(&mut self) -> Result<(), String> {
+        let i = self.rng.below(self.nodes.len() as u64) as usize;
+        self.restart(i)
+    }
+
+    fn restart(&mut self, i: usize) -> Result<(), String> {
+        if let Some((mut child, _)) = self.nodes[i].take() {
             let _ = child.kill();
             let _ = child.wait();
         }
         self.report.kills += 1;
-        self.start();
+        self.start(i)
     }
 
     fn fail(&self, what: String) -> String {
         format!(
-            "seed {}: {what}\n  replay: CSD_FAULT_SEED={} cargo test --workspace \
-             a_node_killed_over_a_faulty_drive",
-            self.seed, self.seed
+            "seed {}: {what}\n  replay: CSD_FAULT_SEED={} cargo test --workspace {}",
+            self.seed, self.seed, self.test
         )
     }
 
     /// Runs `csd a…` while, with `kill` set, the node is killed after a random delay;
     /// the output, and whether the node was killed before the command ended.
-    async fn run(&mut self, a: Vec<String>, kill: bool) -> (Output, bool) {
+    async fn run(&mut self, a: Vec<String>, kill: bool) -> Result<(Output, bool), String> {
         let child = Command::new(env!("CARGO_BIN_EXE_csd"))
-            .args(&a)
+            .args(&a[..])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -160,9 +218,21 @@ impl Sim {
             let delay = self.rng.below(400);
             tokio::time::sleep(Duration::from_millis(delay)).await;
             killed = !waiting.is_finished();
-            self.kill_and_restart();
+            if let Err(e) = self.kill_and_restart() {
+                let _ = waiting.await;
+                return Err(e);
+            }
         }
-        (waiting.await.unwrap(), killed)
+        let out = waiting.await.unwrap();
+        if std::env::var_os("CSD_FAULT_TRACE").is_some() {
+            let (o, e) = text(&out);
+            println!(
+                "{:?} killed={killed} -> {:?}\n{o}{e}",
+                &a[..2],
+                out.status.code()
+            );
+        }
+        Ok((out, killed))
     }
 
     async fn put(&mut self) -> Result<(), String> {
@@ -174,18 +244,20 @@ impl Sim {
         let file = self.dir.path().join(format!("p{p}.csv"));
         std::fs::write(&file, csv).unwrap();
         let kill = self.rng.chance(25);
-        let a = args(
-            &[
-                "put",
-                file.to_str().unwrap(),
-                "--table",
-                "t",
-                "--partition",
-                &format!("p{p}"),
-            ],
-            &self.url(),
-        );
-        let (out, _) = self.run(a, kill).await;
+        let (partition, copies) = (format!("p{p}"), self.replicas.to_string());
+        let mut a = vec![
+            "put",
+            file.to_str().unwrap(),
+            "--table",
+            "t",
+            "--partition",
+            &partition,
+        ];
+        if self.replicas > 1 {
+            a.extend(["--replicas", &copies]);
+        }
+        let a = self.on_all(&a);
+        let (out, _) = self.run(a, kill).await?;
         let state = if out.status.success() {
             self.report.puts_acked += 1;
             State::Acked
@@ -209,13 +281,15 @@ impl Sim {
         let p = present[self.rng.below(present.len() as u64) as usize];
         let kill = self.rng.chance(25);
         let (out, killed) = self
-            .run(args(&["rm", &format!("t/p{p}")], &self.url()), kill)
-            .await;
+            .run(self.on_all(&["rm", &format!("t/p{p}")]), kill)
+            .await?;
         let entry = self.parts.get_mut(&p).unwrap();
         if out.status.success() {
             self.report.deletes_acked += 1;
             entry.0 = State::Gone;
-        } else if text(&out).1.contains("not found") && !killed {
+        } else if (text(&out).1.contains("not found") || text(&out).1.contains("on none of"))
+            && !killed
+        {
             // Never stored (a put cut short before its commit).
             if entry.0 == State::Acked {
                 return Err(self.fail(format!("acknowledged p{p} not found: {:?}", text(&out))));
@@ -240,7 +314,7 @@ impl Sim {
             a.push("--no-pushdown");
         }
         let kill = self.rng.chance(15);
-        let (out, killed) = self.run(args(&a, &self.url()), kill).await;
+        let (out, killed) = self.run(self.on_all(&a), kill).await?;
         let (stdout, stderr) = text(&out);
         if !out.status.success() {
             if killed {
@@ -254,23 +328,33 @@ impl Sim {
                 }
                 return Ok(());
             }
-            // Data loss must name the object: that partition is lost, and removed.
+            // Data loss must name the object: that partition is lost (with copies:
+            // every copy is, which repair confirms), and removed.
             if out.status.code() == Some(4)
                 && let Some(p) = lost_partition(&stderr)
                 && self.parts.contains_key(&p)
             {
-                self.report.lost += 1;
-                let rm_lost = args(&["rm", &format!("t/p{p}")], &self.url());
-                let mut rm = csd(rm_lost).await;
-                if text(&rm).1.contains("read-only until the node restarts") {
-                    // A flush failed earlier: the node says what to do, as a user does.
-                    self.kill_and_restart();
-                    rm = csd(args(&["rm", &format!("t/p{p}")], &self.url())).await;
+                if std::env::var_os("CSD_FAULT_TRACE").is_some() {
+                    for (_, u) in self.nodes.iter().flatten() {
+                        let o = csd(args(&["scrub"], u)).await;
+                        println!("TRACE scrub {u}: {:?}", text(&o));
+                    }
+                    for i in 0..self.nodes.len() {
+                        let log = self.dir.path().join(format!("node{i}.log"));
+                        let l = std::fs::read_to_string(log).unwrap_or_default();
+                        println!("TRACE log {i}:\n{l}");
+                    }
+                    let o =
+                        csd(self.on_all(&["sql", "--format", "csv", "--no-pushdown", &q])).await;
+                    println!("TRACE again: {:?}", text(&o));
                 }
-                if !rm.status.success() && !text(&rm).1.contains("not found") {
-                    return Err(self.fail(format!("removing lost p{p}: {:?}", text(&rm))));
+                if self.replicas > 1 && !self.repair().await?.contains(&p) {
+                    return Err(self.fail(format!(
+                        "p{p} failed with data loss while a good copy was left \
+                         (pushdown {pushdown}): {stderr}"
+                    )));
                 }
-                self.parts.get_mut(&p).unwrap().0 = State::Gone;
+                self.remove_lost(p).await?;
                 return Ok(());
             }
             return Err(self.fail(format!(
@@ -307,22 +391,82 @@ impl Sim {
         Ok(())
     }
 
+    /// `p`, lost, deleted everywhere.
+    async fn remove_lost(&mut self, p: i64) -> Result<(), String> {
+        self.report.lost += 1;
+        let rm_lost = self.on_all(&["rm", &format!("t/p{p}")]);
+        let mut rm = csd(rm_lost.clone()).await;
+        if flush_failed(&text(&rm).1) {
+            // A flush failed earlier: the node says what to do, as a user does.
+            for i in 0..self.nodes.len() {
+                self.restart(i)?;
+            }
+            rm = csd(self.on_all(&["rm", &format!("t/p{p}")])).await;
+        }
+        let (_, err) = text(&rm);
+        if !rm.status.success() && !err.contains("not found") && !err.contains("on none of") {
+            return Err(self.fail(format!("removing lost p{p}: {err}")));
+        }
+        self.parts.get_mut(&p).unwrap().0 = State::Gone;
+        Ok(())
+    }
+
+    /// `csd repair` over every node: the partitions it found with no good copy
+    /// left. Anything else it could not do fails the seed.
+    async fn repair(&mut self) -> Result<Vec<i64>, String> {
+        self.report.repairs += 1;
+        let mut out = csd(self.on_all(&["repair"])).await;
+        if flush_failed(&text(&out).0) || flush_failed(&text(&out).1) {
+            for i in 0..self.nodes.len() {
+                self.restart(i)?;
+            }
+            out = csd(self.on_all(&["repair"])).await;
+        }
+        let (stdout, stderr) = text(&out);
+        self.report.copied += stdout.matches(": copied from").count() as u64;
+        let mut hopeless: Vec<i64> = stdout
+            .lines()
+            .filter(|l| l.contains("no good copy is left"))
+            .filter_map(lost_partition)
+            .collect();
+        hopeless.dedup();
+        // Short of copies is an answer (no good copy left, or a copy whose write the
+        // drive failed); copies that differ, or any other failure, are not.
+        let short = stderr.contains("still short of good copies");
+        if stdout.contains("differ") || (!out.status.success() && !short) {
+            return Err(self.fail(format!("repair failed:\n{stdout}{stderr}")));
+        }
+        Ok(hopeless)
+    }
+
     async fn run_seed(&mut self, steps: u64) -> Result<(), String> {
         for _ in 0..steps {
             self.report.steps += 1;
-            match self.rng.below(10) {
+            match self.rng.below(11) {
                 0..=3 => self.put().await?,
                 4 => self.delete().await?,
                 5..=7 => self.query(true).await?,
                 8 => self.query(false).await?,
-                _ => self.kill_and_restart(),
+                9 => self.kill_and_restart()?,
+                _ if self.replicas > 1 => {
+                    for p in self.repair().await? {
+                        self.remove_lost(p).await?;
+                    }
+                }
+                _ => {}
             }
         }
         // The end: one more kill, then both paths once more.
-        self.kill_and_restart();
+        self.kill_and_restart()?;
         self.query(true).await?;
         self.query(false).await
     }
+}
+
+/// Whether a node said its drive failed a flush (now, or earlier: it is read-only
+/// until it restarts, and the user restarts it).
+fn flush_failed(said: &str) -> bool {
+    said.contains("read-only until the node restarts") || said.contains("flush: ")
 }
 
 /// `p` of the first `t/pN` the error names.
@@ -337,6 +481,16 @@ fn lost_partition(stderr: &str) -> Option<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_over_a_faulty_drive_loses_no_acknowledged_answer() {
+    simulate(1, "a_node_killed_over_a_faulty_drive").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_over_faulty_drives_answer_while_one_is_good() {
+    simulate(2, "two_copies_over_faulty_drives").await;
+}
+
+/// The loop over `nodes` nodes, each partition put on all of them.
+async fn simulate(nodes: usize, test: &'static str) {
     let seeds: Vec<u64> = match std::env::var("CSD_FAULT_SEED") {
         Ok(s) => vec![s.parse().expect("CSD_FAULT_SEED is a number")],
         Err(_) => {
@@ -350,8 +504,12 @@ async fn a_node_killed_over_a_faulty_drive_loses_no_acknowledged_answer() {
     let mut total = Report::default();
     let mut failed = Vec::new();
     for seed in &seeds {
-        let mut sim = Sim::new(*seed);
-        if let Err(e) = sim.run_seed(24).await {
+        let mut sim = Sim::new(*seed, nodes, test);
+        let ran = match (0..nodes).try_for_each(|i| sim.start(i)) {
+            Ok(()) => sim.run_seed(24).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ran {
             failed.push(e);
         }
         let r = &sim.report;
@@ -361,10 +519,15 @@ async fn a_node_killed_over_a_faulty_drive_loses_no_acknowledged_answer() {
         total.deletes_acked += r.deletes_acked;
         total.answers += r.answers;
         total.lost += r.lost;
+        total.repairs += r.repairs;
+        total.copied += r.copied;
+        total.restarts_after_flush += r.restarts_after_flush;
     }
     println!(
-        "node crash loop: {} seeds, {} steps, {} SIGKILLs, {} puts and {} deletes acknowledged, \
-         {} answers checked, {} partitions lost to detected damage, {} seeds failed",
+        "node crash loop, {nodes} node(s), {nodes} cop(ies) per partition: {} seeds, {} steps, \
+         {} SIGKILLs, {} puts and {} deletes acknowledged, {} answers checked, {} partitions \
+         lost to detected damage, {} repairs making {} copies, {} starts stopped by a failed \
+         flush and started again, {} seeds failed",
         seeds.len(),
         total.steps,
         total.kills,
@@ -372,6 +535,9 @@ async fn a_node_killed_over_a_faulty_drive_loses_no_acknowledged_answer() {
         total.deletes_acked,
         total.answers,
         total.lost,
+        total.repairs,
+        total.copied,
+        total.restarts_after_flush,
         failed.len()
     );
     assert!(failed.is_empty(), "{}", failed.join("\n"));
