@@ -463,6 +463,16 @@ impl Sim {
     }
 }
 
+impl Drop for Sim {
+    /// The seed's nodes end with it (a `Child` dropped keeps running).
+    fn drop(&mut self) {
+        for (child, _) in self.nodes.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Whether a node said its drive failed a flush (now, or earlier: it is read-only
 /// until it restarts, and the user restarts it).
 fn flush_failed(said: &str) -> bool {
