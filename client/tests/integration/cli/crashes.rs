@@ -11,7 +11,6 @@
 //! `CSD_FAULT_SEED=S` replays one.
 
 use std::collections::BTreeMap;
-use std::process::Child;
 use std::time::Duration;
 
 use super::*;
@@ -87,7 +86,8 @@ struct Sim {
     devices: Vec<String>,
     /// Each node's starts so far: a drive's faults differ from one start to the next.
     starts: Vec<u64>,
-    nodes: Vec<Option<(Child, String)>>,
+    /// Each node's process (killed and reaped when dropped) and URL.
+    nodes: Vec<Option<(Kill, String)>>,
     /// Copies of each partition (`csd put --replicas`).
     replicas: usize,
     parts: BTreeMap<i64, (State, (i64, i64))>,
@@ -162,12 +162,11 @@ impl Sim {
         let mut line = String::new();
         let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
         let Some(url) = line.split_whitespace().find(|w| w.starts_with("grpc://")) else {
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(Kill(child));
             let logged = std::fs::read_to_string(&log).unwrap_or_default();
             return Err(self.fail(format!("node {i} did not start: {line}{logged}")));
         };
-        self.nodes[i] = Some((child, url.to_string()));
+        self.nodes[i] = Some((Kill(child), url.to_string()));
         Ok(())
     }
 
@@ -188,10 +187,8 @@ impl Sim {
     }
 
     fn restart(&mut self, i: usize) -> Result<(), String> {
-        if let Some((mut child, _)) = self.nodes[i].take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // SIGKILL, reaped.
+        drop(self.nodes[i].take());
         self.report.kills += 1;
         self.start(i)
     }
@@ -460,16 +457,6 @@ impl Sim {
         self.kill_and_restart()?;
         self.query(true).await?;
         self.query(false).await
-    }
-}
-
-impl Drop for Sim {
-    /// The seed's nodes end with it (a `Child` dropped keeps running).
-    fn drop(&mut self) {
-        for (child, _) in self.nodes.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

@@ -52,6 +52,15 @@ async fn put(file: &str, partition: &str, replicas: u32, urls: &[String]) -> Out
     .await
 }
 
+/// Partition `p` (written under `dir`) put with 2 copies over `urls`, stored.
+async fn put_part(dir: &Path, p: usize, urls: &[String]) -> Output {
+    let f = dir.join(format!("p{p}.csv"));
+    write_part(&f, p);
+    let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, urls).await;
+    assert!(stored.status.success(), "{:?}", text(&stored));
+    stored
+}
+
 const QUERIES: &[&str] = &[
     "SELECT k % 10 AS g, count(*) AS n, sum(v) AS s FROM t GROUP BY k % 10 ORDER BY g",
     "SELECT id, v FROM t WHERE city = 'lima' AND v > 990 ORDER BY id",
@@ -65,10 +74,7 @@ async fn a_node_killed_mid_query_costs_no_answer() {
     let mut nodes: Vec<(Kill, String)> = (0..3).map(|_| serve()).collect();
     let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
     for p in 0..PARTS {
-        let f = dir.path().join(format!("p{p}.csv"));
-        write_part(&f, p);
-        let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, &urls).await;
-        assert!(stored.status.success(), "{:?}", text(&stored));
+        let stored = put_part(dir.path(), p, &urls).await;
         assert!(
             text(&stored).0.contains("2 copies of t/p"),
             "{:?}",
@@ -233,10 +239,7 @@ async fn repair_gives_every_partition_its_copies_back() {
     let nodes: Vec<(Kill, String)> = ["a.img", "b.img", "c.img"].map(on).into();
     let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
     for p in 0..PARTS {
-        let f = dir.path().join(format!("p{p}.csv"));
-        write_part(&f, p);
-        let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, &urls).await;
-        assert!(stored.status.success(), "{:?}", text(&stored));
+        put_part(dir.path(), p, &urls).await;
     }
     let sql = |q: &str, urls: &[String]| on_all(&["sql", "--format", "csv", q], urls);
     let mut expected = Vec::new();

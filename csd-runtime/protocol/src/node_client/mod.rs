@@ -281,13 +281,7 @@ impl NodeClient {
             .chain(futures::stream::once(async {
                 Ok(FlightData::new().with_app_metadata(crate::PUT_END))
             }));
-        let mut results = self.flight().do_put(data).await?;
-        let first = results
-            .try_next()
-            .await?
-            .ok_or_else(|| Error::Protocol("DoPut returned no result".into()))?;
-        serde_json::from_slice(&first.app_metadata)
-            .map_err(|e| Error::Protocol(format!("put summary: {e}")))
+        self.put_stream(data).await
     }
 
     /// Stores `object` of `from` (a Parquet object of `table`/`partition` there) on
@@ -323,6 +317,14 @@ impl NodeClient {
             .chain(futures::stream::once(async {
                 Ok(FlightData::new().with_app_metadata(crate::PUT_END))
             }));
+        self.put_stream(data).await
+    }
+
+    /// Sends a `DoPut` stream; the node's summary of what it stored.
+    async fn put_stream(
+        &self,
+        data: impl Stream<Item = std::result::Result<FlightData, FlightError>> + Send + 'static,
+    ) -> Result<PutSummary> {
         let mut results = self.flight().do_put(data).await?;
         let first = results
             .try_next()
