@@ -28,6 +28,7 @@ pub mod admission;
 pub mod attachments;
 pub mod auth;
 pub mod config;
+mod deleted;
 pub mod device;
 mod flags;
 pub mod lease;

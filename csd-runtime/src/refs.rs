@@ -156,7 +156,7 @@ impl RefStore {
         {
             tracing::warn!("freeing kept result {}: {e}", r.id);
         }
-        if let Err(e) = tables.delete(&r.table, Some(&r.id)).await
+        if let Err(e) = tables.delete(&r.table, Some(&r.id), &[]).await
             && !matches!(e, Error::NotFound(_))
         {
             tracing::warn!("freeing kept result {}: {e}", r.id);

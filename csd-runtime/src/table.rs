@@ -23,8 +23,9 @@ use parquet::file::metadata::{KeyValue, PageIndexPolicy, ParquetMetaData, Parque
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use serde::{Deserialize, Serialize};
 
+use crate::deleted::{self, Remembered};
 use crate::error::{Error, Result, to_parquet, truncated};
-use crate::protocol::PutSummary;
+use crate::protocol::{DeletedCopy, PutSummary};
 use crate::sketch::ColumnSketches;
 use crate::store::{ObjectInfo, ObjectStore, ObjectWriter};
 pub use csd_protocol::names::{validate_partition_name, validate_table_name};
@@ -101,13 +102,35 @@ impl ParquetOptions {
 /// asked for (see `PartitionDescription::copies`).
 pub const COPIES_KEY: &str = "csd.copies";
 
+/// The footer key naming the put an object's copies are of (`csd put --replicas`):
+/// the same on every copy, different for every put, so that a deleted copy is
+/// known by its digests (see `DeletedCopy`).
+pub const PUT_KEY: &str = "csd.put";
+
+/// The copies of a partition a put stores, one per node, and the put's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copies {
+    /// Copies in all (see [`COPIES_KEY`]).
+    pub copies: u32,
+    /// The put's name (see [`PUT_KEY`]).
+    pub put: Option<String>,
+}
+
+impl Copies {
+    /// One copy, no name.
+    pub const ONE: Copies = Copies {
+        copies: 1,
+        put: None,
+    };
+}
+
 /// How an append writes its object.
 struct Writing {
     props: WriterProperties,
     /// The memory it stays within (see [`TableStore::append_within`]).
     within: Option<u64>,
-    /// The copies of the partition being stored (see [`COPIES_KEY`]).
-    copies: u32,
+    /// The copies of the partition being stored.
+    copies: Copies,
 }
 
 /// One Parquet object of a partition, with its footer cached.
@@ -293,6 +316,8 @@ pub struct TableStore {
     /// Whether objects get distinct-count sketches.
     sketches: bool,
     next_seq: Mutex<u64>,
+    /// Deletes of copies kept on other nodes too (see [`crate::deleted`]).
+    deleted: RwLock<Remembered>,
 }
 
 fn check_same_schema(table: &str, want: &SchemaRef, got: &SchemaRef) -> Result<()> {
@@ -380,7 +405,24 @@ impl TableStore {
         // Objects whose footer cannot be read: one lost object, not a node that
         // will not start.
         let mut damaged: Vec<(String, String, String)> = Vec::new();
+        let mut remembered = Remembered::default();
         for object in store.list("") {
+            if let Some((t, p, seq)) = deleted::parse_name(&object.name) {
+                max_seq = max_seq.max(seq);
+                match deleted::load(&store, &object.name, p).await {
+                    Ok(d) => remembered.insert(t, d),
+                    // What it would have kept deleted may come back: say so loudly.
+                    Err(Error::Corrupt(why)) => {
+                        tracing::error!(
+                            table = t,
+                            partition = p,
+                            "a remembered delete is lost: {why}"
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
             let Some((t, p, seq)) = parse_object_name(&object.name) else {
                 continue;
             };
@@ -416,13 +458,82 @@ impl TableStore {
         for (t, p, why) in damaged {
             damage(&mut tables, &t, &p, why);
         }
-        Ok(TableStore {
+        let store = TableStore {
             store,
             tables: RwLock::new(tables),
             props: options.writer_properties()?,
             sketches: options.distinct_sketches,
             next_seq: Mutex::new(max_seq + 1),
-        })
+            deleted: RwLock::new(remembered),
+        };
+        store.finish_remembered_deletes().await?;
+        Ok(store)
+    }
+
+    /// Deletes the copies here that a remembered delete names (one cut short
+    /// between remembering it and deleting the copy).
+    async fn finish_remembered_deletes(&self) -> Result<()> {
+        let mut doomed = Vec::new();
+        for t in self.tables() {
+            let remembered = self.deleted_of(&t.name);
+            for (p, objects) in &t.partitions {
+                let copy = DeletedCopy {
+                    partition: p.clone(),
+                    digests: objects.iter().map(|o| o.object.digest()).collect(),
+                };
+                if remembered.contains(&copy) {
+                    doomed.push((t.name.clone(), p.clone()));
+                }
+            }
+        }
+        for (t, p) in doomed {
+            tracing::info!(table = %t, partition = %p, "finishing a delete cut short");
+            self.delete(&t, Some(&p), &[]).await?;
+        }
+        Ok(())
+    }
+
+    /// The deletes of copies of `table`'s partitions this node remembers.
+    pub fn deleted_of(&self, table: &str) -> Vec<DeletedCopy> {
+        self.deleted
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .of(table)
+    }
+
+    /// The tables of which this node remembers deletes but holds no partition.
+    pub fn deleted_tables(&self) -> Vec<String> {
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        self.deleted
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .tables()
+            .filter(|t| !tables.contains_key(*t))
+            .cloned()
+            .collect()
+    }
+
+    /// Remembers `copies`, deleted copies of partitions of `table` (before they are
+    /// deleted here or anywhere, so a delete cut short is finished, never undone).
+    async fn remember(&self, table: &str, copies: &[DeletedCopy]) -> Result<()> {
+        for d in copies {
+            validate_partition_name(&d.partition)?;
+            let known = self
+                .deleted
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(table, d);
+            if known {
+                continue;
+            }
+            let name = self.new_name(table, &d.partition, deleted::SUFFIX);
+            deleted::store(&self.store, &name, d).await?;
+            self.deleted
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(table, d.clone());
+        }
+        Ok(())
     }
 
     fn mark_damaged(&self, table: &str, partition: &str, why: &str) {
@@ -470,7 +581,7 @@ impl TableStore {
         let how = Writing {
             props: self.props.clone(),
             within: None,
-            copies: 1,
+            copies: Copies::ONE,
         };
         self.append_with(table, partition, schema, batches, how)
             .await
@@ -488,7 +599,7 @@ impl TableStore {
         schema: SchemaRef,
         batches: S,
         memory: u64,
-        copies: u32,
+        copies: Copies,
     ) -> Result<PutSummary>
     where
         S: Stream<Item = Result<RecordBatch>> + Unpin + Send,
@@ -525,7 +636,7 @@ impl TableStore {
         let how = Writing {
             props,
             within: Some(memory),
-            copies: 1,
+            copies: Copies::ONE,
         };
         self.append_with(table, partition, schema, batches, how)
             .await
@@ -575,8 +686,12 @@ impl TableStore {
         if let Some(s) = sketches {
             pw.append_key_value_metadata(s.to_key_value());
         }
-        if copies > 1 {
-            pw.append_key_value_metadata(KeyValue::new(COPIES_KEY.into(), copies.to_string()));
+        if copies.copies > 1 {
+            let n = copies.copies.to_string();
+            pw.append_key_value_metadata(KeyValue::new(COPIES_KEY.into(), n));
+        }
+        if let Some(put) = copies.put {
+            pw.append_key_value_metadata(KeyValue::new(PUT_KEY.into(), put));
         }
         pw.finish().await.map_err(unstorable)?;
         let object = pw.into_inner().finish().await?;
@@ -597,14 +712,19 @@ impl TableStore {
             .await
     }
 
-    /// The name of a new object of `table`/`partition`.
+    /// The name of a new Parquet object of `table`/`partition`.
     fn new_object_name(&self, table: &str, partition: &str) -> String {
+        self.new_name(table, partition, ".parquet")
+    }
+
+    /// The name of a new object of `table`/`partition` ending in `suffix`.
+    fn new_name(&self, table: &str, partition: &str, suffix: &str) -> String {
         let seq = {
             let mut n = self.next_seq.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             *n - 1
         };
-        format!("{table}/{partition}/{seq:08}.parquet")
+        format!("{table}/{partition}/{seq:08}{suffix}")
     }
 
     /// Stores `pieces`, the bytes of another node's Parquet object of
@@ -693,9 +813,23 @@ impl TableStore {
     }
 
     /// Deletes a table, or one partition of it, atomically. Returns objects deleted.
-    pub async fn delete(&self, table: &str, partition: Option<&str>) -> Result<usize> {
-        let t = self.table(table)?;
+    /// `remember`: deleted copies to remember first (see [`crate::deleted`]); with
+    /// them, nothing here to delete is not an error.
+    pub async fn delete(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        remember: &[DeletedCopy],
+    ) -> Result<usize> {
+        validate_table_name(table)?;
+        self.remember(table, remember).await?;
+        let t = match self.table(table) {
+            Ok(t) => t,
+            Err(Error::NotFound(_)) if !remember.is_empty() => return Ok(0),
+            Err(e) => return Err(e),
+        };
         let prefix = match partition {
+            Some(p) if !remember.is_empty() && !t.partitions.contains_key(p) => return Ok(0),
             Some(p) if !t.partitions.contains_key(p) => {
                 return Err(Error::NotFound(format!(
                     "partition {} of table {}",
@@ -706,7 +840,12 @@ impl TableStore {
             Some(p) => format!("{table}/{p}/"),
             None => format!("{table}/"),
         };
-        let gone = self.store.delete_prefix(&prefix).await?.len();
+        // The partition's Parquet objects; its remembered deletes stay.
+        let gone = self
+            .store
+            .delete_where(&prefix, |name| !name.ends_with(deleted::SUFFIX))
+            .await?
+            .len();
         {
             let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
             match partition {

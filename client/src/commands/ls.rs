@@ -35,13 +35,24 @@ pub(crate) async fn run(args: LsArgs) -> Result<()> {
         "{:<w$} {:>12} {:>14} {:>10}",
         "table", "rows", "bytes", "partitions"
     );
-    for t in &tables {
+    // A table listed only for the deletes it remembers is not there.
+    for t in tables
+        .iter()
+        .filter(|t| !t.description.partitions.is_empty())
+    {
         println!(
             "{:<w$} {:>12} {:>14} {:>10}",
             t.name,
             t.rows,
             t.bytes,
             t.description.partitions.len()
+        );
+    }
+    let remembered: usize = tables.iter().map(|t| t.description.deleted.len()).sum();
+    if remembered > 0 {
+        println!(
+            "({remembered} deleted copies remembered for nodes that were out of reach; \
+             `csd repair` removes them there)"
         );
     }
     if objects {

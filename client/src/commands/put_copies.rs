@@ -36,11 +36,15 @@ pub(crate) async fn run(
             return Err(Error::InvalidInput(format!(
                 "partition {partition} of table {table} already exists on {}: copies are \
                  written whole, so give a new partition name or delete it first \
-                 (`csd rm --table {table} --partition {partition}` on each node)",
+                 (`csd rm {table}/{partition}` with every node; a copy left by a delete \
+                 made while that node was out of reach is removed by `csd repair`)",
                 c.url()
             )));
         }
     }
+    // Every copy carries this put's name: a copy deleted later is known by its
+    // digests, which no other put of the partition (even of the same rows) shares.
+    let put = format!("{:016x}", rand::random::<u64>());
     // The file is read once; every copy is written at the same time from it.
     let (schema, bar, rx) = read_file(file.to_path_buf())?;
     let (feeds, inputs): (Vec<_>, Vec<_>) = clients.iter().map(|_| mpsc::channel(4)).unzip();
@@ -50,6 +54,7 @@ pub(crate) async fn run(
             table,
             partition,
             copies,
+            Some(&put),
             schema.clone(),
             tokio_stream::wrappers::ReceiverStream::new(input),
         )

@@ -4,15 +4,16 @@
 //! objects from its device; objects the node has lost count as damage), and where a
 //! partition has fewer good copies than it was put with (`csd put --replicas`),
 //! deletes the damaged copies and copies a good one, byte for byte, to the nodes
-//! that should hold it (placement first, then any node without a copy). Copies
-//! that are whole but differ from each other are reported and left alone: which one
-//! is right cannot be told here. Safe to run at any time and again: a second run
+//! that should hold it (placement first, then any node without a copy). A copy
+//! that a node remembers deleting (`csd rm` while its node was out of reach) is
+//! deleted where it still is. Copies that are whole but differ from each other are
+//! reported and left alone: which one is right cannot be told here. Safe to run at any time and again: a second run
 //! finds nothing to do.
 
 use std::collections::BTreeMap;
 
 use csd_client::{Error, NodeClient, Result};
-use csd_protocol::PartitionDescription;
+use csd_protocol::{DeletedCopy, PartitionDescription};
 
 use super::ClientCreds;
 
@@ -42,6 +43,8 @@ struct Tally {
     verified: u64,
     copied: u64,
     replaced: u64,
+    /// Copies a node still held of a partition deleted while it was out of reach.
+    deletes_applied: u64,
     short: Vec<String>,
 }
 
@@ -61,40 +64,65 @@ pub(crate) async fn run(args: RepairArgs) -> Result<()> {
             }
         }
     }
-    let mut partitions: BTreeMap<(String, String), Vec<Copy>> = BTreeMap::new();
+    // Every listing first: a node may remember deleting a copy another holds.
+    let mut listed: Vec<(usize, String, PartitionDescription)> = Vec::new();
+    let mut deleted: BTreeMap<String, Vec<DeletedCopy>> = BTreeMap::new();
     for (i, c) in clients.iter().enumerate() {
         let Some(c) = c else { continue };
         for t in c.list_tables("").await? {
             if table.as_ref().is_some_and(|want| *want != t.name) {
                 continue;
             }
-            for p in t.description.partitions {
-                let damage = verify(c, &t.name, &p).await?;
-                partitions
-                    .entry((t.name.clone(), p.name.clone()))
-                    .or_default()
-                    .push(Copy {
-                        node: i,
-                        description: p,
-                        damage,
-                    });
-            }
+            deleted
+                .entry(t.name.clone())
+                .or_default()
+                .extend(t.description.deleted);
+            listed.extend(
+                t.description
+                    .partitions
+                    .into_iter()
+                    .map(|p| (i, t.name.clone(), p)),
+            );
         }
     }
     let mut tally = Tally::default();
+    let mut partitions: BTreeMap<(String, String), Vec<Copy>> = BTreeMap::new();
+    for (i, t, p) in listed {
+        let Some(c) = &clients[i] else { continue };
+        let gone = deleted.get(&t).into_iter().flatten();
+        if gone.clone().any(|d| d.matches(&p.name, &p.objects)) {
+            c.delete(&t, Some(&p.name)).await?;
+            println!(
+                "{t}/{} on {}: deleted (a delete made while it was out of reach)",
+                p.name, nodes[i]
+            );
+            tally.deletes_applied += 1;
+            continue;
+        }
+        let damage = verify(c, &t, &p).await?;
+        partitions
+            .entry((t.clone(), p.name.clone()))
+            .or_default()
+            .push(Copy {
+                node: i,
+                description: p,
+                damage,
+            });
+    }
     for ((t, p), copies) in &partitions {
         tally.partitions += 1;
         repair(&clients, &nodes, t, p, copies, &mut tally).await?;
     }
     println!(
         "repair: {} partitions on {} of {} nodes; {} copies verified, {} copied, {} damaged \
-         copies replaced",
+         copies replaced, {} deleted copies removed",
         tally.partitions,
         clients.iter().filter(|c| c.is_some()).count(),
         nodes.len(),
         tally.verified,
         tally.copied,
-        tally.replaced
+        tally.replaced,
+        tally.deletes_applied
     );
     if tally.short.is_empty() {
         return Ok(());

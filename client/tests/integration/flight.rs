@@ -434,7 +434,7 @@ async fn an_object_copy_is_byte_for_byte_or_nothing() {
     let cb = NodeClient::connect(&b.url).await.unwrap();
     let part = lineitem(0.02, 1, 1).unwrap();
     let schema = part[0].schema();
-    ca.put_copy("li", "p0", 2, schema, stream(part))
+    ca.put_copy("li", "p0", 2, None, schema, stream(part))
         .await
         .unwrap();
     let source = ca.table("li").await.unwrap().description.partitions;
@@ -502,6 +502,52 @@ async fn an_object_copy_is_byte_for_byte_or_nothing() {
     let e = cb.table("x").await.unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "nothing stored: {e}");
     assert!(cb.objects("x/").await.unwrap().is_empty());
+}
+
+/// The copies of one put (`csd put --replicas`) have the same bytes on every node,
+/// and another put of the same rows other bytes: a deleted copy is known by its
+/// digests alone. A put id that is no name is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_puts_copies_share_their_digests_and_no_other_put_does() {
+    let (a, b) = (crate::mem_node().await, crate::mem_node().await);
+    let ca = NodeClient::connect(&a.url).await.unwrap();
+    let cb = NodeClient::connect(&b.url).await.unwrap();
+    let part = lineitem(0.002, 1, 1).unwrap();
+    let schema = part[0].schema();
+    let digests = |c: &NodeClient, p: &'static str| {
+        let c = c.clone();
+        async move {
+            let t = c.table("li").await.unwrap();
+            let p = t
+                .description
+                .partitions
+                .iter()
+                .find(|x| x.name == p)
+                .unwrap();
+            csd_protocol::DeletedCopy::of(p).unwrap().digests
+        }
+    };
+    for (c, p, put) in [
+        (&ca, "p0", "put-1"),
+        (&cb, "p0", "put-1"),
+        (&ca, "p1", "put-2"),
+    ] {
+        c.put_copy("li", p, 2, Some(put), schema.clone(), stream(part.clone()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(digests(&ca, "p0").await, digests(&cb, "p0").await);
+    assert_ne!(digests(&ca, "p0").await, digests(&ca, "p1").await);
+    let bad = ca
+        .put_copy("li", "p2", 2, Some("no spaces"), schema, stream(part))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bad.status_code(),
+        csd_protocol::StatusCode::InvalidArgument,
+        "{bad}"
+    );
+    assert!(bad.to_string().contains("put id"), "{bad}");
 }
 
 fn concat(batches: &[RecordBatch]) -> RecordBatch {

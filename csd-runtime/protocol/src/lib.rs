@@ -56,8 +56,8 @@ pub use actions::{
 pub use digest::ModuleDigest;
 pub use error::{Error, Result, StatusCode};
 pub use messages::{
-    AdmissionReport, ObjectDescription, ObjectEntry, OperatorReport, PartitionDescription,
-    PushBack, PutSummary, TableDescription,
+    AdmissionReport, DeletedCopy, ObjectDescription, ObjectEntry, OperatorReport,
+    PartitionDescription, PushBack, PutSummary, TableDescription,
 };
 pub use size::ByteSize;
 pub use stats::{GatewayStats, NodeStats, ScrubReport};
@@ -89,7 +89,9 @@ pub const MISSING_ATTACHMENT_METADATA: &str = "csd-missing-attachment";
 /// client) have their upload stored when the stream ends cleanly.
 pub const PUT_MARKED: &[u8] = b"csd.put.marked";
 /// The most copies of a partition a put may ask for (the third element of a
-/// `DoPut` descriptor's path, `[table, partition, copies]`).
+/// `DoPut` descriptor's path, `[table, partition, copies]` or `[table, partition,
+/// copies, put]`, where `put` names the put the copies are of: the node keeps it
+/// in the object's footer, so two puts of the same rows differ in their digests).
 pub const MAX_COPIES: u32 = 16;
 /// `app_metadata` of the message, with no header or body, that closes a marked upload.
 pub const PUT_END: &[u8] = b"csd.put.end";

@@ -19,6 +19,47 @@ pub struct TableDescription {
     /// (objects written without sketches).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub distinct: Vec<Option<u64>>,
+    /// Copies of this table's partitions deleted while a node holding one may have
+    /// been out of reach (`csd rm` of a partition kept in several copies): a copy
+    /// listed anywhere whose objects' digests are one of these is deleted, not a
+    /// replica; `csd repair` removes it. A node lists a table whose partitions are
+    /// all deleted with these alone (no schema, no partitions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted: Vec<DeletedCopy>,
+}
+
+/// A deleted copy of a partition, known by its objects' digests (a partition put
+/// with `csd put --replicas` carries its put's id in every object's footer, so a
+/// later put of the same partition, even of the same rows, has other digests).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DeletedCopy {
+    /// Partition name.
+    pub partition: String,
+    /// The digests of the copy's objects, in the order the partition lists them.
+    pub digests: Vec<u32>,
+}
+
+impl DeletedCopy {
+    /// The deleted copy `partition` is, if its objects are those of a deleted copy
+    /// (every object's digest known and equal, in order).
+    pub fn matches(&self, partition: &str, objects: &[ObjectDescription]) -> bool {
+        self.partition == partition
+            && self.digests.len() == objects.len()
+            && self
+                .digests
+                .iter()
+                .zip(objects)
+                .all(|(d, o)| o.digest == Some(*d))
+    }
+
+    /// The deleted copy that `p` would be, if every object's digest is known.
+    pub fn of(p: &PartitionDescription) -> Option<DeletedCopy> {
+        Some(DeletedCopy {
+            partition: p.name.clone(),
+            digests: p.objects.iter().map(|o| o.digest).collect::<Option<_>>()?,
+        })
+    }
 }
 
 /// One partition in a [`TableDescription`].

@@ -26,12 +26,19 @@ impl FlightNode {
         let prefix = std::str::from_utf8(&criteria.expression).map_err(|_| {
             Error::InvalidArgument("criteria expression must be a UTF-8 table-name prefix".into())
         })?;
-        Ok(self
-            .state
-            .node
-            .tables
+        let tables = &self.state.node.tables;
+        // A table whose partitions are all deleted here is listed with its
+        // remembered deletes alone: a node out of reach may still hold a copy.
+        let deleted_only = tables.deleted_tables().into_iter().map(|name| Table {
+            name,
+            schema: std::sync::Arc::new(arrow::datatypes::Schema::empty()),
+            partitions: Default::default(),
+            damaged: Default::default(),
+        });
+        Ok(tables
             .tables()
-            .iter()
+            .into_iter()
+            .chain(deleted_only)
             .filter(|t| {
                 t.name.starts_with(prefix)
                     && if crate::refs::is_ref_table(&t.name) {
@@ -40,7 +47,7 @@ impl FlightNode {
                         who.may(Permission::Read, &t.name)
                     }
             })
-            .map(|t| self.flight_info(t, who).map_err(|e| e.to_status()))
+            .map(|t| self.flight_info(&t, who).map_err(|e| e.to_status()))
             .collect())
     }
 
@@ -62,6 +69,7 @@ impl FlightNode {
     pub(super) fn flight_info(&self, t: &Table, who: &Principal) -> Result<FlightInfo> {
         let desc = TableDescription {
             table: t.name.clone(),
+            deleted: self.state.node.tables.deleted_of(&t.name),
             distinct: t.distinct(t.partitions.values().flatten()),
             partitions: t
                 .partitions

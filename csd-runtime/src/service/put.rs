@@ -33,7 +33,7 @@ struct Upload {
     /// The client promised an end marker.
     marked: bool,
     /// The copies of the partition the client is storing on as many nodes.
-    copies: u32,
+    copies: crate::table::Copies,
     /// What its tenant stored before, when it has a quota.
     quota_stored: Option<u64>,
 }
@@ -86,18 +86,29 @@ impl FlightNode {
         let desc = first.flight_descriptor.as_ref().ok_or_else(|| {
             Error::InvalidArgument("the first DoPut message must carry a descriptor".into())
         })?;
-        let (table, partition, copies) = match desc.path.as_slice() {
-            [t] => (t.clone(), "0".to_string(), "1"),
-            [t, p] => (t.clone(), p.clone(), "1"),
-            [t, p, c] => (t.clone(), p.clone(), c.as_str()),
+        let (table, partition, copies, put) = match desc.path.as_slice() {
+            [t] => (t.clone(), "0".to_string(), "1", None),
+            [t, p] => (t.clone(), p.clone(), "1", None),
+            [t, p, c] => (t.clone(), p.clone(), c.as_str(), None),
+            [t, p, c, put] => (t.clone(), p.clone(), c.as_str(), Some(put.clone())),
             _ => {
                 return Err(Error::InvalidArgument(
-                    "DoPut descriptor must be the path [table], [table, partition] or \
-                     [table, partition, copies]"
+                    "DoPut descriptor must be the path [table], [table, partition], \
+                     [table, partition, copies] or [table, partition, copies, put]"
                         .into(),
                 ));
             }
         };
+        if let Some(put) = &put
+            && (put.is_empty()
+                || put.len() > 64
+                || !put.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "DoPut put id {:?}: must be 1 to 64 letters, digits or '-'",
+                truncated(put)
+            )));
+        }
         let copies = copies
             .parse::<u32>()
             .ok()
@@ -119,7 +130,7 @@ impl FlightNode {
             table,
             partition,
             marked: first.app_metadata.as_ref() == PUT_MARKED,
-            copies,
+            copies: crate::table::Copies { copies, put },
             quota_stored,
         })
     }
@@ -154,7 +165,7 @@ impl FlightNode {
         let (t, p, copies) = (
             upload.table.clone(),
             upload.partition.clone(),
-            upload.copies,
+            upload.copies.clone(),
         );
         let writer = state.node.pool.spawn({
             let state = state.clone();

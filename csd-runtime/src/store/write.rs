@@ -63,11 +63,21 @@ impl ObjectStore {
 
     /// Deletes every object whose name starts with `prefix`, atomically.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<Vec<Arc<ObjectInfo>>> {
+        self.delete_where(prefix, |_| true).await
+    }
+
+    /// Deletes every object whose name starts with `prefix` and that `delete`
+    /// says yes to, atomically.
+    pub async fn delete_where(
+        &self,
+        prefix: &str,
+        delete: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Arc<ObjectInfo>>> {
         let prefix = prefix.to_string();
         self.commit_change(|objects| {
             let names: Vec<String> = objects
                 .keys()
-                .filter(|k| k.starts_with(&prefix))
+                .filter(|k| k.starts_with(&prefix) && delete(k))
                 .cloned()
                 .collect();
             Ok(names

@@ -12,7 +12,25 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use csd_protocol::DeletedCopy;
+
 use crate::compute::endpoints::Endpoint;
+
+/// `copies` of one partition without those a node remembers deleting (a node that
+/// was out of reach when the partition was deleted still lists its copy until
+/// `csd repair` removes it).
+pub(crate) fn without_deleted(copies: Vec<Endpoint>, deleted: &[DeletedCopy]) -> Vec<Endpoint> {
+    copies
+        .into_iter()
+        .filter(|c| {
+            let gone = deleted.iter().any(|d| d.matches(&c.partition, &c.objects));
+            if gone {
+                tracing::info!(partition = %c.partition, node = %c.client.url(), "a deleted copy, not read");
+            }
+            !gone
+        })
+        .collect()
+}
 
 /// One partition from its copies (in node order): the copy that serves it, the
 /// others as its replicas; `Err(why)` when the copies are not the same data.

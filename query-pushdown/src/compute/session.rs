@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use csd_protocol::Compression;
 use csd_protocol::node_client::{Credentials, NodeClient};
+use csd_protocol::{Compression, DeletedCopy};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -145,6 +145,8 @@ impl Cluster {
         let mut by_table: BTreeMap<String, (BTreeMap<String, Vec<Endpoint>>, u32)> =
             BTreeMap::new();
         let mut damaged: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        // Per table: copies deleted while a node holding one may have been out.
+        let mut deleted: BTreeMap<String, Vec<DeletedCopy>> = BTreeMap::new();
         let mut unreachable = self.unreachable.clone();
         for (i, n) in self.nodes.iter().enumerate() {
             if unreachable.iter().any(|(u, _)| u == n.url()) {
@@ -180,6 +182,10 @@ impl Cluster {
                         n.url()
                     )));
                 }
+                deleted
+                    .entry(t.name.clone())
+                    .or_default()
+                    .extend(t.description.deleted.iter().cloned());
                 let node_distinct = Arc::new(t.description.distinct.clone());
                 for p in &t.description.partitions {
                     *fewest = (*fewest).min(p.copies.max(1));
@@ -227,7 +233,12 @@ impl Cluster {
             entry
                 .lost
                 .extend(replicas::unreachable_loses(&name, fewest, &unreachable));
+            let deleted = deleted.remove(&name).unwrap_or_default();
             for (_, copies) in parts {
+                let copies = replicas::without_deleted(copies, &deleted);
+                if copies.is_empty() {
+                    continue;
+                }
                 match replicas::merge_copies(&name, copies) {
                     Ok(e) => entry.endpoints.push(e),
                     Err(why) => entry.lost.push(why),
@@ -236,6 +247,8 @@ impl Cluster {
             // Node order, as listed before copies were merged.
             entry.endpoints.sort_by_key(|e| e.node);
         }
+        // A table every copy of which is deleted is gone.
+        out.retain(|_, t| !t.endpoints.is_empty() || !t.lost.is_empty());
         Ok(out)
     }
 

@@ -44,9 +44,16 @@ fn part(p: usize) -> RecordBatch {
 }
 
 async fn put(c: &NodeClient, table: &str, p: &str, copies: u32, b: RecordBatch) {
-    c.put_copy(table, p, copies, schema(), futures::stream::iter([Ok(b)]))
-        .await
-        .unwrap();
+    c.put_copy(
+        table,
+        p,
+        copies,
+        None,
+        schema(),
+        futures::stream::iter([Ok(b)]),
+    )
+    .await
+    .unwrap();
 }
 
 /// `r` on `clients` (two copies of each partition), `once` (one copy each), and

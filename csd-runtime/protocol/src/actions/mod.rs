@@ -114,6 +114,12 @@ pub struct DeleteRequest {
     /// Only this partition (`None`: the whole table).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<String>,
+    /// Deletes to remember first, whether or not this node holds the copies they
+    /// name: a node out of reach now may hold one, and it must stay deleted when
+    /// that node comes back (see [`crate::messages::DeletedCopy`]). With these,
+    /// holding nothing to delete here is not an error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remember: Vec<crate::messages::DeletedCopy>,
 }
 
 /// The answer to a [`DeleteRequest`].
@@ -235,6 +241,10 @@ mod tests {
         let d = DeleteRequest {
             table: "t".into(),
             partition: Some("p".into()),
+            remember: vec![crate::messages::DeletedCopy {
+                partition: "p".into(),
+                digests: vec![7, 9],
+            }],
         };
         let a = d.to_action().unwrap();
         assert_eq!(a.r#type, "delete");

@@ -250,16 +250,20 @@ impl NodeClient {
     where
         S: Stream<Item = Result<RecordBatch>> + Send + 'static,
     {
-        self.put_copy(table, partition, 1, schema, batches).await
+        self.put_copy(table, partition, 1, None, schema, batches)
+            .await
     }
 
     /// [`put`](Self::put) of one of `copies` copies of the partition, each stored
-    /// on its own node by the caller (the node keeps the number with the object).
+    /// on its own node by the caller (the node keeps the number with the object),
+    /// all of one put named `put` (the node keeps it too, so that every copy of
+    /// this put has the same bytes and another put of the same rows other bytes).
     pub async fn put_copy<S>(
         &self,
         table: &str,
         partition: &str,
         copies: u32,
+        put: Option<&str>,
         schema: SchemaRef,
         batches: S,
     ) -> Result<PutSummary>
@@ -267,9 +271,10 @@ impl NodeClient {
         S: Stream<Item = Result<RecordBatch>> + Send + 'static,
     {
         let mut path = vec![table.to_string(), partition.to_string()];
-        if copies != 1 {
+        if copies != 1 || put.is_some() {
             path.push(copies.to_string());
         }
+        path.extend(put.map(str::to_string));
         // The upload is marked and closed with an end message: should this future be
         // dropped or `batches` fail, arrow-flight's client ends the stream cleanly,
         // and the missing end tells the node to store nothing.
@@ -511,9 +516,22 @@ impl NodeClient {
 
     /// Deletes `table`, or one partition of it; returns objects deleted.
     pub async fn delete(&self, table: &str, partition: Option<&str>) -> Result<u64> {
+        self.delete_remembering(table, partition, vec![]).await
+    }
+
+    /// [`delete`](Self::delete), remembering `copies` first: deleted copies of the
+    /// table's partitions that a node out of reach may hold, to stay deleted when it
+    /// comes back. Nothing to delete here is then no error (0 objects).
+    pub async fn delete_remembering(
+        &self,
+        table: &str,
+        partition: Option<&str>,
+        copies: Vec<crate::messages::DeletedCopy>,
+    ) -> Result<u64> {
         let r = DeleteRequest {
             table: table.into(),
             partition: partition.map(Into::into),
+            remember: copies,
         };
         Ok(self.action(&r).await?.deleted_objects)
     }

@@ -42,7 +42,7 @@ impl FlightNode {
             .state
             .node
             .tables
-            .delete(&r.table, r.partition.as_deref())
+            .delete(&r.table, r.partition.as_deref(), &r.remember)
             .await?;
         json_result(&DeleteResponse {
             deleted_objects: n as u64,
