@@ -95,7 +95,7 @@ async fn main() -> Result<(), Error> {
     let mut classes = Vec::new();
     for (table, dir) in [("textures_train", "train"), ("textures_test", "test")] {
         let dir = textures.join(dir);
-        let (n, names) = job::put_images(&clients, table, &dir, None, 2, 1, |_| {}).await?;
+        let (n, names) = job::put_images(&clients, table, &dir, None, (2, 1), 1, |_| {}).await?;
         println!("stored {n} patches of {names:?} as {table}");
         classes = names;
     }

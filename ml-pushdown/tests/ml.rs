@@ -272,10 +272,7 @@ fn features_stream(
         skip_bad_samples,
         ..job(dataset, m, weights, split)
     };
-    let src = vec![Source {
-        client: client.clone(),
-        partition: part.into(),
-    }];
+    let src = vec![Source::new(client.clone(), part)];
     stream::open(src, job, m.clone()).expect("open")
 }
 
@@ -366,10 +363,7 @@ async fn pushdown_matches_compute_only_and_trains_a_head() {
 async fn planning_measures_once_and_reuses_profiles() {
     let Some((w, tex, _)) = assets() else { return };
     let (node, client, m, wt) = textures_node(&w, &tex).await;
-    let src = |part: &str| Source {
-        client: client.clone(),
-        partition: part.into(),
-    };
+    let src = |part: &str| Source::new(client.clone(), part);
     let plan = |part: &'static str| {
         let (s, m, wt) = (src(part), m.clone(), wt.clone());
         async move {
@@ -601,7 +595,7 @@ async fn text_pushdown_matches_compute_only() {
         &csv,
         "text",
         "topic",
-        2,
+        (2, 1),
         |_| {},
     )
     .await
@@ -741,10 +735,7 @@ async fn probed_rows_are_reused_not_read_twice() {
                 }),
                 ..job("textures", &m, &wt, split)
             };
-            let src = vec![Source {
-                client: client.clone(),
-                partition: "test".into(),
-            }];
+            let src = vec![Source::new(client.clone(), "test")];
             let (s, _) = stream::open(src, job, m.clone()).expect("open");
             let b: Vec<TrainBatch> = s.try_collect().await.expect("stream");
             let all: Vec<u64> = b.iter().flat_map(|b| b.ids.clone()).collect();
@@ -785,10 +776,7 @@ async fn kept_features_give_epoch_2_the_same_features_without_the_nodes_stages()
                 keep: Some(keep),
                 ..job("textures", &m, &wt, split)
             };
-            let src = vec![Source {
-                client,
-                partition: "test".into(),
-            }];
+            let src = vec![Source::new(client, "test")];
             let (s, stats) = stream::open(src, job, m).expect("open");
             let b: Vec<TrainBatch> = s.try_collect().await.expect("stream");
             (b, stats)

@@ -508,7 +508,7 @@ mod features {
             "imgs",
             &dir,
             None,
-            2,
+            (2, 1),
             1,
             |_| {},
         )

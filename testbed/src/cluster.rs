@@ -275,7 +275,7 @@ impl Cluster {
                     DATASET,
                     &dir,
                     labels.as_deref(),
-                    parts,
+                    (parts, 1),
                     *repeat,
                     |k| {
                         n += k;

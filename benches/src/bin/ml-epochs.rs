@@ -78,7 +78,7 @@ async fn main() {
         "epochs",
         &home.join("textures/train"),
         None,
-        1,
+        (1, 1),
         1,
         |_| {},
     )

@@ -379,7 +379,7 @@ async fn operator_rate(
         "bench_images",
         &home.join("textures200/train"),
         None,
-        1,
+        (1, 1),
         args.repeat.max(1),
         |_| {},
     )

@@ -182,7 +182,7 @@ async fn store_images(client: &NodeClient, home: &Path, partitions: usize, repea
         "imgs",
         &home.join("textures200/train"),
         None,
-        partitions,
+        (partitions, 1),
         repeat.max(1),
         |_| {},
     )

@@ -126,9 +126,21 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
         let json = std::fs::read(t).map_err(|e| Error::io(t.display(), e))?;
         weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)?;
     }
+    // A node out of reach is asked lazily: a dataset whose partitions have copies
+    // elsewhere is read from them (see `job::layout`).
     let mut clients = Vec::new();
     for n in &args.nodes {
-        clients.push(args.creds.connect(n).await?);
+        match args.creds.connect(n).await {
+            Ok(c) => clients.push(c),
+            Err(Error::Node(e)) if e.node_lost() && args.nodes.len() > 1 => {
+                eprintln!(
+                    "csd: {n} is out of reach ({e}): its partitions are read from their other copies"
+                );
+                let lazy = csd_client::NodeClient::connect_lazy_with(n, &args.creds.credentials()?);
+                clients.push(lazy?);
+            }
+            Err(e) => return Err(e),
+        }
     }
     let opts = FeaturesOptions {
         dataset: args.dataset.clone(),

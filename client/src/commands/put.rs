@@ -44,12 +44,13 @@ pub(crate) struct PutArgs {
     /// Node URL (repeat for several nodes with --images, --text or --replicas).
     #[arg(long = "node", default_value = "grpc://127.0.0.1:50051")]
     nodes: Vec<String>,
-    /// Store the partition whole on this many of the --node nodes (chosen by
-    /// rendezvous hashing of table/partition): queries read any copy, and one
-    /// whose node is lost is read from another. Acknowledged once every copy is
-    /// durable; if any fails, the copies made are deleted. Files only; the
+    /// Store the partition whole on this many of the --node nodes (a file's chosen by
+    /// rendezvous hashing of table/partition; a dataset's partition `p` on node
+    /// `p % nodes` and the ones after it): queries and feature streams read any
+    /// copy, and one whose node is lost is read from another. Acknowledged once
+    /// every copy is durable; if any fails, the copies made are deleted. A file's
     /// partition must be new.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16), conflicts_with_all = ["images", "text"])]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     replicas: u32,
     #[command(flatten)]
     creds: ClientCreds,
@@ -110,6 +111,7 @@ async fn dataset(args: PutArgs) -> Result<()> {
         table,
         nodes,
         creds,
+        replicas,
         ..
     } = args;
     let mut clients = Vec::new();
@@ -129,7 +131,7 @@ async fn dataset(args: PutArgs) -> Result<()> {
                 &table,
                 &dir,
                 labels.as_deref(),
-                partitions,
+                (partitions, replicas as usize),
                 1,
                 progress,
             )
@@ -142,7 +144,7 @@ async fn dataset(args: PutArgs) -> Result<()> {
                 &file,
                 &text_column,
                 &label_column,
-                partitions,
+                (partitions, replicas as usize),
                 progress,
             )
             .await

@@ -32,15 +32,17 @@ fn protocol(m: impl Into<String>) -> Error {
 const PUT_BATCH: usize = 64;
 
 /// Stores a folder of images as dataset `table`, spread round-robin over `partitions`
-/// partitions (partition `i` on node `i % nodes`), every sample `repeat` times (ids
-/// stay unique). `progress(n)` is called as `n` more samples are read. Returns
-/// (samples stored, class names).
+/// partitions (partition `i` on node `i % nodes`, and with `copies` above 1 on the
+/// nodes after it too), every sample `repeat` times (ids stay unique).
+/// `progress(n)` is called as `n` more samples are read. Returns (samples stored,
+/// class names).
+#[allow(clippy::too_many_arguments)]
 pub async fn put_images(
     clients: &[NodeClient],
     table: &str,
     dir: &Path,
     labels: Option<&Path>,
-    partitions: usize,
+    (partitions, copies): (usize, usize),
     repeat: usize,
     progress: impl FnMut(u64),
 ) -> Result<(usize, Vec<String>)> {
@@ -54,7 +56,7 @@ pub async fn put_images(
         clients,
         table,
         samples.len(),
-        partitions,
+        (partitions, copies),
         |i| samples[i].1,
         |i| {
             let path = &samples[i].0;
@@ -77,7 +79,7 @@ pub async fn put_text(
     file: &Path,
     text_col: &str,
     label_col: &str,
-    partitions: usize,
+    (partitions, copies): (usize, usize),
     progress: impl FnMut(u64),
 ) -> Result<(usize, Vec<String>)> {
     let t = dataset::text_file(file, text_col, label_col)?;
@@ -85,7 +87,7 @@ pub async fn put_text(
         clients,
         table,
         t.texts.len(),
-        partitions,
+        (partitions, copies),
         |i| t.labels[i],
         |i| Ok(t.texts[i].as_bytes().to_vec()),
         progress,
@@ -95,12 +97,14 @@ pub async fn put_text(
 }
 
 /// Stores samples `0..n` (id `i`, `label(i)`, `bytes(i)`) as dataset `table`, sample
-/// `i` in partition `i % partitions` and partition `p` on node `p % nodes`.
+/// `i` in partition `i % partitions` and partition `p` on node `p % nodes` — and, in
+/// `copies` copies, on the `copies - 1` nodes after it, every copy of one put (the
+/// same bytes everywhere); a partition stored short of its copies is deleted again.
 async fn put_samples(
     clients: &[NodeClient],
     table: &str,
     n: usize,
-    partitions: usize,
+    (partitions, copies): (usize, usize),
     label: impl Fn(usize) -> i64,
     bytes: impl Fn(usize) -> Result<Vec<u8>>,
     mut progress: impl FnMut(u64),
@@ -108,9 +112,16 @@ async fn put_samples(
     if clients.is_empty() {
         return Err(Error::InvalidArgument("no storage nodes given".into()));
     }
+    let copies = copies.max(1);
+    if copies > clients.len() || copies > csd_protocol::MAX_COPIES as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{copies} copies of each partition need as many nodes ({} given, at most {})",
+            clients.len(),
+            csd_protocol::MAX_COPIES
+        )));
+    }
     let parts = partitions.max(1);
     for p in 0..parts {
-        let client = &clients[p % clients.len()];
         let mine: Vec<usize> = (p..n).step_by(parts).collect();
         let mut batches = Vec::new();
         for chunk in mine.chunks(PUT_BATCH) {
@@ -118,51 +129,125 @@ async fn put_samples(
             let refs: Vec<&[u8]> = data.iter().map(|b| b.as_slice()).collect();
             let ids: Vec<u64> = chunk.iter().map(|&i| i as u64).collect();
             let labels: Vec<i64> = chunk.iter().map(|&i| label(i)).collect();
-            batches.push(Ok(dataset::batch(&ids, &labels, &refs)?));
+            batches.push(dataset::batch(&ids, &labels, &refs)?);
             progress(chunk.len() as u64);
         }
-        if !batches.is_empty() {
-            client
-                .put(
+        if batches.is_empty() {
+            continue;
+        }
+        let put = (copies > 1).then(|| format!("{:016x}", rand::random::<u64>()));
+        let partition = p.to_string();
+        for j in 0..copies {
+            let client = &clients[(p + j) % clients.len()];
+            let stored = client
+                .put_copy(
                     table,
-                    &p.to_string(),
+                    &partition,
+                    copies as u32,
+                    put.as_deref(),
                     dataset::image_schema(),
-                    futures::stream::iter(batches),
+                    futures::stream::iter(batches.clone().into_iter().map(Ok)),
                 )
-                .await?;
+                .await;
+            if let Err(e) = stored {
+                for k in 0..j {
+                    let _ = clients[(p + k) % clients.len()]
+                        .delete(table, Some(&partition))
+                        .await;
+                }
+                return Err(e.into());
+            }
         }
     }
     Ok(())
 }
 
-/// Every (node, partition) holding `dataset`, and its sample count.
+/// Every partition of `dataset` (see [`layout`]), and its sample count.
 pub async fn sources(clients: &[NodeClient], dataset: &str) -> Result<(Vec<Source>, u64)> {
     let l = layout(clients, dataset).await?;
     let rows = l.iter().map(|(_, p)| p.rows).sum();
     Ok((l.into_iter().map(|(s, _)| s).collect(), rows))
 }
 
-/// Every (node, partition) holding `dataset`, with its node (an index into
-/// `clients`) and its samples.
+/// Every partition of `dataset`, with its node (an index into `clients`) and its
+/// samples. A partition kept on several nodes (`csd put --replicas`) is one
+/// [`Source`] whose other copies stand by ([`Source::replicas`]); a copy a node
+/// remembers deleting is none. Nodes out of reach are left out while fewer are
+/// out than the partitions have copies (else a partition may be on them alone).
 pub async fn layout(clients: &[NodeClient], dataset: &str) -> Result<Vec<(Source, Part)>> {
-    let mut out = Vec::new();
+    // Partition name → its copies (node, rows, objects), in node order.
+    type Copy = (usize, csd_protocol::PartitionDescription);
+    let mut copies: std::collections::BTreeMap<String, Vec<Copy>> = Default::default();
+    let mut deleted: Vec<csd_protocol::DeletedCopy> = Vec::new();
+    let mut out_of_reach: Vec<String> = Vec::new();
+    let mut fewest = u32::MAX;
     for (node, c) in clients.iter().enumerate() {
-        match c.table(dataset).await {
-            Ok(t) => {
-                dataset::check_schema(dataset, &t.schema)?;
-                for p in &t.description.partitions {
-                    out.push((
-                        Source {
-                            client: c.clone(),
-                            partition: p.name.clone(),
-                        },
-                        Part { node, rows: p.rows },
-                    ));
-                }
+        let listed = match c.list_tables(dataset).await {
+            Ok(l) => l,
+            Err(e) if e.node_lost() && clients.len() > 1 => {
+                tracing::warn!(node = %c.url(), "storage node out of reach: {e}");
+                out_of_reach.push(format!("{} ({e})", c.url()));
+                continue;
             }
-            Err(e) if e.code() == Some(tonic::Code::NotFound) => {}
             Err(e) => return Err(e.into()),
+        };
+        for t in listed.into_iter().filter(|t| t.name == dataset) {
+            deleted.extend(t.description.deleted);
+            if t.description.partitions.is_empty() {
+                continue;
+            }
+            dataset::check_schema(dataset, &t.schema)?;
+            for p in t.description.partitions {
+                fewest = fewest.min(p.copies.max(1));
+                copies.entry(p.name.clone()).or_default().push((node, p));
+            }
         }
+    }
+    if !out_of_reach.is_empty()
+        && (copies.is_empty() || out_of_reach.len() as u64 >= u64::from(fewest))
+    {
+        return Err(Error::Node(csd_protocol::Error::Unavailable(format!(
+            "dataset {dataset} cannot be read whole: {} cannot be reached and its \
+                 partitions are kept in {fewest} cop{}, so some may be on those nodes only",
+            out_of_reach.join(", "),
+            if fewest == 1 { "y" } else { "ies" }
+        ))));
+    }
+    let mut out = Vec::new();
+    for (name, mut held) in copies {
+        held.retain(|(_, p)| !deleted.iter().any(|d| d.matches(&name, &p.objects)));
+        let Some(((node, first), others)) =
+            held.split_first().map(|(f, o)| (f.clone(), o.to_vec()))
+        else {
+            continue;
+        };
+        for (other, p) in &others {
+            let digests = |p: &csd_protocol::PartitionDescription| {
+                p.objects
+                    .iter()
+                    .map(|o| (o.len, o.digest))
+                    .collect::<Vec<_>>()
+            };
+            if p.rows != first.rows || digests(p) != digests(&first) {
+                return Err(Error::InvalidArgument(format!(
+                    "partition {name} of dataset {dataset} is stored on {} and on {}, and \
+                     the copies differ: they are not replicas of each other",
+                    clients[node].url(),
+                    clients[*other].url()
+                )));
+            }
+        }
+        out.push((
+            Source {
+                client: clients[node].clone(),
+                partition: name,
+                replicas: others.iter().map(|(n, _)| clients[*n].clone()).collect(),
+            },
+            Part {
+                node,
+                rows: first.rows,
+            },
+        ));
     }
     if out.is_empty() {
         return Err(Error::InvalidArgument(format!(
@@ -459,6 +544,28 @@ pub struct FeaturesRun {
     pub stats: Arc<FeatureStats>,
 }
 
+/// The weights table on every node that can be reached (a node lost streams
+/// nothing: its partitions are read from their other copies).
+async fn ensure_weights(clients: &[NodeClient], bytes: &[u8]) -> Result<String> {
+    let mut table = None;
+    let mut lost = None;
+    for c in clients {
+        match weights::ensure(c, bytes).await {
+            Ok(t) => table = Some(t),
+            Err(Error::Client(e)) if e.node_lost() && clients.len() > 1 => {
+                tracing::warn!(node = %c.url(), "storage node out of reach: {e}");
+                lost = Some(Error::Client(e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match (table, lost) {
+        (Some(t), _) => Ok(t),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(Error::InvalidArgument("no storage nodes given".into())),
+    }
+}
+
 /// Uploads weights if needed, picks the split and opens the feature stream.
 pub async fn features(
     clients: &[NodeClient],
@@ -494,9 +601,7 @@ pub async fn features(
     let planned = opts.split == SplitChoice::Auto || explain;
     let mut table = String::new();
     if planned || opts.arch != Arch::Onnx {
-        for c in clients {
-            table = weights::ensure(c, weights_bytes).await?;
-        }
+        table = ensure_weights(clients, weights_bytes).await?;
     }
     let n = model.stages().len();
     let planning = Instant::now();
@@ -505,16 +610,35 @@ pub async fn features(
     let probe_at = planner::here_set(&parts, 1).first().copied().unwrap_or(0);
     let mut probed = None;
     let plan = if planned {
-        let (mut inputs, rows) = plan_inputs(
-            &srcs[probe_at],
-            samples,
-            &opts.dataset,
-            &model,
-            &table,
-            opts.dtype,
-            opts.pool.clone(),
-        )
-        .await?;
+        // Probed at the first copy that answers.
+        let at = &srcs[probe_at];
+        let copies: Vec<&NodeClient> = std::iter::once(&at.client).chain(&at.replicas).collect();
+        let mut answered = None;
+        for (k, client) in copies.iter().enumerate() {
+            let src = Source::new((*client).clone(), at.partition.clone());
+            match plan_inputs(
+                &src,
+                samples,
+                &opts.dataset,
+                &model,
+                &table,
+                opts.dtype,
+                opts.pool.clone(),
+            )
+            .await
+            {
+                Err(Error::Client(e)) if e.node_lost() && k + 1 < copies.len() => {
+                    tracing::warn!(node = %client.url(), "probing another copy: {e}");
+                }
+                r => {
+                    answered = Some(r?);
+                    break;
+                }
+            }
+        }
+        let (mut inputs, rows) = answered.ok_or_else(|| {
+            Error::InvalidArgument(format!("no copy of partition {} to probe", at.partition))
+        })?;
         inputs.parts = parts.clone();
         inputs.train_batch = opts.train_batch as u64;
         probed = Some(Probed {
@@ -574,9 +698,7 @@ pub async fn features(
             let stages = OnnxModelStages::load(&head, onnx.pixels())?.stages().len();
             (head.into(), stages)
         };
-        for c in clients {
-            table = weights::ensure(c, &bytes).await?;
-        }
+        table = ensure_weights(clients, &bytes).await?;
         node_split = Some(stages);
     }
     let job = FeatureJob {

@@ -20,21 +20,36 @@ use csd_protocol::Compression;
 use csd_protocol::OperatorReport;
 use csd_protocol::node_client::{self, NodeClient};
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 
+use super::boundary::Boundary;
 use crate::dataset::{self, Samples};
 use crate::features::{blocking, decodable, forward_range_chunked};
 use crate::model::{Arch, StagedModel};
 use crate::request::{FeatureRequest, FeatureType, MlDetails, Mode, OPERATOR_NAME};
 use crate::{Error, Result};
 
-/// One (node, partition) of a dataset.
+/// One partition of a dataset, at the node asked first.
 #[derive(Clone)]
 pub struct Source {
     /// The node.
     pub client: NodeClient,
     /// The partition.
     pub partition: String,
+    /// Nodes holding other copies of it (`csd put --replicas`), asked in turn should
+    /// `client` be lost (see `compute::copies`).
+    pub replicas: Vec<NodeClient>,
+}
+
+impl Source {
+    /// `partition` at `client` alone.
+    pub fn new(client: NodeClient, partition: impl Into<String>) -> Self {
+        Source {
+            client,
+            partition: partition.into(),
+            replicas: vec![],
+        }
+    }
 }
 
 /// What to stream.
@@ -225,13 +240,6 @@ pub struct FeatureStats {
     pub skipped: AtomicU64,
     /// The nodes' reports.
     pub reports: Mutex<Vec<OperatorReport>>,
-}
-
-/// Rows at the split boundary: `x` is `[B, ...]` entering stage `split`.
-struct Boundary {
-    ids: Vec<u64>,
-    labels: Vec<i64>,
-    x: Tensor,
 }
 
 /// Reads a partition raw (after the rows `probed` holds of it, when given) and runs
@@ -476,14 +484,23 @@ pub fn open(
         let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
         move |(i, src)| {
             let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
-            async move {
-                let probed = job.probed.clone().filter(|p| p.part == i);
-                if job.split == 0 || job.here.contains(&i) {
-                    local_prefix(src, job, model, stats, probed.as_ref()).await
-                } else {
-                    partition(src, job, model, stats, probed).await
+            let partition_name = src.partition.clone();
+            let ask = move |client: NodeClient| {
+                let src = Source::new(client, partition_name.clone());
+                let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
+                async move {
+                    let probed = job.probed.clone().filter(|p| p.part == i);
+                    if job.split == 0 || job.here.contains(&i) {
+                        local_prefix(src, job, model, stats, probed.as_ref()).await
+                    } else {
+                        partition(src, job, model, stats, probed).await
+                    }
                 }
-            }
+                .boxed()
+            };
+            let nodes = std::iter::once(src.client).chain(src.replicas).collect();
+            let copies = super::copies::from_copies(src.partition, nodes, ask);
+            futures::future::ready(Ok::<_, Error>(copies))
         }
     }))
     .buffer_unordered(usize::MAX)

@@ -622,6 +622,7 @@ impl Drop for Kill {
 }
 
 mod crashes;
+mod ml_failover;
 mod onnx;
 mod processes;
 mod replicas;
