@@ -574,26 +574,37 @@ async fn a_kept_result_is_written_within_its_memory() {
     );
 }
 
+/// A one-column table's schema (`v Int64`) and its 1,000 rows from `from`.
+fn thousand_ints() -> (
+    arrow::datatypes::SchemaRef,
+    impl Fn(i64) -> csd_runtime::Result<arrow::record_batch::RecordBatch>,
+) {
+    use arrow::array::{ArrayRef, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+    let batch = {
+        let schema = schema.clone();
+        move |from: i64| {
+            Ok(arrow::record_batch::RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(from..from + 1000)) as ArrayRef],
+            )
+            .unwrap())
+        }
+    };
+    (schema, batch)
+}
+
 /// One object whose footer is damaged at rest: the node's tables still open, its
 /// partition reads as DATA_LOSS naming the object, the other partitions as before,
 /// and putting the partition again heals it.
 #[tokio::test]
 async fn a_lost_object_loses_its_partition_not_the_node() {
-    use arrow::array::{ArrayRef, Int64Array};
-    use arrow::datatypes::{DataType, Field, Schema};
-    use arrow::record_batch::RecordBatch;
     use csd_runtime::table::{ParquetOptions, TableStore};
 
     let dev = mem_device(64 << 20);
     let options = ParquetOptions::default();
-    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-    let batch = |from: i64| {
-        Ok(RecordBatch::try_new(
-            schema.clone(),
-            vec![Arc::new(Int64Array::from_iter_values(from..from + 1000)) as ArrayRef],
-        )
-        .unwrap())
-    };
+    let (schema, batch) = thousand_ints();
     let lost = {
         let tables = TableStore::open(open(&dev).await, &options).await.unwrap();
         for (p, from) in [("p0", 0), ("p1", 1000)] {
@@ -761,22 +772,12 @@ async fn a_paced_scrub_reads_each_piece_in_its_turn_and_can_be_stopped() {
 /// when the node stopped is finished when it starts.
 #[tokio::test]
 async fn a_remembered_delete_is_kept_and_finished() {
-    use arrow::array::{ArrayRef, Int64Array};
-    use arrow::datatypes::{DataType, Field, Schema};
-    use arrow::record_batch::RecordBatch;
     use csd_runtime::protocol::DeletedCopy;
     use csd_runtime::table::{ParquetOptions, TableStore};
 
     let dev = mem_device(64 << 20);
     let options = ParquetOptions::default();
-    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-    let batch = |from: i64| {
-        Ok(RecordBatch::try_new(
-            schema.clone(),
-            vec![Arc::new(Int64Array::from_iter_values(from..from + 1000)) as ArrayRef],
-        )
-        .unwrap())
-    };
+    let (schema, batch) = thousand_ints();
     let copy_of = |tables: &TableStore, p: &str| DeletedCopy {
         partition: p.into(),
         digests: tables.table("t").unwrap().partitions[p]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Float32Type;
 
-use super::processes::spawn_serve;
+use super::processes::{on_all, serve_on_drive};
 use super::*;
 
 /// The efficientnet weights and the texture images, or `None` (said) when
@@ -101,20 +101,10 @@ async fn a_node_killed_mid_epoch_costs_no_sample() {
     };
     let dir = tempfile::tempdir().unwrap();
     let drives = ["a.img", "b.img", "c.img"];
-    let on = |name: &str| {
-        let (child, url) = spawn_serve(&format!("uring:{}", dir.path().join(name).display()));
-        (Kill(child), url)
-    };
+    let on = |name: &str| serve_on_drive(dir.path(), name);
     let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
     let mut urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
-    let with_nodes = |a: &[&str], urls: &[String]| {
-        let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-        for u in urls {
-            v.extend(["--node".to_string(), u.clone()]);
-        }
-        v
-    };
-    let put = csd(with_nodes(
+    let put = csd(on_all(
         &[
             "put",
             "--table",
@@ -131,7 +121,7 @@ async fn a_node_killed_mid_epoch_costs_no_sample() {
     .await;
     assert!(put.status.success(), "{:?}", text(&put));
     let features = |out: &Path, urls: &[String]| {
-        with_nodes(
+        on_all(
             &[
                 "features",
                 "--dataset",

@@ -34,6 +34,22 @@ pub(super) fn spawn_listening_with(
     (child, url)
 }
 
+/// `csd serve` on the drive file `dir/name` (kept across restarts) as its own
+/// process, killed when dropped, and its URL.
+pub(super) fn serve_on_drive(dir: &Path, name: &str) -> (Kill, String) {
+    let (child, url) = spawn_serve(&format!("uring:{}", dir.join(name).display()));
+    (Kill(child), url)
+}
+
+/// `csd ARGS --node U…` for every node of `urls`.
+pub(super) fn on_all(a: &[&str], urls: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+    for u in urls {
+        v.extend(["--node".to_string(), u.clone()]);
+    }
+    v
+}
+
 /// `csd serve` on `device` as its own process, and the URL it prints.
 pub(super) fn spawn_serve(device: &str) -> (std::process::Child, String) {
     spawn_listening(&[

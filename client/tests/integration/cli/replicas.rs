@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::processes::spawn_serve;
+use super::processes::{on_all, serve_on_drive, spawn_serve};
 use super::*;
 
 const PARTS: usize = 4;
@@ -22,15 +22,6 @@ fn write_part(path: &Path, p: usize) {
 fn serve() -> (Kill, String) {
     let (child, url) = spawn_serve("emulated:mem");
     (Kill(child), url)
-}
-
-/// `csd ARGS --node U…` for every node of `urls`.
-fn on_all(a: &[&str], urls: &[String]) -> Vec<String> {
-    let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-    for u in urls {
-        v.extend(["--node".to_string(), u.clone()]);
-    }
-    v
 }
 
 /// `csd put FILE --table t --partition PARTITION --replicas N` over every node of `urls`.
@@ -205,7 +196,8 @@ async fn shared_object_offset(on: &str, with: &str) -> Option<(u64, String)> {
     use csd_protocol::node_client::NodeClient;
     let on = NodeClient::connect(on).await.unwrap();
     let with = NodeClient::connect(with).await.unwrap();
-    let theirs = with.table("t").await.unwrap().description.partitions;
+    // Placement by URL may leave a node without any partition of the table.
+    let theirs = with.table("t").await.ok()?.description.partitions;
     for o in on.objects("t/").await.unwrap() {
         let partition = o.name.split('/').nth(1).unwrap().to_string();
         if theirs.iter().any(|p| p.name == partition) {
@@ -238,10 +230,7 @@ async fn holdings(urls: &[String]) -> (BTreeMap<String, usize>, bool) {
 async fn repair_gives_every_partition_its_copies_back() {
     let dir = tempfile::tempdir().unwrap();
     let device = |name: &str| dir.path().join(name);
-    let on = |name: &str| {
-        let (child, url) = spawn_serve(&format!("uring:{}", device(name).display()));
-        (Kill(child), url)
-    };
+    let on = |name: &str| serve_on_drive(dir.path(), name);
     let nodes: Vec<(Kill, String)> = ["a.img", "b.img", "c.img"].map(on).into();
     let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
     for p in 0..PARTS {
@@ -352,10 +341,7 @@ async fn p0_and_all(urls: &[String]) -> (String, String) {
 async fn a_delete_made_while_a_node_is_down_stays_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let drives = ["a.img", "b.img", "c.img"];
-    let on = |name: &str| {
-        let (child, url) = spawn_serve(&format!("uring:{}", dir.path().join(name).display()));
-        (Kill(child), url)
-    };
+    let on = |name: &str| serve_on_drive(dir.path(), name);
     let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
     let mut urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
     for p in 0..PARTS {
@@ -368,8 +354,10 @@ async fn a_delete_made_while_a_node_is_down_stays_deleted() {
         let c = csd_protocol::node_client::NodeClient::connect(u)
             .await
             .unwrap();
-        let t = c.table("t").await.unwrap();
-        if t.description.partitions.iter().any(|p| p.name == "p0") {
+        // A node placement gave no partition has no table t.
+        if let Ok(t) = c.table("t").await
+            && t.description.partitions.iter().any(|p| p.name == "p0")
+        {
             holders.push(i);
         }
     }
