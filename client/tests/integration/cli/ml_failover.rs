@@ -206,4 +206,13 @@ async fn a_node_killed_mid_epoch_costs_no_sample() {
     let o = csd(features(&out, &urls)).await;
     assert!(o.status.success(), "{:?}", text(&o));
     assert_same(&read_features(&out), &want);
+    // The planner's split (`--split auto`) too: it probes and plans over the copies
+    // that answer.
+    let auto = dir.path().join("auto.parquet");
+    let mut args = features(&auto, &urls);
+    let split = args.iter().position(|a| a == "--split").unwrap();
+    args[split + 1] = "auto".into();
+    let o = csd(args).await;
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_same(&read_features(&auto), &want);
 }
