@@ -36,6 +36,9 @@ struct Target {
     fewest: Option<u32>,
     /// Their copies as deleted copies (copies that differ are each one).
     copies: Vec<DeletedCopy>,
+    /// Partitions none of whose reached copies is whole (objects lost): which
+    /// digests to remember cannot be told.
+    untold: Vec<String>,
 }
 
 pub(crate) async fn run(args: RmArgs) -> Result<()> {
@@ -68,10 +71,19 @@ pub(crate) async fn run(args: RmArgs) -> Result<()> {
                     let wanted = t.description.partitions.iter();
                     for p in wanted.filter(|p| partition.is_none_or(|want| p.name == want)) {
                         found.fewest = Some(found.fewest.unwrap_or(u32::MAX).min(p.copies.max(1)));
-                        if let Some(d) = DeletedCopy::of(p).filter(|_| p.lost.is_empty())
-                            && !found.copies.contains(&d)
-                        {
-                            found.copies.push(d);
+                        match DeletedCopy::of(p).filter(|_| p.lost.is_empty()) {
+                            Some(d) => {
+                                found.untold.retain(|u| *u != p.name);
+                                if !found.copies.contains(&d) {
+                                    found.copies.push(d);
+                                }
+                            }
+                            None if !found.copies.iter().any(|d| d.partition == p.name)
+                                && !found.untold.contains(&p.name) =>
+                            {
+                                found.untold.push(p.name.clone());
+                            }
+                            None => {}
                         }
                     }
                 }
@@ -107,6 +119,15 @@ pub(crate) async fn run(args: RmArgs) -> Result<()> {
             } else {
                 "too few nodes would remember the delete for every reader to see it"
             }
+        ))));
+    }
+    if !out.is_empty() && fewest > 1 && !found.untold.is_empty() {
+        return Err(Error::Runtime(csd_protocol::Error::Unavailable(format!(
+            "not deleting {target}: {} cannot be reached, and no whole copy of {} was \
+             reached to tell the copy there by; nothing was deleted — bring the nodes \
+             back (or run `csd repair`) and run the same command again",
+            out.join(", "),
+            found.untold.join(", ")
         ))));
     }
     // Copies kept on several nodes are remembered everywhere reached, so that a

@@ -454,3 +454,60 @@ async fn a_delete_made_while_a_node_is_down_stays_deleted() {
     assert!(err.contains("nothing was deleted"), "{err}");
     assert_eq!(holdings(&urls[..1]).await.0, before);
 }
+
+/// With a node out of reach, a partition whose only copy in reach has lost an object
+/// cannot be told by its digests, so it is not deleted (exit 3, nothing deleted):
+/// the copy out of reach could not be remembered as deleted. (A copy whose one
+/// object lost its footer cannot say how many copies it was put with either, and is
+/// refused as a partition kept in one copy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_with_no_whole_copy_in_reach_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let drives = ["a.img", "b.img", "c.img"];
+    let on = |name: &str| serve_on_drive(dir.path(), name);
+    let nodes: Vec<(Kill, String)> = drives.map(on).into();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    for p in 0..PARTS {
+        put_part(dir.path(), p, &urls).await;
+    }
+    // p0's copy on one holder: garbage over its object's last block (the footer).
+    let mut holders = Vec::new();
+    let mut footer_at = None;
+    for (i, u) in urls.iter().enumerate() {
+        let c = csd_protocol::node_client::NodeClient::connect(u)
+            .await
+            .unwrap();
+        if let Some(o) = c.objects("t/p0/").await.unwrap().first() {
+            holders.push(i);
+            let mut last = (o.len - 1) / 4096;
+            for e in &o.extents {
+                if last < e.blocks {
+                    footer_at.get_or_insert((i, (e.lba + last) * 4096));
+                    break;
+                }
+                last -= e.blocks;
+            }
+        }
+    }
+    assert_eq!(holders.len(), 2, "p0 is kept in two copies");
+    let (damaged, at) = footer_at.unwrap();
+    let whole = holders.into_iter().find(|i| *i != damaged).unwrap();
+    drop(nodes);
+    let path = dir.path().join(drives[damaged]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at as usize..at as usize + 4096].fill(0xA5);
+    std::fs::write(&path, bytes).unwrap();
+    let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+
+    let (mut gone, _) = nodes.remove(whole);
+    gone.0.kill().unwrap(); // SIGKILL
+    let _ = gone.0.wait();
+    let before = holdings(&[urls[damaged].clone()]).await.0;
+    assert!(before.contains_key("t/p0"), "{before:?}");
+    let rm = csd(on_all(&["rm", "t/p0"], &urls)).await;
+    let (out, err) = text(&rm);
+    assert_eq!(rm.status.code(), Some(3), "{out}\n{err}");
+    assert!(err.contains("nothing was deleted"), "{err}");
+    assert_eq!(holdings(&[urls[damaged].clone()]).await.0, before);
+}
