@@ -18,16 +18,6 @@ use crate::store::ObjectStore;
 /// The suffix of a remembered delete's object name.
 pub(crate) const SUFFIX: &str = ".deleted";
 
-/// `{table}/{partition}/{seq}.deleted` → table, partition, seq.
-pub(crate) fn parse_name(name: &str) -> Option<(&str, &str, u64)> {
-    let mut parts = name.split('/');
-    let (t, p, f) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((t, p, f.strip_suffix(SUFFIX)?.parse().ok()?))
-}
-
 /// The deletes a node remembers, by table.
 #[derive(Debug, Default)]
 pub(crate) struct Remembered {
@@ -78,18 +68,5 @@ impl Remembered {
     /// Every table with a remembered delete.
     pub(crate) fn tables(&self) -> impl Iterator<Item = &String> {
         self.by_table.keys()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_parse_only_as_deletes() {
-        assert_eq!(parse_name("t/p/00000012.deleted"), Some(("t", "p", 12)));
-        assert_eq!(parse_name("t/p/00000012.parquet"), None);
-        assert_eq!(parse_name("t/p/x/00000012.deleted"), None);
-        assert_eq!(parse_name("t/p/twelve.deleted"), None);
     }
 }

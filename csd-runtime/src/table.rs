@@ -371,12 +371,17 @@ fn unstorable(e: parquet::errors::ParquetError) -> Error {
 }
 
 pub(crate) fn parse_object_name(name: &str) -> Option<(&str, &str, u64)> {
+    split_object_name(name, ".parquet")
+}
+
+/// `{table}/{partition}/{seq:08}{suffix}` → table, partition, seq.
+fn split_object_name<'a>(name: &'a str, suffix: &str) -> Option<(&'a str, &'a str, u64)> {
     let mut parts = name.split('/');
     let (t, p, f) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {
         return None;
     }
-    let seq = f.strip_suffix(".parquet")?.parse().ok()?;
+    let seq = f.strip_suffix(suffix)?.parse().ok()?;
     Some((t, p, seq))
 }
 
@@ -407,7 +412,7 @@ impl TableStore {
         let mut damaged: Vec<(String, String, String)> = Vec::new();
         let mut remembered = Remembered::default();
         for object in store.list("") {
-            if let Some((t, p, seq)) = deleted::parse_name(&object.name) {
+            if let Some((t, p, seq)) = split_object_name(&object.name, deleted::SUFFIX) {
                 max_seq = max_seq.max(seq);
                 match deleted::load(&store, &object.name, p).await {
                     Ok(d) => remembered.insert(t, d),
@@ -990,5 +995,20 @@ impl AsyncFileReader for ObjectReader {
             Ok(m)
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembered_deletes_are_named_apart_from_parquet_objects() {
+        let deletes = |name| split_object_name(name, deleted::SUFFIX);
+        assert_eq!(deletes("t/p/00000012.deleted"), Some(("t", "p", 12)));
+        assert_eq!(deletes("t/p/00000012.parquet"), None);
+        assert_eq!(deletes("t/p/x/00000012.deleted"), None);
+        assert_eq!(deletes("t/p/twelve.deleted"), None);
+        assert_eq!(parse_object_name("t/p/00000012.deleted"), None);
     }
 }

@@ -7,8 +7,8 @@
 //! that should hold it (placement first, then any node without a copy). A copy
 //! that a node remembers deleting (`csd rm` while its node was out of reach) is
 //! deleted where it still is. Copies that are whole but differ from each other are
-//! reported and left alone: which one is right cannot be told here. Safe to run at any time and again: a second run
-//! finds nothing to do.
+//! reported and left alone: which one is right cannot be told here. Safe to run at
+//! any time and again: a second run finds nothing to do.
 
 use std::collections::BTreeMap;
 
@@ -89,8 +89,10 @@ pub(crate) async fn run(args: RepairArgs) -> Result<()> {
     let mut partitions: BTreeMap<(String, String), Vec<Copy>> = BTreeMap::new();
     for (i, t, p) in listed {
         let Some(c) = &clients[i] else { continue };
-        let gone = deleted.get(&t).into_iter().flatten();
-        if gone.clone().any(|d| d.matches(&p.name, &p.objects)) {
+        if deleted
+            .get(&t)
+            .is_some_and(|ds| ds.iter().any(|d| d.matches(&p.name, &p.objects)))
+        {
             c.delete(&t, Some(&p.name)).await?;
             println!(
                 "{t}/{} on {}: deleted (a delete made while it was out of reach)",

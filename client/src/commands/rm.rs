@@ -9,7 +9,7 @@
 //! remembers the delete. Fewer nodes reached than copies, or a partition that may
 //! live on the unreached nodes only, and nothing is deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use csd_client::{Error, NodeClient, Result};
 use csd_protocol::{DeletedCopy, StatusCode};
@@ -36,9 +36,8 @@ struct Target {
     fewest: Option<u32>,
     /// Their copies as deleted copies (copies that differ are each one).
     copies: Vec<DeletedCopy>,
-    /// Partitions none of whose reached copies is whole (objects lost): which
-    /// digests to remember cannot be told.
-    untold: Vec<String>,
+    /// The partitions listed.
+    seen: BTreeSet<String>,
 }
 
 pub(crate) async fn run(args: RmArgs) -> Result<()> {
@@ -71,19 +70,11 @@ pub(crate) async fn run(args: RmArgs) -> Result<()> {
                     let wanted = t.description.partitions.iter();
                     for p in wanted.filter(|p| partition.is_none_or(|want| p.name == want)) {
                         found.fewest = Some(found.fewest.unwrap_or(u32::MAX).min(p.copies.max(1)));
-                        match DeletedCopy::of(p).filter(|_| p.lost.is_empty()) {
-                            Some(d) => {
-                                found.untold.retain(|u| *u != p.name);
-                                if !found.copies.contains(&d) {
-                                    found.copies.push(d);
-                                }
-                            }
-                            None if !found.copies.iter().any(|d| d.partition == p.name)
-                                && !found.untold.contains(&p.name) =>
-                            {
-                                found.untold.push(p.name.clone());
-                            }
-                            None => {}
+                        found.seen.insert(p.name.clone());
+                        if let Some(d) = DeletedCopy::of(p).filter(|_| p.lost.is_empty())
+                            && !found.copies.contains(&d)
+                        {
+                            found.copies.push(d);
                         }
                     }
                 }
@@ -121,13 +112,19 @@ pub(crate) async fn run(args: RmArgs) -> Result<()> {
             }
         ))));
     }
-    if !out.is_empty() && fewest > 1 && !found.untold.is_empty() {
+    // Partitions none of whose reached copies is whole (objects lost): which
+    // digests to remember cannot be told.
+    let untold: Vec<&str> = (found.seen.iter())
+        .filter(|n| !found.copies.iter().any(|d| d.partition == **n))
+        .map(String::as_str)
+        .collect();
+    if !out.is_empty() && fewest > 1 && !untold.is_empty() {
         return Err(Error::Runtime(csd_protocol::Error::Unavailable(format!(
             "not deleting {target}: {} cannot be reached, and no whole copy of {} was \
              reached to tell the copy there by; nothing was deleted — bring the nodes \
              back (or run `csd repair`) and run the same command again",
             out.join(", "),
-            found.untold.join(", ")
+            untold.join(", ")
         ))));
     }
     // Copies kept on several nodes are remembered everywhere reached, so that a
