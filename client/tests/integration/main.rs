@@ -47,6 +47,23 @@ pub fn adbc_python() -> Option<std::path::PathBuf> {
     has.then_some(python)
 }
 
+/// Overwrites `len` bytes of the file at `path` from byte `at` with what `change`
+/// makes of them, in place: a drive image is a sparse file as large as the node's
+/// capacity, and reading it whole and writing it back would fill a small disk.
+pub fn patch_at(path: &std::path::Path, at: u64, len: usize, change: impl FnOnce(&mut [u8])) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, at).unwrap();
+    change(&mut b);
+    f.write_all_at(&b, at).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// A node on an emulated in-memory device.
 pub async fn mem_node() -> RunningNode {
     node::start(&NodeConfig {

@@ -452,18 +452,8 @@ async fn unexpired_references_survive_a_restart_and_expired_ones_are_freed() {
         .unwrap();
     let damaged = records.first().expect("a reference's record").clone();
     node.shutdown().await.unwrap();
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.path().join("dev"))
-            .unwrap();
-        let at = damaged.extents[0].lba * 4096 + damaged.len / 2;
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, at).unwrap();
-        f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
-    }
+    let at = damaged.extents[0].lba * 4096 + damaged.len / 2;
+    crate::patch_at(&dir.path().join("dev"), at, 1, |b| b[0] ^= 0x5a);
     let node = node_on(&device).await;
     let at = |r: &Reference| Reference {
         location: node.url.clone(),

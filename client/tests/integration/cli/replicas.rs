@@ -255,9 +255,7 @@ async fn repair_gives_every_partition_its_copies_back() {
     let (x, z, at, damaged_partition) = shared.expect("two nodes share a partition");
     drop(nodes);
     let mut drives = ["a.img", "b.img", "c.img"];
-    let mut bytes = std::fs::read(device(drives[x])).unwrap();
-    bytes[at as usize + 200] ^= 0x10;
-    std::fs::write(device(drives[x]), bytes).unwrap();
+    crate::patch_at(&device(drives[x]), at + 200, 1, |b| b[0] ^= 0x10);
     drives[z] = "new.img";
     let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
     let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
@@ -493,10 +491,9 @@ async fn a_delete_with_no_whole_copy_in_reach_is_refused() {
     let (damaged, at) = footer_at.unwrap();
     let whole = holders.into_iter().find(|i| *i != damaged).unwrap();
     drop(nodes);
-    let path = dir.path().join(drives[damaged]);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[at as usize..at as usize + 4096].fill(0xA5);
-    std::fs::write(&path, bytes).unwrap();
+    crate::patch_at(&dir.path().join(drives[damaged]), at, 4096, |b| {
+        b.fill(0xA5)
+    });
     let mut nodes: Vec<(Kill, String)> = drives.map(on).into();
     let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
 

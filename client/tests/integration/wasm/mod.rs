@@ -464,18 +464,8 @@ async fn damage(url: &str, dev: &str, suffix: &str) -> impl FnOnce() + use<> {
         .clone();
     let dev = dev.to_string();
     move || {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&dev)
-            .unwrap();
         let at = o.extents[0].lba * 4096 + (o.len / 2).min(4000);
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, at).unwrap();
-        b[0] ^= 0x5a;
-        f.write_all_at(&b, at).unwrap();
-        f.sync_all().unwrap();
+        crate::patch_at(std::path::Path::new(&dev), at, 1, |b| b[0] ^= 0x5a);
     }
 }
 
