@@ -130,6 +130,14 @@ async fn run_sql(
             eprintln!("{} returned its fragment: {why}", n.endpoint);
         }
     }
+    // Which copy of a partition ran its fragment when the one asked first did not.
+    for n in r.node_runs.iter().filter(|n| !n.failed_over.is_empty()) {
+        let ran = match n.pushed_back.is_some() {
+            true => "none of its copies ran it",
+            false => "ran it",
+        };
+        eprintln!("{}: {ran}, after {}", n.endpoint, n.failed_over.join("; "));
+    }
     Ok(())
 }
 

@@ -57,7 +57,7 @@ pub use digest::ModuleDigest;
 pub use error::{Error, Result, StatusCode};
 pub use messages::{
     AdmissionReport, DeletedCopy, ObjectDescription, ObjectEntry, OperatorReport,
-    PartitionDescription, PushBack, PutSummary, TableDescription,
+    PartitionDescription, PushBack, PushBackCause, PutSummary, TableDescription,
 };
 pub use size::ByteSize;
 pub use stats::{GatewayStats, NodeStats, ScrubReport};

@@ -242,4 +242,22 @@ pub struct PushBack {
     /// Bytes the request would have read at the node (the work handed back).
     #[serde(default)]
     pub bytes: u64,
+    /// Whose decision it was: another node holding the same data may decide
+    /// otherwise only when it was this node's admission.
+    #[serde(default)]
+    pub cause: PushBackCause,
+}
+
+/// Why a node pushed work back (see [`PushBack::cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushBackCause {
+    /// The node's admission: its load, its queue or its configured budget and
+    /// policy. Another node holding a copy of the data may run it.
+    #[default]
+    Admission,
+    /// What the work does over this data (an aggregate that does not shrink, a
+    /// join-key filter that keeps most rows): every copy of the data would judge
+    /// alike.
+    Judgement,
 }

@@ -13,6 +13,7 @@ use super::queueing::{DelayScale, predict};
 use super::reads::Reads;
 use super::tenants::Tenants;
 use super::{AdmissionConfig, AdmissionStats, Counters, Policy, PushBack, TenantStats};
+use csd_protocol::PushBackCause;
 
 /// What the last [`Controller::offer`] decided beyond its [`Offer`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -173,6 +174,7 @@ impl Controller {
                 predicted_delay_ms: ms(delay),
                 estimate_ms: ms(estimate),
                 bytes: ask.bytes,
+                cause: PushBackCause::Admission,
             })
         };
         if self.cfg.policy == Policy::Never {

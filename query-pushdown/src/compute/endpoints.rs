@@ -37,14 +37,34 @@ pub struct Endpoint {
     pub node_distinct: Arc<Vec<Option<u64>>>,
     /// The same partition on other nodes, byte for byte (see
     /// [`crate::compute::replicas`]): where its fragment goes when this node is
-    /// lost. Empty for a partition kept once, and for an endpoint standing for
-    /// several partitions.
+    /// lost or busy. Empty for a partition kept once; for an endpoint standing for
+    /// several partitions, the other nodes holding a copy of each of them.
     pub replicas: Vec<Endpoint>,
 }
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.client.url(), self.partition)
+    }
+}
+
+/// One endpoint for `many` partitions at one node, read as one (see
+/// [`TableEndpoints::per_node`]); without replicas.
+fn merged_at(many: &[&Endpoint]) -> Endpoint {
+    let names: Vec<String> = many.iter().map(|e| e.partition.clone()).collect();
+    Endpoint {
+        client: many[0].client.clone(),
+        partition: names.join("+"),
+        rows: many.iter().map(|e| e.rows).sum(),
+        bytes: many.iter().map(|e| e.bytes).sum(),
+        objects: many.iter().flat_map(|e| e.objects.clone()).collect(),
+        node: many[0].node,
+        merged: names,
+        // Every partition of the table at the node (the listing's union of them
+        // all).
+        distinct: many[0].node_distinct.as_ref().clone(),
+        node_distinct: many[0].node_distinct.clone(),
+        replicas: vec![],
     }
 }
 
@@ -113,21 +133,20 @@ impl TableEndpoints {
             match group.as_slice() {
                 [one] => out.push((*one).clone()),
                 many => {
-                    let names: Vec<String> = many.iter().map(|e| e.partition.clone()).collect();
-                    out.push(Endpoint {
-                        client: many[0].client.clone(),
-                        partition: names.join("+"),
-                        rows: many.iter().map(|e| e.rows).sum(),
-                        bytes: many.iter().map(|e| e.bytes).sum(),
-                        objects: many.iter().flat_map(|e| e.objects.clone()).collect(),
-                        node: n,
-                        merged: names,
-                        // Every partition of the table at the node (the listing's
-                        // union of them all).
-                        distinct: many[0].node_distinct.as_ref().clone(),
-                        node_distinct: many[0].node_distinct.clone(),
-                        replicas: vec![],
-                    });
+                    let mut at_node = merged_at(many);
+                    // Another node holding a copy of each of these partitions can
+                    // run the same fragment when this one is busy or lost.
+                    let others = many[0].replicas.iter().map(|r| r.node);
+                    at_node.replicas = others
+                        .filter_map(|m| {
+                            let copies: Option<Vec<&Endpoint>> = many
+                                .iter()
+                                .map(|e| e.replicas.iter().find(|r| r.node == m))
+                                .collect();
+                            Some(merged_at(&copies?))
+                        })
+                        .collect();
+                    out.push(at_node);
                 }
             }
         }

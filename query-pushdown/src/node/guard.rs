@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use csd_protocol::{Error, PushBack};
+use csd_protocol::{Error, PushBack, PushBackCause};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -180,5 +180,6 @@ fn does_not_shrink(fraction: f32) -> DataFusionError {
         predicted_delay_ms: 0.0,
         estimate_ms: 0.0,
         bytes: 0,
+        cause: PushBackCause::Judgement,
     })))
 }

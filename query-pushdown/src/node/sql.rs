@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use csd_protocol::{Error, PushBack, Result};
+use csd_protocol::{Error, PushBack, PushBackCause, Result};
 use csd_runtime::attachments::Attachments;
 use csd_runtime::operator::{Estimate, OperatorContext, OperatorRequest, OperatorStream};
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -274,6 +274,7 @@ async fn judged(
             predicted_delay_ms: 0.0,
             estimate_ms: 0.0,
             bytes: 0,
+            cause: PushBackCause::Judgement,
         }));
     }
     let all = RecordBatchStreamAdapter::new(schema, futures::stream::iter(head).chain(stream));

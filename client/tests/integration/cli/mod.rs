@@ -621,6 +621,7 @@ impl Drop for Kill {
     }
 }
 
+mod busy_copies;
 mod crashes;
 mod ml_failover;
 mod onnx;

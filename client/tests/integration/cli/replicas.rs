@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::processes::{on_all, serve_on_drive, spawn_serve};
 use super::*;
 
-const PARTS: usize = 4;
+pub(super) const PARTS: usize = 4;
 
 /// Partition `p`'s CSV: 60,000 rows of `id,k,city,v`.
 fn write_part(path: &Path, p: usize) {
@@ -44,7 +44,7 @@ async fn put(file: &str, partition: &str, replicas: u32, urls: &[String]) -> Out
 }
 
 /// Partition `p` (written under `dir`) put with 2 copies over `urls`, stored.
-async fn put_part(dir: &Path, p: usize, urls: &[String]) -> Output {
+pub(super) async fn put_part(dir: &Path, p: usize, urls: &[String]) -> Output {
     let f = dir.join(format!("p{p}.csv"));
     write_part(&f, p);
     let stored = put(f.to_str().unwrap(), &format!("p{p}"), 2, urls).await;
@@ -52,7 +52,7 @@ async fn put_part(dir: &Path, p: usize, urls: &[String]) -> Output {
     stored
 }
 
-const QUERIES: &[&str] = &[
+pub(super) const QUERIES: &[&str] = &[
     "SELECT k % 10 AS g, count(*) AS n, sum(v) AS s FROM t GROUP BY k % 10 ORDER BY g",
     "SELECT id, v FROM t WHERE city = 'lima' AND v > 990 ORDER BY id",
     "SELECT count(*) AS n, max(id) AS m, sum(v) AS s FROM t",

@@ -55,7 +55,8 @@ pub struct EndpointRun {
     /// [`CsdScanExec::direct`]).
     pub direct: bool,
     /// Copies of the partition asked before the one that answered, each with why
-    /// it did not (its node lost: see `crate::compute::replicas`).
+    /// it did not (its node lost, see `crate::compute::replicas`, or busy: it
+    /// handed the fragment back).
     pub failed_over: Vec<String>,
 }
 

@@ -1,6 +1,8 @@
 //! Opening one endpoint's share of a scan: wait for the join keys, ask the node (as
 //! a patient request when this tier is saturated), and evaluate the fragment here
-//! when the node hands it back or runs out of memory before its first batch.
+//! when the node hands it back or runs out of memory before its first batch. A node
+//! that hands it back for its own load or budget is not the last word when the
+//! partition has copies: each other copy's node is asked before this tier runs it.
 
 use std::sync::Arc;
 
@@ -21,21 +23,43 @@ use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
 use crate::wire::keyfilter::MAX_RANGES;
 use crate::wire::shipped::ShippedFunction;
-use csd_protocol::ModuleDigest;
+use csd_protocol::{ModuleDigest, PushBackCause};
 
 /// What opening an endpoint gave.
 pub(crate) enum Opened {
-    /// The node runs the fragment: its batches, and what it reports at their end.
+    /// A node runs the fragment: its batches, and what it reports at their end.
     Node {
         batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
         stats: Arc<ReplyStats>,
+        /// The copy that runs it, when not the endpoint asked first (whose node
+        /// handed it back).
+        moved_to: Option<Box<Endpoint>>,
+        /// The copies that handed it back first, each with why.
+        declined: Vec<String>,
     },
     /// The fragment runs here over byte-range reads of the endpoint's objects.
     Here {
         stream: SendableRecordBatchStream,
         /// Why the node did not run it (`None`: a direct scan, never asked).
         pushed_back: Option<String>,
+        /// The partition's other copies that handed it back too, each with why.
+        declined: Vec<String>,
     },
+}
+
+/// A node's answer to a fragment it runs.
+struct NodeAnswer {
+    batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
+    stats: Arc<ReplyStats>,
+}
+
+/// Why a node did not run a fragment it was asked to.
+struct HandedBack {
+    /// A sentence for a person.
+    reason: String,
+    /// Whether it was the node's own state (its load, memory or policy), which
+    /// another node holding a copy may not share.
+    busy: bool,
 }
 
 /// Everything needed to open one endpoint of a scan.
@@ -80,6 +104,7 @@ impl EndpointOpener {
             return Ok(Opened::Here {
                 stream,
                 pushed_back: Some(why.clone()),
+                declined: vec![],
             });
         }
         if self.direct && frag.key_filters.is_empty() {
@@ -87,6 +112,7 @@ impl EndpointOpener {
             return Ok(Opened::Here {
                 stream,
                 pushed_back: None,
+                declined: vec![],
             });
         }
         // Filters the node's other fragments of this scan apply too go there once.
@@ -105,18 +131,77 @@ impl EndpointOpener {
                 to_node.to_bytes()
             }
         };
-        match self.ask_node(&node_args, &args, &attached).await? {
-            Ok(opened) => Ok(opened),
-            Err(why) => {
-                // A direct scan handed back reads as it would have without a filter:
-                // not one of the fragments the gate orders.
-                let stream = self.evaluate_here(&args, !self.direct).await?;
-                Ok(Opened::Here {
-                    stream,
-                    pushed_back: Some(why),
-                })
+        let back = match self.ask_node(&node_args, &args, &attached).await? {
+            Ok(a) => return Ok(a.opened(None, vec![])),
+            Err(back) => back,
+        };
+        let mut declined = vec![];
+        if back.busy
+            && let Some((answer, copy)) = self.ask_copies(&frag, &mut declined).await
+        {
+            let first = format!("{}: handed back ({})", self.label(), back.reason);
+            declined.insert(0, first);
+            return Ok(answer.opened(Some(Box::new(copy)), declined));
+        }
+        // A direct scan handed back reads as it would have without a filter: not
+        // one of the fragments the gate orders.
+        let stream = self.evaluate_here(&args, !self.direct).await?;
+        Ok(Opened::Here {
+            stream,
+            pushed_back: Some(back.reason),
+            declined,
+        })
+    }
+
+    /// Asks the partition's other copies, in turn, to run the fragment its first
+    /// node handed back for its load: the answer of the first that runs it. Stops
+    /// at a copy that judges the fragment not worth running; one that cannot be
+    /// reached or fails is passed over (this tier can still run it). Each copy
+    /// that does not run it is added to `declined`, with why.
+    async fn ask_copies(
+        &self,
+        frag: &SqlFragment,
+        declined: &mut Vec<String>,
+    ) -> Option<(NodeAnswer, Endpoint)> {
+        for copy in &self.endpoint.replicas {
+            let at = self.at_copy(copy);
+            let mut to_copy = frag.clone();
+            to_copy.objects.clone_from(&at.fragment.objects);
+            let args = to_copy.to_bytes();
+            match at.ask_node(&args, &args, &[]).await {
+                Ok(Ok(answer)) => {
+                    tracing::info!(partition = %copy.partition, to = %copy.client.url(), "another copy runs what a busy node handed back");
+                    return Some((answer, copy.clone()));
+                }
+                Ok(Err(back)) => {
+                    declined.push(format!("{}: handed back ({})", at.label(), back.reason));
+                    if !back.busy {
+                        return None;
+                    }
+                }
+                Err(e) => declined.push(format!("{}: {e}", at.label())),
             }
         }
+        None
+    }
+
+    /// This opener for another copy of its partition: the copy's node, and the
+    /// copy's object names where the fragment is pinned to objects.
+    pub(crate) fn at_copy(&self, copy: &Endpoint) -> EndpointOpener {
+        let mut at = self.clone();
+        if !at.fragment.objects.is_empty() {
+            at.fragment.objects = copy.objects.iter().map(|o| o.name.clone()).collect();
+        }
+        at.endpoint = Endpoint {
+            replicas: vec![],
+            ..copy.clone()
+        };
+        at
+    }
+
+    /// `node-url/partition`, as `EXPLAIN ANALYZE` names an endpoint.
+    pub(super) fn label(&self) -> String {
+        format!("{}/{}", self.endpoint.client.url(), self.endpoint.partition)
     }
 
     /// The key ranges of the rows this endpoint's node was listed with, for a
@@ -171,7 +256,7 @@ impl EndpointOpener {
         args: &[u8],
         inline: &[u8],
         attached: &[(ModuleDigest, Vec<u8>)],
-    ) -> Result<Result<Opened, String>> {
+    ) -> Result<std::result::Result<NodeAnswer, HandedBack>> {
         let (mut args, mut inline_now) = (args, false);
         let client = &self.endpoint.client;
         let compression = self.table.compression();
@@ -227,11 +312,14 @@ impl EndpointOpener {
         };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(ClientError::PushedBack(p)) => return Ok(Err(p.reason)),
+            Err(ClientError::PushedBack(p)) => return Ok(Err(p.into())),
             // A node that cannot evaluate the fragment (a function it lacks or
             // refuses, an older node) refuses it as unimplemented: evaluated here.
             Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-                return Ok(Err(format!("the node cannot evaluate it: {e}")));
+                return Ok(Err(HandedBack {
+                    reason: format!("the node cannot evaluate it: {e}"),
+                    busy: false,
+                }));
             }
             Err(e) => return Err(to_datafusion(e)),
         };
@@ -240,17 +328,19 @@ impl EndpointOpener {
         // hands it back there: both are evaluated here rather than failing the query.
         let mut batches = reply.batches;
         let first = batches.next().await;
-        match &first {
-            Some(Err(ClientError::PushedBack(p))) => return Ok(Err(p.reason.clone())),
+        match first {
+            Some(Err(ClientError::PushedBack(p))) => Ok(Err(p.into())),
             Some(Err(e)) if e.code() == Some(tonic::Code::ResourceExhausted) => {
-                return Ok(Err(e.to_string()));
+                Ok(Err(HandedBack {
+                    reason: e.to_string(),
+                    busy: true,
+                }))
             }
-            _ => {}
+            first => Ok(Ok(NodeAnswer {
+                batches: futures::stream::iter(first).chain(batches).boxed(),
+                stats: reply.stats,
+            })),
         }
-        Ok(Ok(Opened::Node {
-            batches: futures::stream::iter(first).chain(batches).boxed(),
-            stats: reply.stats,
-        }))
     }
 
     /// Evaluates the fragment here: the same plan, run by DataFusion over the
@@ -297,5 +387,25 @@ impl EndpointOpener {
         } else {
             stream
         })
+    }
+}
+
+impl NodeAnswer {
+    fn opened(self, moved_to: Option<Box<Endpoint>>, declined: Vec<String>) -> Opened {
+        Opened::Node {
+            batches: self.batches,
+            stats: self.stats,
+            moved_to,
+            declined,
+        }
+    }
+}
+
+impl From<csd_protocol::PushBack> for HandedBack {
+    fn from(p: csd_protocol::PushBack) -> Self {
+        HandedBack {
+            busy: p.cause == PushBackCause::Admission,
+            reason: p.reason,
+        }
     }
 }

@@ -74,15 +74,7 @@ impl Failover {
         match self.replicas.pop_front() {
             Some(next) => {
                 tracing::warn!(%endpoint, to = %next.client.url(), "asking another copy: {why}");
-                // A fragment pinned to objects names this copy's.
-                if !self.opener.fragment.objects.is_empty() {
-                    self.opener.fragment.objects =
-                        next.objects.iter().map(|o| o.name.clone()).collect();
-                }
-                self.opener.endpoint = Endpoint {
-                    replicas: vec![],
-                    ..next
-                };
+                self.opener = self.opener.at_copy(&next);
             }
             None => {
                 tracing::warn!(%endpoint, "evaluating here over the objects' copies: {why}");
@@ -90,6 +82,18 @@ impl Failover {
             }
         }
         Some(self.opener.clone())
+    }
+
+    /// Another copy runs the fragment, which the copy asked first handed back for
+    /// its load (`declined`: each copy that did not, with why): should that copy's
+    /// node be lost, the others are asked, the busy one last.
+    fn moved_to(&mut self, copy: &Endpoint, declined: Vec<String>) {
+        let there = self.opener.at_copy(copy);
+        let first = std::mem::replace(&mut self.opener, there);
+        let url = copy.client.url();
+        self.replicas.retain(|r| r.client.url() != url);
+        self.replicas.push_back(first.endpoint);
+        self.tried.extend(declined);
     }
 }
 
@@ -132,11 +136,7 @@ impl EndpointStream {
         metrics: ScanMetrics,
         run: RunSlot,
     ) -> Self {
-        let endpoint = format!(
-            "{}/{}",
-            opener.endpoint.client.url(),
-            opener.endpoint.partition
-        );
+        let endpoint = opener.label();
         let direct = opener.direct;
         if let Ok(mut g) = run.lock() {
             *g = None;
@@ -172,11 +172,7 @@ impl EndpointStream {
     fn fail_over(&mut self, why: &dyn std::fmt::Display) -> bool {
         match self.failover.next(&self.endpoint, why, self.passed) {
             Some(opener) => {
-                self.endpoint = format!(
-                    "{}/{}",
-                    opener.endpoint.client.url(),
-                    opener.endpoint.partition
-                );
+                self.endpoint = opener.label();
                 self.state = State::Opening(opener.open().boxed());
                 true
             }
@@ -260,16 +256,27 @@ impl EndpointStream {
             }
             match &mut this.state {
                 State::Opening(open) => match ready!(open.poll_unpin(cx)) {
-                    Ok(Opened::Node { batches, stats }) => {
+                    Ok(Opened::Node {
+                        batches,
+                        stats,
+                        moved_to,
+                        declined,
+                    }) => {
+                        if let Some(copy) = moved_to {
+                            this.failover.moved_to(&copy, declined);
+                            this.endpoint = this.failover.opener.label();
+                        }
                         this.state = State::FromNode { batches, stats };
                     }
                     Ok(Opened::Here {
                         stream,
                         pushed_back,
+                        declined,
                     }) => {
                         if pushed_back.is_some() {
                             this.metrics.pushed_back.add(1);
                         }
+                        this.failover.tried.extend(declined);
                         this.record(EndpointRun {
                             endpoint: this.endpoint.clone(),
                             pushed_back,
