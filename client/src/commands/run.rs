@@ -114,5 +114,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<()> {
             String::new()
         },
     );
+    // Which copy of a partition ran the module when the one asked first did not.
+    for e in r.endpoints.iter().filter(|e| !e.failed_over.is_empty()) {
+        let ran = match e.pushed_back.is_some() {
+            true => "none of its copies ran it",
+            false => "ran it",
+        };
+        eprintln!("{}: {ran}, after {}", e.endpoint, e.failed_over.join("; "));
+    }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! A partition's feature stream from its copies (`csd put --replicas`): asked of one
-//! node, and of the next copy's when that node is lost, with the samples already
-//! passed on left out by id.
+//! node, and of the next copy's when that node is lost or hands the partition back
+//! for its own load, with the samples already passed on left out by id; run here
+//! only when every copy's node was busy.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -12,33 +13,52 @@ use futures::stream::BoxStream;
 use super::boundary::Boundary;
 use crate::{Error, Result};
 
+/// Rows of a partition at the split, as one stream.
+pub(crate) type Rows = BoxStream<'static, Result<Boundary>>;
+
+/// What asking one copy's node gave.
+pub(crate) enum Asked {
+    /// Its rows at the split (run there, or here when the node judged they should
+    /// be).
+    Rows(Rows),
+    /// The node handed the partition back for its own load (its admission: why),
+    /// which another copy's node may not share.
+    Busy(String),
+}
+
 /// `partition`'s rows at the split from its copies on `nodes`: asked of the first,
 /// and should that node be lost (out of reach, killed mid-stream, DATA_LOSS: see
-/// `node_lost`), of the next, leaving out the samples already passed on (by id), so
-/// that none is lost or doubled. Fails only when no copy is left, naming the
-/// partition and every node tried.
-pub(crate) fn from_copies<F>(
+/// `node_lost`) or busy, of the next, leaving out the samples already passed on (by
+/// id), so that none is lost or doubled; when every copy left was busy, `here` runs
+/// the partition here over a busy copy's rows. Fails only when no copy is left,
+/// naming the partition and every node tried.
+pub(crate) fn from_copies<F, H>(
     partition: String,
     nodes: VecDeque<NodeClient>,
     ask: F,
-) -> BoxStream<'static, Result<Boundary>>
+    here: H,
+) -> Rows
 where
-    F: Fn(NodeClient) -> BoxFuture<'static, Result<BoxStream<'static, Result<Boundary>>>>
-        + Send
-        + 'static,
+    F: Fn(NodeClient) -> BoxFuture<'static, Result<Asked>> + Send + 'static,
+    H: Fn(NodeClient) -> BoxFuture<'static, Result<Rows>> + Send + 'static,
 {
-    struct Copies<F> {
+    struct Copies<F, H> {
         ask: F,
+        here: H,
         partition: String,
         next: VecDeque<NodeClient>,
-        current: Option<(String, BoxStream<'static, Result<Boundary>>)>,
+        /// Copies whose nodes handed the partition back, in the order asked.
+        busy: VecDeque<NodeClient>,
+        current: Option<(String, Rows)>,
         passed: HashSet<u64>,
         tried: Vec<String>,
     }
     let state = Copies {
         ask,
+        here,
         partition,
         next: nodes,
+        busy: VecDeque::new(),
         current: None,
         passed: Default::default(),
         tried: Vec::new(),
@@ -55,13 +75,30 @@ where
                     None => return Ok(None),
                 },
                 None => {
-                    let Some(client) = st.next.pop_front() else {
-                        return Ok(None);
+                    let url;
+                    let asked = match st.next.pop_front() {
+                        Some(client) => {
+                            url = client.url().to_string();
+                            (st.ask)(client.clone())
+                                .await
+                                .map(|a| (a, Some(client)))
+                        }
+                        None => {
+                            let Some(client) = st.busy.pop_front() else {
+                                return Ok(None);
+                            };
+                            url = client.url().to_string();
+                            (st.here)(client).await.map(|r| (Asked::Rows(r), None))
+                        }
                     };
-                    let url = client.url().to_string();
-                    match (st.ask)(client).await {
-                        Ok(s) => {
+                    match asked {
+                        Ok((Asked::Rows(s), _)) => {
                             st.current = Some((url, s));
+                            continue;
+                        }
+                        Ok((Asked::Busy(why), client)) => {
+                            tracing::info!(partition = %st.partition, node = %url, "handed back ({why}): asking the next copy");
+                            st.busy.extend(client);
                             continue;
                         }
                         Err(e) => {
@@ -76,7 +113,7 @@ where
                 return Err(failed);
             }
             st.tried.push(format!("{url} ({failed})"));
-            if st.next.is_empty() {
+            if st.next.is_empty() && st.busy.is_empty() {
                 return Err(Error::Node(csd_protocol::Error::Unavailable(format!(
                     "no copy of partition {} could be read: tried {}",
                     st.partition,

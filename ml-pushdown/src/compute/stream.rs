@@ -17,12 +17,13 @@ use arrow::datatypes::{DataType, Float16Type, Float32Type};
 use arrow::record_batch::RecordBatch;
 use candle_core::{Device, Tensor};
 use csd_protocol::Compression;
-use csd_protocol::OperatorReport;
 use csd_protocol::node_client::{self, NodeClient};
+use csd_protocol::{OperatorReport, PushBackCause};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::boundary::Boundary;
+use super::copies::Asked;
 use crate::dataset::{self, Samples};
 use crate::features::{blocking, decodable, forward_range_chunked};
 use crate::model::{Arch, StagedModel};
@@ -338,14 +339,15 @@ fn features_tensor(b: &RecordBatch, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// Asks the node for a partition's rows at the split; runs them here if it hands
-/// the partition back.
+/// the partition back judging it should be, and says it is busy if it hands it back
+/// for its load (another copy's node may take it).
 async fn partition(
     src: Source,
     job: FeatureJob,
     model: Arc<dyn StagedModel>,
     stats: Arc<FeatureStats>,
     probed: Option<Probed>,
-) -> Result<BoxStream<'static, Result<Boundary>>> {
+) -> Result<Asked> {
     let req = FeatureRequest {
         dataset: job.dataset.clone(),
         partition: src.partition.clone(),
@@ -400,10 +402,15 @@ async fn partition(
     };
     let reply = match asked {
         Ok(r) => r,
+        Err(node_client::Error::PushedBack(p)) if p.cause == PushBackCause::Admission => {
+            return Ok(Asked::Busy(p.reason));
+        }
         Err(node_client::Error::PushedBack(p)) => {
             tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");
             stats.pushed_back.fetch_add(1, Ordering::Relaxed);
-            return local_prefix(src, job, model, stats, probed.as_ref()).await;
+            return local_prefix(src, job, model, stats, probed.as_ref())
+                .await
+                .map(Asked::Rows);
         }
         Err(e) => return Err(e.into()),
     };
@@ -451,7 +458,7 @@ async fn partition(
     let s = batches
         .chain(tail)
         .try_filter_map(|b| futures::future::ready(Ok(b)));
-    Ok(s.boxed())
+    Ok(Asked::Rows(s.boxed()))
 }
 
 /// Opens the feature stream over `sources`; `model` runs the stages kept here.
@@ -485,21 +492,38 @@ pub fn open(
         move |(i, src)| {
             let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
             let partition_name = src.partition.clone();
-            let ask = move |client: NodeClient| {
+            let ask = {
+                let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
+                let partition_name = partition_name.clone();
+                move |client: NodeClient| {
+                    let src = Source::new(client, partition_name.clone());
+                    let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
+                    async move {
+                        let probed = job.probed.clone().filter(|p| p.part == i);
+                        if job.split == 0 || job.here.contains(&i) {
+                            local_prefix(src, job, model, stats, probed.as_ref())
+                                .await
+                                .map(Asked::Rows)
+                        } else {
+                            partition(src, job, model, stats, probed).await
+                        }
+                    }
+                    .boxed()
+                }
+            };
+            // Every copy's node busy: the prefix runs here over one's rows.
+            let here = move |client: NodeClient| {
                 let src = Source::new(client, partition_name.clone());
                 let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
                 async move {
+                    stats.pushed_back.fetch_add(1, Ordering::Relaxed);
                     let probed = job.probed.clone().filter(|p| p.part == i);
-                    if job.split == 0 || job.here.contains(&i) {
-                        local_prefix(src, job, model, stats, probed.as_ref()).await
-                    } else {
-                        partition(src, job, model, stats, probed).await
-                    }
+                    local_prefix(src, job, model, stats, probed.as_ref()).await
                 }
                 .boxed()
             };
             let nodes = std::iter::once(src.client).chain(src.replicas).collect();
-            let copies = super::copies::from_copies(src.partition, nodes, ask);
+            let copies = super::copies::from_copies(src.partition, nodes, ask, here);
             futures::future::ready(Ok::<_, Error>(copies))
         }
     }))

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use csd_protocol::node_client::{Error as ClientError, NodeClient};
-use csd_protocol::{ModuleDigest, OperatorReport};
+use csd_protocol::{ModuleDigest, OperatorReport, PushBackCause};
 use csd_runtime::sandbox::{GuestKind, GuestReader};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
@@ -72,6 +72,9 @@ pub struct WasmEndpointRun {
     pub bytes_received: u64,
     /// Whether the module's bytes had to be sent to the node.
     pub module_sent: bool,
+    /// Copies of the partition asked before the one that ran it (or before it ran
+    /// here), each with why it did not: its node lost, or busy.
+    pub failed_over: Vec<String>,
 }
 
 /// A module's answer over a table.
@@ -328,6 +331,19 @@ impl CsdSession {
 }
 
 /// Runs the module over one partition: at its node, or here if handed back.
+/// What asking one copy's node to run a module gave.
+enum Asked {
+    /// It ran there: its answer, and what kind of guest it was.
+    Ran(Vec<RecordBatch>, GuestKind),
+    /// It handed the run back (why); `busy`: for its own load, which another
+    /// copy's node may not share.
+    HandedBack { why: String, busy: bool },
+}
+
+/// Runs the module over `endpoint`'s partition: at its node, or at the next copy's
+/// when that node is lost (the answer is whole before it is used, so nothing is
+/// passed on twice) or hands it back for its load; here when every copy asked
+/// hands it back.
 async fn run_endpoint(
     job: &WasmJob,
     digest: ModuleDigest,
@@ -335,29 +351,66 @@ async fn run_endpoint(
     table: Arc<TableEndpoints>,
     opener: Option<crate::compute::scan::opener::EndpointOpener>,
 ) -> Result<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> {
-    let input = opener
-        .as_ref()
-        .map(|o| o.fragment.to_bytes())
-        .unwrap_or_default();
+    let label = |e: &Endpoint| format!("{}/{}", e.client.url(), e.partition);
     let mut run = WasmEndpointRun {
-        endpoint: format!("{}/{}", endpoint.client.url(), endpoint.partition),
+        endpoint: label(&endpoint),
         ..Default::default()
     };
+    let copies = std::iter::once(&endpoint).chain(&endpoint.replicas);
+    // The copy whose node handed the run back, whose objects the guest reads here.
+    let mut reader = None;
+    let mut why = None;
+    for copy in copies {
+        if let Some(w) = why.take() {
+            run.failed_over.push(format!("{}: {w}", run.endpoint));
+        }
+        run.endpoint = label(copy);
+        let at = opener.as_ref().map(|o| o.at_copy(copy));
+        match ask_copy(job, digest, copy, &table, at.as_ref(), &mut run).await {
+            Ok(Asked::Ran(batches, kind)) => return Ok((batches, run, kind)),
+            Ok(Asked::HandedBack { why: w, busy }) => {
+                reader.get_or_insert(copy);
+                why = Some(format!("handed back ({w})"));
+                if !busy {
+                    break;
+                }
+            }
+            Err(e) if crate::error::node_lost(&e) => why = Some(format!("node lost ({e})")),
+            Err(e) => return Err(e),
+        }
+    }
+    let reader = reader.unwrap_or(&endpoint);
+    run.pushed_back = why;
+    run_here(job, digest, reader, opener.as_ref(), run).await
+}
+
+/// Asks `copy`'s node to run the module (sending the module once if the node lacks
+/// it), over the fragment `opener` plans there, or over no rows.
+async fn ask_copy(
+    job: &WasmJob,
+    digest: ModuleDigest,
+    copy: &Endpoint,
+    table: &TableEndpoints,
+    opener: Option<&crate::compute::scan::opener::EndpointOpener>,
+    run: &mut WasmEndpointRun,
+) -> Result<Asked> {
+    let input = opener.map(|o| o.fragment.to_bytes()).unwrap_or_default();
     let mut request = WasmRequest {
         module_digest: digest.0.to_vec(),
         module: (job.module.len() <= MAX_INLINE_MODULE).then(|| job.module.to_vec()),
-        input: input.clone(),
+        input,
         args: job.args.clone(),
         table: if opener.is_none() {
             job.table.clone()
         } else {
             String::new()
         },
-        partition: opener.is_none().then(|| endpoint.partition.clone()),
+        partition: opener.is_none().then(|| copy.partition.clone()),
     };
     let compression = table.compression();
+    let mut sent = false;
     let reply = loop {
-        let r = endpoint
+        let r = copy
             .client
             .operator_with(
                 OPERATOR_NAME,
@@ -368,24 +421,23 @@ async fn run_endpoint(
             )
             .await;
         match r {
-            Err(ClientError::ModuleMissing(d)) if !run.module_sent && d == digest => {
-                endpoint
-                    .client
+            Err(ClientError::ModuleMissing(d)) if !sent && d == digest => {
+                copy.client
                     .put_module(&job.module)
                     .await
                     .map_err(to_datafusion)?;
-                run.module_sent = true;
+                (sent, run.module_sent) = (true, true);
                 request.module = None;
             }
             r => break r,
         }
     };
-    let why = match reply {
+    match reply {
         Ok(reply) => {
             let batches: Vec<RecordBatch> =
                 reply.batches.try_collect().await.map_err(to_datafusion)?;
             run.report = reply.stats.report();
-            run.bytes_received = reply
+            run.bytes_received += reply
                 .stats
                 .bytes_received
                 .load(std::sync::atomic::Ordering::Relaxed);
@@ -398,18 +450,32 @@ async fn run_endpoint(
                 Some(WasmKind::Aggregate) => GuestKind::Aggregate,
                 _ => GuestKind::Rows,
             };
-            return Ok((batches, run, kind));
+            Ok(Asked::Ran(batches, kind))
         }
-        Err(ClientError::PushedBack(p)) => p.reason,
-        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-            format!("the node cannot run it: {e}")
-        }
-        Err(e) => return Err(to_datafusion(e)),
-    };
-    // Handed back: the same fragment and the same module, here.
-    run.pushed_back = Some(why);
-    let scanned = match &opener {
-        Some(o) => o.evaluate_here(&input, true).await?,
+        Err(ClientError::PushedBack(p)) => Ok(Asked::HandedBack {
+            busy: p.cause == PushBackCause::Admission,
+            why: p.reason,
+        }),
+        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => Ok(Asked::HandedBack {
+            why: format!("the node cannot run it: {e}"),
+            busy: false,
+        }),
+        Err(e) => Err(to_datafusion(e)),
+    }
+}
+
+/// Runs the module here over `endpoint`'s partition: the fragment `opener` plans,
+/// evaluated here over byte-range reads, or no rows; the guest reads objects from
+/// `endpoint`'s node.
+async fn run_here(
+    job: &WasmJob,
+    digest: ModuleDigest,
+    endpoint: &Endpoint,
+    opener: Option<&crate::compute::scan::opener::EndpointOpener>,
+    run: WasmEndpointRun,
+) -> Result<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> {
+    let scanned = match opener {
+        Some(o) => o.evaluate_here(&o.fragment.to_bytes(), true).await?,
         None => Box::pin(
             datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
                 Arc::new(arrow::datatypes::Schema::empty()),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Float32Type;
 
-use super::processes::{on_all, serve_on_drive};
+use super::processes::{on_all, serve_on_drive, spawn_listening_with};
 use super::*;
 
 /// The efficientnet weights and the texture images, or `None` (said) when
@@ -215,4 +215,41 @@ async fn a_node_killed_mid_epoch_costs_no_sample() {
     let o = csd(args).await;
     assert!(o.status.success(), "{:?}", text(&o));
     assert_same(&read_features(&auto), &want);
+
+    // Node 0 back, busy (admission policy `never`): the partition it hands back
+    // runs at its other copy's node, not here; with that node busy too, here.
+    let busy = |name: &str| {
+        let device = format!("uring:{}", dir.path().join(name).display());
+        let (child, url) = spawn_listening_with(
+            &[
+                "serve",
+                "--device",
+                &device,
+                "--capacity",
+                "256MiB",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            &[("CSD_POLICY", "never")],
+        );
+        (Kill(child), url)
+    };
+    let mut busy_nodes = vec![busy(drives[0])];
+    urls[0] = busy_nodes[0].1.clone();
+    for (handed_back, name) in [(0, "busy0.parquet"), (1, "busy1.parquet")] {
+        if handed_back == 1 {
+            let (mut one, _) = nodes.remove(0);
+            one.0.kill().unwrap();
+            let _ = one.0.wait();
+            busy_nodes.push(busy(drives[1]));
+            urls[1] = busy_nodes[1].1.clone();
+        }
+        let out = dir.path().join(name);
+        let o = csd(features(&out, &urls)).await;
+        let err = strip_ansi(&text(&o).1);
+        assert!(o.status.success(), "{err}");
+        let said = format!(" {handed_back} partitions pushed back");
+        assert!(err.contains(&said), "{err}");
+        assert_same(&read_features(&out), &want);
+    }
 }

@@ -624,6 +624,7 @@ impl Drop for Kill {
 mod busy_copies;
 mod crashes;
 mod ml_failover;
+mod module_copies;
 mod onnx;
 mod processes;
 mod replicas;
