@@ -134,3 +134,52 @@ async fn a_module_a_busy_node_hands_back_runs_at_the_other_copy() {
         .filter(|l| l.contains(": none of its copies ran it, after"));
     assert_eq!(twice.count(), 2, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_whose_node_is_lost_runs_at_the_other_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = vec![sql_node().await, sql_node().await];
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    put_lineitem(dir.path(), &urls).await;
+    let cluster = csd_query_pushdown::Cluster::connect(&urls).await.unwrap();
+    let session = cluster
+        .session(csd_query_pushdown::SessionOptions::default())
+        .await
+        .unwrap();
+    let job = crate::wasm::job(
+        "filter_map",
+        &["l_orderkey", "l_extendedprice", "l_discount", "l_shipmode"],
+        Some("l_quantity < 5"),
+        &[("mode", "MAIL")],
+    );
+    let before = session.run_wasm(&job).await.unwrap();
+    assert!(!before.batches.is_empty());
+    // The node that ran the first partition goes away after the session listed
+    // the copies: what it was asked first runs at the other node, none here.
+    let gone = urls
+        .iter()
+        .position(|u| before.endpoints[0].endpoint.starts_with(u.as_str()))
+        .unwrap();
+    nodes.remove(gone).shutdown().await.unwrap();
+    let (gone, left) = (&urls[gone], &urls[1 - gone]);
+    let after = session.run_wasm(&job).await.unwrap();
+    assert_eq!(
+        crate::wasm::pairs(&after.batches),
+        crate::wasm::pairs(&before.batches)
+    );
+    for e in &after.endpoints {
+        assert!(e.pushed_back.is_none(), "{e:?}");
+        assert!(e.endpoint.starts_with(left.as_str()), "{e:?}");
+    }
+    let lost: Vec<&String> = after
+        .endpoints
+        .iter()
+        .flat_map(|e| &e.failed_over)
+        .collect();
+    assert!(
+        lost.iter()
+            .any(|f| f.starts_with(gone.as_str()) && f.contains("node lost")),
+        "{:?}",
+        after.endpoints
+    );
+}

@@ -89,7 +89,12 @@ async fn session(url: &str) -> CsdSession {
         .unwrap()
 }
 
-fn job(module: &str, columns: &[&str], filter: Option<&str>, args: &[(&str, &str)]) -> WasmJob {
+pub(crate) fn job(
+    module: &str,
+    columns: &[&str],
+    filter: Option<&str>,
+    args: &[(&str, &str)],
+) -> WasmJob {
     WasmJob {
         module: guest(module).into(),
         table: "lineitem".into(),
@@ -104,7 +109,7 @@ fn job(module: &str, columns: &[&str], filter: Option<&str>, args: &[(&str, &str
 }
 
 /// Rows of (int, double) batches, sorted, doubles rounded to 1e-6 relative.
-fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64)> {
+pub(crate) fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64)> {
     let mut v = Vec::new();
     for b in batches {
         let k = b.column(0).as_primitive::<Int64Type>();
