@@ -21,33 +21,30 @@
 //! Every kernel works on one image; callers parallelise over the batch.
 
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, Tensor};
 use rayon::prelude::*;
 
-/// Instruction sets the kernels are compiled for, picked once at run time.
+/// Instruction sets the kernels are compiled for, picked once at run time (x86-64;
+/// aarch64 always has fused multiply-add, and NEON is its baseline).
+#[cfg(target_arch = "x86_64")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Isa {
-    #[cfg(target_arch = "x86_64")]
     Avx512,
-    #[cfg(target_arch = "x86_64")]
     Avx2,
     Base,
 }
 
+#[cfg(target_arch = "x86_64")]
 fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-            if fma && is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if fma {
-                return Isa::Avx2;
-            }
+        let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        if fma && is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if fma {
+            return Isa::Avx2;
         }
         Isa::Base
     })
@@ -55,7 +52,8 @@ fn isa() -> Isa {
 
 /// Defines `pub(crate) fn $name(args)` that calls `$body::<true>` compiled for AVX-512
 /// or AVX2+FMA when the CPU has them, else `$body::<false>` (no fused multiply-add,
-/// which without hardware support would be a slow library call).
+/// which without hardware support would be a slow library call); on aarch64,
+/// `$body::<true>` (its fused multiply-add is a NEON instruction).
 macro_rules! multiversion {
     ($(#[$doc:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident;) => {
         $(#[$doc])*
@@ -81,6 +79,9 @@ macro_rules! multiversion {
                     Isa::Base => {}
                 }
             }
+            #[cfg(target_arch = "aarch64")]
+            return $body::<true>($($a),*);
+            #[cfg(not(target_arch = "aarch64"))]
             $body::<false>($($a),*)
         }
     };
