@@ -83,7 +83,8 @@ struct Args {
     no_local: bool,
     /// Layouts, `FILESxNODES` each: every table (but the small ones) in FILES
     /// Parquet files, each stored as its own partition, spread over NODES nodes
-    /// (`FILESxW1:W2…`: unevenly, node j holding files in proportion to Wj).
+    /// (`FILESxW1:W2…`: unevenly, node j holding files in proportion to Wj;
+    /// `FILESxNODESrCOPIES`: each file on COPIES nodes, by `csd put --replicas`).
     #[arg(long, value_delimiter = ',', default_value = "1x1,4x1,16x1,16x4")]
     layouts: Vec<Layout>,
     /// Extra `csd serve` arguments (space-separated).
