@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use csd_client::{Error, Result};
+use csd_protocol::node_client::Tried;
 
 use super::{ClientCreds, Format, print_batches};
 
@@ -120,7 +121,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<()> {
             true => "none of its copies ran it",
             false => "ran it",
         };
-        eprintln!("{}: {ran}, after {}", e.endpoint, e.failed_over.join("; "));
+        eprintln!(
+            "{}: {ran}, after {}",
+            e.endpoint,
+            Tried::list(&e.failed_over)
+        );
     }
     Ok(())
 }

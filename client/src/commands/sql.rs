@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use csd_client::script::{split_statements, statements};
 use csd_client::{Error, Result};
+use csd_protocol::node_client::Tried;
 
 use super::{ClientCreds, Format, parse_ttl, print_batches};
 
@@ -127,7 +128,7 @@ async fn run_sql(
     // Why each node returned work it was asked to do (the compute tier did it).
     for n in r.node_runs.iter().filter(|n| n.work_pushed_back()) {
         if let Some(why) = &n.pushed_back {
-            eprintln!("{} returned its fragment: {why}", n.endpoint);
+            eprintln!("{} returned its fragment: {}", n.endpoint, why.reason());
         }
     }
     // Which copy of a partition ran its fragment when the one asked first did not.
@@ -136,7 +137,11 @@ async fn run_sql(
             true => "none of its copies ran it",
             false => "ran it",
         };
-        eprintln!("{}: {ran}, after {}", n.endpoint, n.failed_over.join("; "));
+        eprintln!(
+            "{}: {ran}, after {}",
+            n.endpoint,
+            Tried::list(&n.failed_over)
+        );
     }
     Ok(())
 }

@@ -17,13 +17,13 @@ use arrow::datatypes::{DataType, Float16Type, Float32Type};
 use arrow::record_batch::RecordBatch;
 use candle_core::{Device, Tensor};
 use csd_protocol::Compression;
+use csd_protocol::OperatorReport;
 use csd_protocol::node_client::{self, NodeClient};
-use csd_protocol::{OperatorReport, PushBackCause};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::boundary::Boundary;
-use super::copies::Asked;
+use super::copies::Rows;
 use crate::dataset::{self, Samples};
 use crate::features::{blocking, decodable, forward_range_chunked};
 use crate::model::{Arch, StagedModel};
@@ -338,16 +338,14 @@ fn features_tensor(b: &RecordBatch, shape: &[usize]) -> Result<Tensor> {
     Ok(t)
 }
 
-/// Asks the node for a partition's rows at the split; runs them here if it hands
-/// the partition back judging it should be, and says it is busy if it hands it back
-/// for its load (another copy's node may take it).
+/// Asks the node for a partition's rows at the split. A push-back fails it (see
+/// `super::copies`: another copy's node, or this side, takes the partition).
 async fn partition(
     src: Source,
     job: FeatureJob,
     model: Arc<dyn StagedModel>,
     stats: Arc<FeatureStats>,
-    probed: Option<Probed>,
-) -> Result<Asked> {
+) -> Result<Rows> {
     let req = FeatureRequest {
         dataset: job.dataset.clone(),
         partition: src.partition.clone(),
@@ -400,20 +398,7 @@ async fn partition(
             }
         }
     };
-    let reply = match asked {
-        Ok(r) => r,
-        Err(node_client::Error::PushedBack(p)) if p.cause == PushBackCause::Admission => {
-            return Ok(Asked::Busy(p.reason));
-        }
-        Err(node_client::Error::PushedBack(p)) => {
-            tracing::info!(node = src.client.url(), partition = %src.partition, reason = %p.reason, "pushed back: running the prefix here");
-            stats.pushed_back.fetch_add(1, Ordering::Relaxed);
-            return local_prefix(src, job, model, stats, probed.as_ref())
-                .await
-                .map(Asked::Rows);
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let reply = asked?;
     let shape = model.shape_before(job.split);
     let reply_stats = reply.stats.clone();
     let counted = Arc::new(AtomicU64::new(0));
@@ -458,7 +443,7 @@ async fn partition(
     let s = batches
         .chain(tail)
         .try_filter_map(|b| futures::future::ready(Ok(b)));
-    Ok(Asked::Rows(s.boxed()))
+    Ok(s.boxed())
 }
 
 /// Opens the feature stream over `sources`; `model` runs the stages kept here.
@@ -499,19 +484,18 @@ pub fn open(
                     let src = Source::new(client, partition_name.clone());
                     let (job, model, stats) = (job.clone(), model.clone(), stats.clone());
                     async move {
-                        let probed = job.probed.clone().filter(|p| p.part == i);
                         if job.split == 0 || job.here.contains(&i) {
-                            local_prefix(src, job, model, stats, probed.as_ref())
-                                .await
-                                .map(Asked::Rows)
+                            let probed = job.probed.clone().filter(|p| p.part == i);
+                            local_prefix(src, job, model, stats, probed.as_ref()).await
                         } else {
-                            partition(src, job, model, stats, probed).await
+                            partition(src, job, model, stats).await
                         }
                     }
                     .boxed()
                 }
             };
-            // Every copy's node busy: the prefix runs here over one's rows.
+            // Every copy's node busy, or one judged the prefix should run here: it
+            // runs here over one's rows.
             let here = move |client: NodeClient| {
                 let src = Source::new(client, partition_name.clone());
                 let (job, model, stats) = (job.clone(), model.clone(), stats.clone());

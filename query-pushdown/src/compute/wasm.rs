@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
-use csd_protocol::node_client::{Error as ClientError, NodeClient};
-use csd_protocol::{ModuleDigest, OperatorReport, PushBackCause};
+use csd_protocol::node_client::{Copies, Declined, Error as ClientError, Next, NodeClient, Tried};
+use csd_protocol::{ModuleDigest, OperatorReport};
 use csd_runtime::sandbox::{GuestKind, GuestReader};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
@@ -64,17 +64,19 @@ pub struct WasmJob {
 pub struct WasmEndpointRun {
     /// `node-url/partition`.
     pub endpoint: String,
-    /// Why the node handed it back (it ran here), if it did.
-    pub pushed_back: Option<String>,
+    /// Why the copy asked last did not run it (it ran here), if it did not.
+    pub pushed_back: Option<Declined>,
     /// The node's report, when it ran there.
     pub report: Option<OperatorReport>,
     /// Bytes received from the node for it.
     pub bytes_received: u64,
     /// Whether the module's bytes had to be sent to the node.
     pub module_sent: bool,
-    /// Copies of the partition asked before the one that ran it (or before it ran
-    /// here), each with why it did not: its node lost, or busy.
-    pub failed_over: Vec<String>,
+    /// The partition's copies asked that did not run it, each with why (its node
+    /// lost, see `crate::compute::replicas`, or busy): those before the one that
+    /// ran it, or all when it ran here (not a lone copy's hand-back, which
+    /// `pushed_back` says).
+    pub failed_over: Vec<Tried>,
 }
 
 /// A module's answer over a table.
@@ -330,20 +332,18 @@ impl CsdSession {
     }
 }
 
-/// Runs the module over one partition: at its node, or here if handed back.
-/// What asking one copy's node to run a module gave.
+/// What asking one copy's node gave.
 enum Asked {
     /// It ran there: its answer, and what kind of guest it was.
     Ran(Vec<RecordBatch>, GuestKind),
-    /// It handed the run back (why); `busy`: for its own load, which another
-    /// copy's node may not share.
-    HandedBack { why: String, busy: bool },
+    /// It did not run it (never [`Declined::Lost`]: a lost node fails the asking).
+    Declined(Declined),
 }
 
 /// Runs the module over `endpoint`'s partition: at its node, or at the next copy's
 /// when that node is lost (the answer is whole before it is used, so nothing is
 /// passed on twice) or hands it back for its load; here when every copy asked
-/// hands it back.
+/// hands it back (as [`Copies`] decides).
 async fn run_endpoint(
     job: &WasmJob,
     digest: ModuleDigest,
@@ -352,36 +352,30 @@ async fn run_endpoint(
     opener: Option<crate::compute::scan::opener::EndpointOpener>,
 ) -> Result<(Vec<RecordBatch>, WasmEndpointRun, GuestKind)> {
     let label = |e: &Endpoint| format!("{}/{}", e.client.url(), e.partition);
-    let mut run = WasmEndpointRun {
-        endpoint: label(&endpoint),
-        ..Default::default()
-    };
-    let copies = std::iter::once(&endpoint).chain(&endpoint.replicas);
-    // The copy whose node handed the run back, whose objects the guest reads here.
-    let mut reader = None;
-    let mut why = None;
-    for copy in copies {
-        if let Some(w) = why.take() {
-            run.failed_over.push(format!("{}: {w}", run.endpoint));
-        }
-        run.endpoint = label(copy);
-        let at = opener.as_ref().map(|o| o.at_copy(copy));
-        match ask_copy(job, digest, copy, &table, at.as_ref(), &mut run).await {
-            Ok(Asked::Ran(batches, kind)) => return Ok((batches, run, kind)),
-            Ok(Asked::HandedBack { why: w, busy }) => {
-                reader.get_or_insert(copy);
-                why = Some(format!("handed back ({w})"));
-                if !busy {
-                    break;
-                }
+    let mut run = WasmEndpointRun::default();
+    let mut copies = Copies::new(endpoint.replicas.iter().cloned());
+    let mut copy = endpoint.clone();
+    // The copy whose objects the guest reads when it runs here.
+    let reader = loop {
+        run.endpoint = label(&copy);
+        let at = opener.as_ref().map(|o| o.at_copy(&copy));
+        let why = match ask_copy(job, digest, &copy, &table, at.as_ref(), &mut run).await {
+            Ok(Asked::Ran(batches, kind)) => {
+                run.failed_over = copies.tried().to_vec();
+                return Ok((batches, run, kind));
             }
-            Err(e) if crate::error::node_lost(&e) => why = Some(format!("node lost ({e})")),
+            Ok(Asked::Declined(why)) => why,
+            Err(e) if crate::error::node_lost(&e) => Declined::Lost(e.to_string()),
             Err(e) => return Err(e),
+        };
+        match copies.declined(copy, run.endpoint.clone(), why) {
+            Next::Ask(next) => copy = next,
+            Next::Here(reader) => break reader,
+            Next::NoneLeft => break endpoint.clone(),
         }
-    }
-    let reader = reader.unwrap_or(&endpoint);
-    run.pushed_back = why;
-    run_here(job, digest, reader, opener.as_ref(), run).await
+    };
+    (run.failed_over, run.pushed_back) = copies.ended_here();
+    run_here(job, digest, &reader, opener.as_ref(), run).await
 }
 
 /// Asks `copy`'s node to run the module (sending the module once if the node lacks
@@ -452,15 +446,10 @@ async fn ask_copy(
             };
             Ok(Asked::Ran(batches, kind))
         }
-        Err(ClientError::PushedBack(p)) => Ok(Asked::HandedBack {
-            busy: p.cause == PushBackCause::Admission,
-            why: p.reason,
-        }),
-        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => Ok(Asked::HandedBack {
-            why: format!("the node cannot run it: {e}"),
-            busy: false,
-        }),
-        Err(e) => Err(to_datafusion(e)),
+        Err(e) => match Declined::of(&e) {
+            Some(d) if d.handed_back_work() => Ok(Asked::Declined(d)),
+            _ => Err(to_datafusion(e)),
+        },
     }
 }
 

@@ -277,8 +277,8 @@ async fn join_key_filters_shrink_the_probe_side() {
         !orders.is_empty()
             && orders.iter().all(|r| r.direct
                 && r.pushed_back
-                    .as_deref()
-                    .is_some_and(|w| w.contains("join-key filter keeps"))),
+                    .as_ref()
+                    .is_some_and(|w| w.reason().contains("join-key filter keeps"))),
         "{}",
         run.plan_with_metrics()
     );

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use csd_protocol::node_client::Declined;
 use csd_query_pushdown::CsdSession;
 use datafusion::prelude::SessionContext;
 use rand::seq::SliceRandom;
@@ -302,13 +303,16 @@ async fn without_sketches_the_nodes_judge_while_running() {
     assert!(plan.contains("unless it does not shrink there"), "{plan}");
     assert_same(&local, &on, sql).await;
     let run = on.run(sql).await.unwrap();
-    let back: Vec<&String> = run
+    let back: Vec<&Declined> = run
         .node_runs
         .iter()
         .filter_map(|r| r.pushed_back.as_ref())
         .collect();
     assert!(
-        !back.is_empty() && back.iter().all(|r| r.contains("does not shrink")),
+        !back.is_empty()
+            && back
+                .iter()
+                .all(|r| matches!(r, Declined::Judged(w) if w.contains("does not shrink"))),
         "{back:?}\n{}",
         run.plan_with_metrics()
     );

@@ -171,10 +171,11 @@ async fn a_module_whose_node_is_lost_runs_at_the_other_copy() {
         assert!(e.pushed_back.is_none(), "{e:?}");
         assert!(e.endpoint.starts_with(left.as_str()), "{e:?}");
     }
-    let lost: Vec<&String> = after
+    let lost: Vec<String> = after
         .endpoints
         .iter()
         .flat_map(|e| &e.failed_over)
+        .map(ToString::to_string)
         .collect();
     assert!(
         lost.iter()

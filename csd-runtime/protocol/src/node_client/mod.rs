@@ -4,12 +4,14 @@
 //! It lives with the protocol, not the node: a program that only talks to nodes
 //! builds it without the node's own code.
 
+mod copies;
 mod credentials;
 mod error;
 mod leases;
 mod refs;
 mod reply;
 
+pub use copies::{Copies, Declined, Next, Tried};
 pub use credentials::Credentials;
 pub use error::{Error, RETRY_BUDGET, Result};
 pub use leases::{HeldLease, Invoked};

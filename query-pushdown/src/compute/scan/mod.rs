@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use csd_protocol::OperatorReport;
+use csd_protocol::node_client::{Declined, Tried};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, Statistics};
@@ -48,16 +49,17 @@ pub struct EndpointRun {
     pub bytes_received: u64,
     /// The node's report.
     pub report: OperatorReport,
-    /// Set when the node handed the fragment back (why): the compute tier read the
-    /// byte ranges and evaluated it here.
-    pub pushed_back: Option<String>,
+    /// Set when the fragment was evaluated here over byte-range reads after the
+    /// copy asked last declined it (why: handed back, or its node lost).
+    pub pushed_back: Option<Declined>,
     /// A scan that reduces nothing, read here by byte range (see
     /// [`CsdScanExec::direct`]).
     pub direct: bool,
-    /// Copies of the partition asked before the one that answered, each with why
-    /// it did not (its node lost, see `crate::compute::replicas`, or busy: it
-    /// handed the fragment back).
-    pub failed_over: Vec<String>,
+    /// The partition's copies asked that did not run it, each with why (its node
+    /// lost, see `crate::compute::replicas`, or busy): those before the one that
+    /// ran it, or all when it ran here (not a lone copy's hand-back, which
+    /// `pushed_back` says).
+    pub failed_over: Vec<Tried>,
 }
 
 impl EndpointRun {
@@ -66,7 +68,10 @@ impl EndpointRun {
     /// would have been without its join-key filter (the node declines one whose filter
     /// keeps most rows, whatever its load).
     pub fn work_pushed_back(&self) -> bool {
-        self.pushed_back.is_some() && !self.direct
+        self.pushed_back
+            .as_ref()
+            .is_some_and(Declined::handed_back_work)
+            && !self.direct
     }
 }
 
@@ -371,7 +376,7 @@ impl DisplayAs for CsdScanExec {
                             let per = render_run(r);
                             match r.failed_over.is_empty() {
                                 true => per,
-                                false => format!("{per} (after {})", r.failed_over.join("; ")),
+                                false => format!("{per} (after {})", Tried::list(&r.failed_over)),
                             }
                         })
                         .collect();
@@ -385,8 +390,12 @@ impl DisplayAs for CsdScanExec {
 
 /// What one endpoint did, for `EXPLAIN ANALYZE`.
 fn render_run(r: &EndpointRun) -> String {
-    if let Some(why) = &r.pushed_back {
-        return format!("{}: pushed_back ({why})", r.endpoint);
+    match &r.pushed_back {
+        Some(why @ Declined::Lost(_)) => {
+            return format!("{}: read here from the copies ({why})", r.endpoint);
+        }
+        Some(why) => return format!("{}: pushed_back ({})", r.endpoint, why.reason()),
+        None => {}
     }
     if r.direct {
         return format!("{}: read here by byte range", r.endpoint);

@@ -1,13 +1,14 @@
 //! Opening one endpoint's share of a scan: wait for the join keys, ask the node (as
-//! a patient request when this tier is saturated), and evaluate the fragment here
-//! when the node hands it back or runs out of memory before its first batch. A node
-//! that hands it back for its own load or budget is not the last word when the
-//! partition has copies: each other copy's node is asked before this tier runs it.
+//! a patient request when this tier is saturated), and say why when the node hands
+//! the fragment back or runs out of memory before its first batch; or evaluate the
+//! fragment here. Which copy of a partition is asked next, and when the fragment
+//! runs here instead, the scan's stream decides with the partition's
+//! [`Copies`](csd_protocol::node_client::Copies), as ML and Wasm runs do.
 
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use csd_protocol::node_client::{Error as ClientError, ReplyStats};
+use csd_protocol::node_client::{Declined, Error as ClientError, ReplyStats};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::SendableRecordBatchStream;
@@ -23,7 +24,7 @@ use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
 use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
 use crate::wire::keyfilter::MAX_RANGES;
 use crate::wire::shipped::ShippedFunction;
-use csd_protocol::{ModuleDigest, PushBackCause};
+use csd_protocol::ModuleDigest;
 
 /// What opening an endpoint gave.
 pub(crate) enum Opened {
@@ -31,35 +32,13 @@ pub(crate) enum Opened {
     Node {
         batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
         stats: Arc<ReplyStats>,
-        /// The copy that runs it, when not the endpoint asked first (whose node
-        /// handed it back).
-        moved_to: Option<Box<Endpoint>>,
-        /// The copies that handed it back first, each with why.
-        declined: Vec<String>,
     },
-    /// The fragment runs here over byte-range reads of the endpoint's objects.
-    Here {
-        stream: SendableRecordBatchStream,
-        /// Why the node did not run it (`None`: a direct scan, never asked).
-        pushed_back: Option<String>,
-        /// The partition's other copies that handed it back too, each with why.
-        declined: Vec<String>,
-    },
-}
-
-/// A node's answer to a fragment it runs.
-struct NodeAnswer {
-    batches: BoxStream<'static, csd_protocol::node_client::Result<RecordBatch>>,
-    stats: Arc<ReplyStats>,
-}
-
-/// Why a node did not run a fragment it was asked to.
-struct HandedBack {
-    /// A sentence for a person.
-    reason: String,
-    /// Whether it was the node's own state (its load, memory or policy), which
-    /// another node holding a copy may not share.
-    busy: bool,
+    /// The node handed the fragment back (never [`Declined::Lost`]: a lost node
+    /// fails the opening).
+    Declined(Declined),
+    /// The fragment runs here over byte-range reads of the endpoint's objects
+    /// (asked for with [`EndpointOpener::here`], or a direct scan never asked).
+    Here(SendableRecordBatchStream),
 }
 
 /// Everything needed to open one endpoint of a scan.
@@ -75,9 +54,10 @@ pub(crate) struct EndpointOpener {
     pub table_columns: Option<Arc<Vec<usize>>>,
     /// A scan that reduces nothing by itself (see `CsdScanExec::direct`).
     pub direct: bool,
-    /// Evaluate here without asking the node: `Some(why)` once the node (and every
-    /// other copy asked) was lost; its objects are read from their copies.
-    pub here: Option<String>,
+    /// Evaluate here without asking the node: `Some(why)` once the partition's
+    /// copies declined it (see the stream's `Copies`); when they were lost, its
+    /// objects are read from their copies.
+    pub here: Option<Declined>,
     /// The Wasm SQL functions the fragment calls (with their modules' bytes).
     pub functions: Arc<Vec<Arc<ShippedFunction>>>,
     pub context: Arc<TaskContext>,
@@ -99,21 +79,13 @@ impl EndpointOpener {
             }
         }
         let args = frag.to_bytes();
-        if let Some(why) = &self.here {
-            let stream = self.evaluate_here(&args, !self.direct).await?;
-            return Ok(Opened::Here {
-                stream,
-                pushed_back: Some(why.clone()),
-                declined: vec![],
-            });
+        // A direct scan handed back reads as it would have without a filter: not
+        // one of the fragments the gate orders.
+        if self.here.is_some() {
+            return Ok(Opened::Here(self.evaluate_here(&args, !self.direct).await?));
         }
         if self.direct && frag.key_filters.is_empty() {
-            let stream = self.evaluate_here(&args, false).await?;
-            return Ok(Opened::Here {
-                stream,
-                pushed_back: None,
-                declined: vec![],
-            });
+            return Ok(Opened::Here(self.evaluate_here(&args, false).await?));
         }
         // Filters the node's other fragments of this scan apply too go there once.
         let mut attached = Vec::new();
@@ -131,58 +103,7 @@ impl EndpointOpener {
                 to_node.to_bytes()
             }
         };
-        let back = match self.ask_node(&node_args, &args, &attached).await? {
-            Ok(a) => return Ok(a.opened(None, vec![])),
-            Err(back) => back,
-        };
-        let mut declined = vec![];
-        if back.busy
-            && let Some((answer, copy)) = self.ask_copies(&frag, &mut declined).await
-        {
-            let first = format!("{}: handed back ({})", self.label(), back.reason);
-            declined.insert(0, first);
-            return Ok(answer.opened(Some(Box::new(copy)), declined));
-        }
-        // A direct scan handed back reads as it would have without a filter: not
-        // one of the fragments the gate orders.
-        let stream = self.evaluate_here(&args, !self.direct).await?;
-        Ok(Opened::Here {
-            stream,
-            pushed_back: Some(back.reason),
-            declined,
-        })
-    }
-
-    /// Asks the partition's other copies, in turn, to run the fragment its first
-    /// node handed back for its load: the answer of the first that runs it. Stops
-    /// at a copy that judges the fragment not worth running; one that cannot be
-    /// reached or fails is passed over (this tier can still run it). Each copy
-    /// that does not run it is added to `declined`, with why.
-    async fn ask_copies(
-        &self,
-        frag: &SqlFragment,
-        declined: &mut Vec<String>,
-    ) -> Option<(NodeAnswer, Endpoint)> {
-        for copy in &self.endpoint.replicas {
-            let at = self.at_copy(copy);
-            let mut to_copy = frag.clone();
-            to_copy.objects.clone_from(&at.fragment.objects);
-            let args = to_copy.to_bytes();
-            match at.ask_node(&args, &args, &[]).await {
-                Ok(Ok(answer)) => {
-                    tracing::info!(partition = %copy.partition, to = %copy.client.url(), "another copy runs what a busy node handed back");
-                    return Some((answer, copy.clone()));
-                }
-                Ok(Err(back)) => {
-                    declined.push(format!("{}: handed back ({})", at.label(), back.reason));
-                    if !back.busy {
-                        return None;
-                    }
-                }
-                Err(e) => declined.push(format!("{}: {e}", at.label())),
-            }
-        }
-        None
+        self.ask_node(&node_args, &args, &attached).await
     }
 
     /// This opener for another copy of its partition: the copy's node, and the
@@ -256,7 +177,7 @@ impl EndpointOpener {
         args: &[u8],
         inline: &[u8],
         attached: &[(ModuleDigest, Vec<u8>)],
-    ) -> Result<std::result::Result<NodeAnswer, HandedBack>> {
+    ) -> Result<Opened> {
         let (mut args, mut inline_now) = (args, false);
         let client = &self.endpoint.client;
         let compression = self.table.compression();
@@ -310,36 +231,27 @@ impl EndpointOpener {
                 r => break r,
             }
         };
+        // Pushed back, unable to evaluate it (a function it lacks or refuses, an
+        // older node), or out of memory: declined, not a failed query. A lost node
+        // fails the opening (the stream asks another copy).
+        let declined = |e: ClientError| match Declined::of(&e) {
+            Some(d) if d.handed_back_work() => Ok(Opened::Declined(d)),
+            _ => Err(to_datafusion(e)),
+        };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(ClientError::PushedBack(p)) => return Ok(Err(p.into())),
-            // A node that cannot evaluate the fragment (a function it lacks or
-            // refuses, an older node) refuses it as unimplemented: evaluated here.
-            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-                return Ok(Err(HandedBack {
-                    reason: format!("the node cannot evaluate it: {e}"),
-                    busy: false,
-                }));
-            }
-            Err(e) => return Err(to_datafusion(e)),
+            Err(e) => return declined(e),
         };
         // A node that runs out of memory fails before its first batch, and one that
         // judged the fragment while running it (an aggregate that does not shrink)
-        // hands it back there: both are evaluated here rather than failing the query.
+        // hands it back there.
         let mut batches = reply.batches;
-        let first = batches.next().await;
-        match first {
-            Some(Err(ClientError::PushedBack(p))) => Ok(Err(p.into())),
-            Some(Err(e)) if e.code() == Some(tonic::Code::ResourceExhausted) => {
-                Ok(Err(HandedBack {
-                    reason: e.to_string(),
-                    busy: true,
-                }))
-            }
-            first => Ok(Ok(NodeAnswer {
+        match batches.next().await {
+            Some(Err(e)) if Declined::of(&e).is_some_and(|d| d.handed_back_work()) => declined(e),
+            first => Ok(Opened::Node {
                 batches: futures::stream::iter(first).chain(batches).boxed(),
                 stats: reply.stats,
-            })),
+            }),
         }
     }
 
@@ -387,25 +299,5 @@ impl EndpointOpener {
         } else {
             stream
         })
-    }
-}
-
-impl NodeAnswer {
-    fn opened(self, moved_to: Option<Box<Endpoint>>, declined: Vec<String>) -> Opened {
-        Opened::Node {
-            batches: self.batches,
-            stats: self.stats,
-            moved_to,
-            declined,
-        }
-    }
-}
-
-impl From<csd_protocol::PushBack> for HandedBack {
-    fn from(p: csd_protocol::PushBack) -> Self {
-        HandedBack {
-            busy: p.cause == PushBackCause::Admission,
-            reason: p.reason,
-        }
     }
 }

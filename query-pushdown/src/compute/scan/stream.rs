@@ -3,12 +3,14 @@
 //! evaluated here) under the plan's schema, and when the node's answer ends records
 //! what the endpoint did.
 //!
-//! A partition kept on several nodes (see `crate::compute::replicas`) fails over:
-//! when its node is lost before its answer was passed on, the same fragment is
-//! asked of the next copy. To make that possible mid-answer too, the node's batches
-//! are held until its answer ends (up to [`HOLD_BYTES`]; past that they stream, and
-//! a node lost after that fails the query, naming the partition and every copy
-//! tried). Reads by byte range fail over below, in the range store.
+//! A partition kept on several nodes (see `crate::compute::replicas`) is asked of
+//! its copies in turn, as [`Copies`] decides: the next copy when a node hands the
+//! fragment back for its load or is lost before its answer was passed on, this tier
+//! when none is left or a node judged the fragment not worth running. To make that
+//! possible mid-answer too, the node's batches are held until its answer ends (up
+//! to [`HOLD_BYTES`]; past that they stream, and a node lost after that fails the
+//! query, naming the partition and every copy tried). Reads by byte range fail over
+//! below, in the range store.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -19,7 +21,7 @@ use std::task::{Context, Poll, ready};
 use arrow::array::RecordBatchOptions;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use csd_protocol::node_client::ReplyStats;
+use csd_protocol::node_client::{Copies, Declined, Next, ReplyStats, Tried};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
 use futures::future::BoxFuture;
@@ -43,10 +45,8 @@ pub(crate) const HOLD_BYTES: usize = 16 << 20;
 struct Failover {
     /// The opener, for the copy asked last.
     opener: EndpointOpener,
-    /// Copies not asked yet.
-    replicas: VecDeque<Endpoint>,
-    /// Copies asked, each with why it did not answer.
-    tried: Vec<String>,
+    /// The partition's other copies, and what asking came to.
+    copies: Copies<Endpoint>,
     /// The node's batches held back (see the module docs), while `holding`.
     held: Vec<RecordBatch>,
     held_bytes: usize,
@@ -54,46 +54,33 @@ struct Failover {
 }
 
 impl Failover {
-    /// The opener of the next copy after `endpoint` (the copy asked) failed with
-    /// `why`: another node holding it, and when none is left, this tier over the
-    /// objects' other copies by byte range (an endpoint standing for several
-    /// partitions has no replica of its own, its objects do). `None` when a batch
-    /// was passed on already, or this tier was tried.
-    fn next(
-        &mut self,
-        endpoint: &str,
-        why: &dyn std::fmt::Display,
-        passed: bool,
-    ) -> Option<EndpointOpener> {
+    /// The opener to use after the copy asked last declined the fragment for `why`
+    /// (see [`Copies::declined`]): another copy's, or this tier's (over the
+    /// objects' copies by byte range when every node was lost: an endpoint standing
+    /// for several partitions has no replica of its own, its objects do). `None`
+    /// when a batch was passed on already, or this tier was tried.
+    fn next(&mut self, why: Declined, passed: bool) -> Option<EndpointOpener> {
         if passed || self.opener.here.is_some() {
             return None;
         }
-        self.tried.push(format!("{endpoint}: {why}"));
         self.held.clear();
         self.held_bytes = 0;
-        match self.replicas.pop_front() {
-            Some(next) => {
-                tracing::warn!(%endpoint, to = %next.client.url(), "asking another copy: {why}");
-                self.opener = self.opener.at_copy(&next);
-            }
-            None => {
-                tracing::warn!(%endpoint, "evaluating here over the objects' copies: {why}");
-                self.opener.here = Some(format!("node lost ({why}): read here from the copies"));
+        let at = self.opener.label();
+        match self.copies.declined(self.opener.endpoint.clone(), at, why) {
+            Next::Ask(next) => self.opener = self.opener.at_copy(&next),
+            Next::Here(_) | Next::NoneLeft => {
+                self.opener.here = self.copies.ended_here().1;
             }
         }
         Some(self.opener.clone())
     }
 
-    /// Another copy runs the fragment, which the copy asked first handed back for
-    /// its load (`declined`: each copy that did not, with why): should that copy's
-    /// node be lost, the others are asked, the busy one last.
-    fn moved_to(&mut self, copy: &Endpoint, declined: Vec<String>) {
-        let there = self.opener.at_copy(copy);
-        let first = std::mem::replace(&mut self.opener, there);
-        let url = copy.client.url();
-        self.replicas.retain(|r| r.client.url() != url);
-        self.replicas.push_back(first.endpoint);
-        self.tried.extend(declined);
+    /// The copies asked that did not run the fragment (see `Copies::ended_here`).
+    fn tried(&self) -> Vec<Tried> {
+        match self.opener.here.is_some() {
+            true => self.copies.ended_here().0,
+            false => self.copies.tried().to_vec(),
+        }
     }
 }
 
@@ -141,15 +128,14 @@ impl EndpointStream {
         if let Ok(mut g) = run.lock() {
             *g = None;
         }
-        let replicas: VecDeque<Endpoint> = opener.endpoint.replicas.iter().cloned().collect();
+        let replicas = opener.endpoint.replicas.clone();
         // Held while another copy could take over: a node's answer, when its objects
         // have copies elsewhere.
-        let copies = !replicas.is_empty() || opener.table.has_copies(&opener.endpoint);
+        let holding = !replicas.is_empty() || opener.table.has_copies(&opener.endpoint);
         let failover = Failover {
             opener: opener.clone(),
-            holding: copies,
-            replicas,
-            tried: vec![],
+            copies: Copies::new(replicas),
+            holding,
             held: vec![],
             held_bytes: 0,
         };
@@ -167,10 +153,10 @@ impl EndpointStream {
         }
     }
 
-    /// Asks the next copy of the partition after this one failed with `why`;
-    /// false when none can take over.
-    fn fail_over(&mut self, why: &dyn std::fmt::Display) -> bool {
-        match self.failover.next(&self.endpoint, why, self.passed) {
+    /// Asks the next copy of the partition (or this tier) after this one declined
+    /// the fragment for `why`; false when none can take over.
+    fn fail_over(&mut self, why: Declined) -> bool {
+        match self.failover.next(why, self.passed) {
             Some(opener) => {
                 self.endpoint = opener.label();
                 self.state = State::Opening(opener.open().boxed());
@@ -182,14 +168,15 @@ impl EndpointStream {
 
     /// `e`, naming the copies tried before, if any.
     fn failed(&self, e: DataFusionError) -> DataFusionError {
-        match self.failover.tried.is_empty() {
+        let tried = self.failover.copies.tried();
+        match tried.is_empty() {
             true => e,
             false => DataFusionError::Context(
                 format!(
                     "no copy of partition {} of table {} answered (tried {}; last {})",
                     self.failover.opener.endpoint.partition,
                     self.failover.opener.table.name(),
-                    self.failover.tried.join("; "),
+                    Tried::list(tried),
                     self.endpoint
                 ),
                 Box::new(e),
@@ -216,7 +203,7 @@ impl EndpointStream {
             endpoint: self.endpoint.clone(),
             bytes_received: bytes,
             report,
-            failed_over: self.failover.tried.clone(),
+            failed_over: self.failover.tried(),
             ..Default::default()
         });
     }
@@ -256,38 +243,36 @@ impl EndpointStream {
             }
             match &mut this.state {
                 State::Opening(open) => match ready!(open.poll_unpin(cx)) {
-                    Ok(Opened::Node {
-                        batches,
-                        stats,
-                        moved_to,
-                        declined,
-                    }) => {
-                        if let Some(copy) = moved_to {
-                            this.failover.moved_to(&copy, declined);
-                            this.endpoint = this.failover.opener.label();
-                        }
+                    Ok(Opened::Node { batches, stats }) => {
                         this.state = State::FromNode { batches, stats };
                     }
-                    Ok(Opened::Here {
-                        stream,
-                        pushed_back,
-                        declined,
-                    }) => {
+                    Ok(Opened::Declined(why)) => {
+                        // Not reached: a node was asked, so this tier was not tried.
+                        if !this.fail_over(why.clone()) {
+                            this.state = State::Done;
+                            let e = format!(
+                                "{}: {why}, and no copy or this tier is left",
+                                this.endpoint
+                            );
+                            return Poll::Ready(Some(Err(DataFusionError::Internal(e))));
+                        }
+                    }
+                    Ok(Opened::Here(stream)) => {
+                        let pushed_back = this.failover.opener.here.clone();
                         if pushed_back.is_some() {
                             this.metrics.pushed_back.add(1);
                         }
-                        this.failover.tried.extend(declined);
                         this.record(EndpointRun {
                             endpoint: this.endpoint.clone(),
                             pushed_back,
                             direct: this.direct,
-                            failed_over: this.failover.tried.clone(),
+                            failed_over: this.failover.tried(),
                             ..Default::default()
                         });
                         this.state = State::Here(stream);
                     }
                     Err(e) => {
-                        if node_lost(&e) && this.fail_over(&e) {
+                        if node_lost(&e) && this.fail_over(Declined::Lost(e.to_string())) {
                             continue;
                         }
                         this.state = State::Done;
@@ -306,7 +291,7 @@ impl EndpointStream {
                     }
                     Some(Ok(b)) => return Poll::Ready(Some(this.batch(b))),
                     Some(Err(e)) => {
-                        if e.node_lost() && this.fail_over(&e) {
+                        if e.node_lost() && this.fail_over(Declined::Lost(e.to_string())) {
                             continue;
                         }
                         this.state = State::Done;
