@@ -394,6 +394,7 @@ fn render_run(r: &EndpointRun) -> String {
         Some(why @ Declined::Lost(_)) => {
             return format!("{}: read here from the copies ({why})", r.endpoint);
         }
+        Some(why @ Declined::Unable(_)) => return format!("{}: pushed_back ({why})", r.endpoint),
         Some(why) => return format!("{}: pushed_back ({})", r.endpoint, why.reason()),
         None => {}
     }
