@@ -103,6 +103,11 @@ impl TableEndpoints {
         }
     }
 
+    /// Where the table's objects are read by byte range.
+    pub(crate) fn ranges(&self) -> &NodeRangeStore {
+        &self.ranges
+    }
+
     /// The same table with `endpoints` only.
     pub(crate) fn with_endpoints(&self, endpoints: Vec<Endpoint>) -> Self {
         TableEndpoints {

@@ -149,6 +149,39 @@ impl NodeRangeStore {
         }
     }
 
+    /// The copies standing in for `object` of node `node` (see [`Self::add_copies`]),
+    /// each as its node's client, its name there and its length.
+    pub(crate) fn copies_of(&self, node: usize, object: &str) -> Vec<(NodeClient, String, u64)> {
+        let copies = read(&self.copies)
+            .get(&Self::path(node, object))
+            .cloned()
+            .unwrap_or_default();
+        copies.iter().filter_map(|p| self.locate(p).ok()).collect()
+    }
+
+    /// Makes `copies` (node, name, length) readable and stand in for `object` of
+    /// node `node` when that node is lost.
+    pub(crate) fn add_object_copies(
+        &self,
+        node: usize,
+        object: &str,
+        copies: &[(usize, String, u64)],
+    ) {
+        if copies.is_empty() {
+            return;
+        }
+        let mut known = write(&self.objects);
+        for (n, name, len) in copies {
+            known.insert(Self::path(*n, name), *len);
+        }
+        drop(known);
+        let paths = copies
+            .iter()
+            .map(|(n, name, _)| Self::path(*n, name))
+            .collect();
+        write(&self.copies).insert(Self::path(node, object), paths);
+    }
+
     /// Whether the object at `location` is kept on another node too.
     pub(crate) fn has_copies(&self, location: &Path) -> bool {
         read(&self.copies)

@@ -15,7 +15,7 @@ use crate::tpch::{local, scale};
 use crate::{assert_same, nodes};
 
 /// Workers serving on 127.0.0.1:0; dropping the senders stops them.
-async fn workers(n: usize) -> (Vec<String>, Vec<oneshot::Sender<()>>) {
+pub(crate) async fn workers(n: usize) -> (Vec<String>, Vec<oneshot::Sender<()>>) {
     let mut urls = Vec::new();
     let mut stops = Vec::new();
     for _ in 0..n {

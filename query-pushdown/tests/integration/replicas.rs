@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use csd_protocol::node_client::NodeClient;
-use csd_query_pushdown::{Cluster, SessionOptions};
+use csd_query_pushdown::{Cluster, SessionOptions, Workers};
 use datafusion::prelude::SessionContext;
 
 use crate::{assert_same, nodes, register_local, sessions_of};
@@ -146,4 +146,28 @@ async fn copies_that_differ_are_not_replicas() {
         e.contains("partition p0 of table d") && e.contains("not replicas"),
         "{e}"
     );
+}
+
+/// The same with the plans' stages on datafusion-distributed workers: the plans
+/// they are sent carry each partition's copies, so a node lost after the session
+/// was made costs no answer there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_workers_a_lost_node_costs_no_answer() {
+    let (mut nodes, clients) = nodes(3).await;
+    let local = load(&clients).await;
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let (workers, _stop) = crate::distributed::workers(2).await;
+    let on = Cluster::connect(&urls)
+        .await
+        .unwrap()
+        .distributed_session(SessionOptions::default(), &Workers::new(workers))
+        .await
+        .unwrap();
+    for sql in QUERIES {
+        assert_same(&local, &on, sql).await;
+    }
+    nodes.remove(1).shutdown().await.unwrap();
+    for sql in QUERIES {
+        assert_same(&local, &on, sql).await;
+    }
 }

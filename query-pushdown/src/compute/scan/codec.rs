@@ -116,6 +116,31 @@ pub(crate) struct EndpointMsg {
     /// The partitions it stands for when several (see `Endpoint::merged`).
     #[prost(string, repeated, tag = "6")]
     pub(crate) merged: Vec<String>,
+    /// The partition's other copies (see `Endpoint::replicas`), each without
+    /// replicas of its own: a worker fails over to them as the planner would.
+    #[prost(message, repeated, tag = "7")]
+    pub(crate) replicas: Vec<EndpointMsg>,
+    /// Copies of its objects on other nodes, read by byte range when its node is
+    /// lost (also where no other node holds all of a merged endpoint's partitions).
+    #[prost(message, repeated, tag = "8")]
+    pub(crate) copies: Vec<CopyMsg>,
+}
+
+/// Another node's copy of one of an endpoint's objects.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct CopyMsg {
+    /// The object, as the endpoint names it.
+    #[prost(string, tag = "1")]
+    pub(crate) object: String,
+    /// The node holding the copy.
+    #[prost(string, tag = "2")]
+    pub(crate) url: String,
+    /// The copy's name there.
+    #[prost(string, tag = "3")]
+    pub(crate) name: String,
+    /// Its length (the same as the object's: copies are byte for byte alike).
+    #[prost(uint64, tag = "4")]
+    pub(crate) len: u64,
 }
 
 /// A join-key filter a scan waits on.
@@ -149,6 +174,63 @@ pub(crate) struct FunctionMsg {
     pub(crate) module: Option<Vec<u8>>,
 }
 
+/// `e` as a message, with the copies `ranges` knows of its objects and without
+/// its replicas.
+fn endpoint_msg(e: &Endpoint, ranges: &NodeRangeStore) -> Result<EndpointMsg> {
+    let copies = (e.objects.iter())
+        .flat_map(|o| {
+            let copies = ranges.copies_of(e.node, &o.name);
+            copies.into_iter().map(|(client, name, len)| CopyMsg {
+                object: o.name.clone(),
+                url: client.url().to_string(),
+                name,
+                len,
+            })
+        })
+        .collect();
+    Ok(EndpointMsg {
+        url: e.client.url().to_string(),
+        partition: e.partition.clone(),
+        rows: e.rows,
+        bytes: e.bytes,
+        objects: serde_json::to_string(&e.objects)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?,
+        merged: e.merged.clone(),
+        replicas: vec![],
+        copies,
+    })
+}
+
+/// The endpoint `e` describes (its replicas left to the caller), its objects made
+/// readable by byte range.
+fn endpoint_of(e: EndpointMsg, cx: &dyn ScanDecoding) -> Result<Endpoint> {
+    let objects: Vec<ObjectDescription> = serde_json::from_str(&e.objects)
+        .map_err(|err| bad(format!("objects of {}/{}: {err}", e.url, e.partition)))?;
+    let (client, node) = cx.node(&e.url)?;
+    let ranges = cx.ranges();
+    ranges.add_objects(node, objects.iter().map(|o| (o.name.as_str(), o.len)));
+    for o in &objects {
+        let copies = (e.copies.iter())
+            .filter(|c| c.object == o.name)
+            .map(|c| Ok((cx.node(&c.url)?.1, c.name.clone(), c.len)))
+            .collect::<Result<Vec<_>>>()?;
+        ranges.add_object_copies(node, &o.name, &copies);
+    }
+    Ok(Endpoint {
+        client,
+        partition: e.partition,
+        rows: e.rows,
+        bytes: e.bytes,
+        objects,
+        node,
+        merged: e.merged,
+        // Pushdown was decided where the plan was made.
+        distinct: vec![],
+        node_distinct: Default::default(),
+        replicas: vec![],
+    })
+}
+
 fn bad(what: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Plan(format!(
         "a CsdScanExec in the plan cannot be decoded: {what}"
@@ -163,15 +245,12 @@ impl CsdScanExec {
             .endpoints()
             .iter()
             .map(|e| {
-                Ok(EndpointMsg {
-                    url: e.client.url().to_string(),
-                    partition: e.partition.clone(),
-                    rows: e.rows,
-                    bytes: e.bytes,
-                    objects: serde_json::to_string(&e.objects)
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?,
-                    merged: e.merged.clone(),
-                })
+                let ranges = self.table.ranges();
+                let mut msg = endpoint_msg(e, ranges)?;
+                msg.replicas = (e.replicas.iter())
+                    .map(|r| endpoint_msg(r, ranges))
+                    .collect::<Result<_>>()?;
+                Ok(msg)
             })
             .collect::<Result<_>>()?;
         Ok(ScanMsg {
@@ -224,24 +303,13 @@ impl CsdScanExec {
         let output = schema(&msg.output, "output schema")?;
         let ranges = cx.ranges();
         let mut endpoints = Vec::with_capacity(msg.endpoints.len());
-        for e in msg.endpoints {
-            let objects: Vec<ObjectDescription> = serde_json::from_str(&e.objects)
-                .map_err(|err| bad(format!("objects of {}/{}: {err}", e.url, e.partition)))?;
-            let (client, node) = cx.node(&e.url)?;
-            ranges.add_objects(node, objects.iter().map(|o| (o.name.as_str(), o.len)));
-            endpoints.push(Endpoint {
-                client,
-                partition: e.partition,
-                rows: e.rows,
-                bytes: e.bytes,
-                objects,
-                node,
-                merged: e.merged,
-                // Pushdown was decided where the plan was made.
-                distinct: vec![],
-                node_distinct: Default::default(),
-                replicas: vec![],
-            });
+        for mut e in msg.endpoints {
+            let replicas = std::mem::take(&mut e.replicas);
+            let mut endpoint = endpoint_of(e, cx)?;
+            for r in replicas {
+                endpoint.replicas.push(endpoint_of(r, cx)?);
+            }
+            endpoints.push(endpoint);
         }
         let compression =
             Compression::try_from(msg.compression).map_err(|_| bad("unknown compression"))?;
