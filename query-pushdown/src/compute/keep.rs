@@ -10,11 +10,12 @@
 use std::time::Duration;
 
 use csd_protocol::ModuleDigest;
-use csd_protocol::node_client::{Error as ClientError, Kept};
+use csd_protocol::node_client::{Copies, Declined, Error as ClientError, Kept, Next, Tried};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::compute::scan::only_scan;
+use crate::compute::scan::opener::EndpointOpener;
 use crate::compute::session::CsdSession;
 use crate::error::to_datafusion;
 use crate::wire::fragment::OPERATOR_NAME;
@@ -57,42 +58,70 @@ impl CsdSession {
             let opener = scan.opener(endpoint.clone(), task.clone());
             let group = group.as_str();
             async move {
-                let args = opener.fragment.to_bytes();
-                let client = &opener.endpoint.client;
-                let mut sent: Vec<ModuleDigest> = Vec::new();
+                // Kept at one copy's node: the next copy's when a node is busy or
+                // lost (see `Copies`); never here, where nothing can be kept.
+                let mut copies = Copies::new(endpoint.replicas.iter().cloned());
+                let mut at = opener.clone();
                 loop {
-                    match client
-                        .keep(OPERATOR_NAME, args.clone(), compression, ttl, Some(group))
-                        .await
-                    {
-                        // A node without a Wasm function's module: send it once.
-                        Err(ClientError::ModuleMissing(d)) => {
-                            let bytes = opener
-                                .functions
-                                .iter()
-                                .find(|f| f.digest == d && !sent.contains(&d))
-                                .and_then(|f| f.bytes.clone());
-                            let Some(bytes) = bytes else {
-                                return Err(to_datafusion(ClientError::ModuleMissing(d)));
-                            };
-                            client.put_module(&bytes).await.map_err(to_datafusion)?;
-                            sent.push(d);
-                        }
-                        Err(ClientError::PushedBack(p)) => {
-                            return Err(DataFusionError::External(
-                                format!(
-                                    "node {} handed the request back ({}): a kept result must be made at the node; retry later, or run the query without --keep",
-                                    client.url(),
-                                    p.reason
-                                )
-                                .into(),
-                            ));
-                        }
-                        r => return r.map_err(to_datafusion),
-                    }
+                    let why = match keep_at(&at, compression, ttl, group).await? {
+                        Ok(kept) => return Ok(kept),
+                        Err(why) => why,
+                    };
+                    let Next::Ask(next) = copies.declined(at.endpoint.clone(), at.label(), why)
+                    else {
+                        return Err(DataFusionError::External(
+                            format!(
+                                "no node holding partition {} kept its answer ({}): a kept result must \
+                                 be made at a node; retry later, or run the query without --keep",
+                                endpoint.partition,
+                                Tried::list(copies.tried())
+                            )
+                            .into(),
+                        ));
+                    };
+                    at = opener.at_copy(&next);
                 }
             }
         });
         futures::future::try_join_all(runs).await
+    }
+}
+
+/// Asks `at`'s node to run its fragment and keep the answer (sending a Wasm
+/// function's module once if the node lacks it): the reference, or why the node
+/// declined.
+async fn keep_at(
+    at: &EndpointOpener,
+    compression: csd_protocol::Compression,
+    ttl: Duration,
+    group: &str,
+) -> Result<std::result::Result<Kept, Declined>> {
+    let args = at.fragment.to_bytes();
+    let client = &at.endpoint.client;
+    let mut sent: Vec<ModuleDigest> = Vec::new();
+    loop {
+        match client
+            .keep(OPERATOR_NAME, args.clone(), compression, ttl, Some(group))
+            .await
+        {
+            // A node without a Wasm function's module: send it once.
+            Err(ClientError::ModuleMissing(d)) => {
+                let bytes = (at.functions.iter())
+                    .find(|f| f.digest == d && !sent.contains(&d))
+                    .and_then(|f| f.bytes.clone());
+                let Some(bytes) = bytes else {
+                    return Err(to_datafusion(ClientError::ModuleMissing(d)));
+                };
+                client.put_module(&bytes).await.map_err(to_datafusion)?;
+                sent.push(d);
+            }
+            Ok(kept) => return Ok(Ok(kept)),
+            Err(e) => {
+                return match Declined::of(&e) {
+                    Some(why) => Ok(Err(why)),
+                    None => Err(to_datafusion(e)),
+                };
+            }
+        }
     }
 }

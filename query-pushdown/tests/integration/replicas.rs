@@ -13,7 +13,9 @@ use csd_protocol::node_client::NodeClient;
 use csd_query_pushdown::{Cluster, SessionOptions, Workers};
 use datafusion::prelude::SessionContext;
 
-use crate::{assert_same, nodes, register_local, sessions_of};
+use futures::TryStreamExt;
+
+use crate::{assert_same, canonical, nodes, register_local, sessions_of};
 
 const PARTS: usize = 6;
 const ROWS: i64 = 3_000;
@@ -170,4 +172,45 @@ async fn on_workers_a_lost_node_costs_no_answer() {
     for sql in QUERIES {
         assert_same(&local, &on, sql).await;
     }
+}
+
+/// Keeping an answer at the nodes asks a partition's next copy when its node is
+/// lost: every partition's answer is kept, none at the lost node, and the kept rows
+/// are the query's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_answer_is_made_at_another_copy_when_a_node_is_lost() {
+    let (mut nodes, clients) = nodes(3).await;
+    let local = load(&clients).await;
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let on = Cluster::connect(&urls)
+        .await
+        .unwrap()
+        .session(SessionOptions::default())
+        .await
+        .unwrap();
+    let sql = "SELECT id, s FROM r WHERE v > 24.5 AND k = 3";
+    let want = canonical(&local.sql(sql).await.unwrap().collect().await.unwrap());
+    assert!(!want.is_empty());
+    let gone = nodes.remove(1);
+    let gone_url = gone.url.clone();
+    gone.shutdown().await.unwrap();
+    let kept = on
+        .keep(sql, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), PARTS, "one reference per partition");
+    let mut rows = Vec::new();
+    for k in &kept {
+        assert_ne!(k.reference.location, gone_url, "{:?}", k.reference);
+        let at = NodeClient::connect(&k.reference.location).await.unwrap();
+        let batches: Vec<RecordBatch> = at
+            .resolve(&k.reference)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        rows.extend(batches);
+    }
+    assert_eq!(canonical(&rows), want);
 }

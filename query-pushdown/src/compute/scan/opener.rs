@@ -121,7 +121,7 @@ impl EndpointOpener {
     }
 
     /// `node-url/partition`, as `EXPLAIN ANALYZE` names an endpoint.
-    pub(super) fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("{}/{}", self.endpoint.client.url(), self.endpoint.partition)
     }
 
