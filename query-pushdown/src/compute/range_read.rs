@@ -170,11 +170,9 @@ impl NodeRangeStore {
         if copies.is_empty() {
             return;
         }
-        let mut known = write(&self.objects);
         for (n, name, len) in copies {
-            known.insert(Self::path(*n, name), *len);
+            self.add_objects(*n, [(name.as_str(), *len)]);
         }
-        drop(known);
         let paths = copies
             .iter()
             .map(|(n, name, _)| Self::path(*n, name))

@@ -234,25 +234,29 @@ impl EndpointOpener {
         // Pushed back, unable to evaluate it (a function it lacks or refuses, an
         // older node), or out of memory: declined, not a failed query. A lost node
         // fails the opening (the stream asks another copy).
-        let declined = |e: ClientError| match Declined::of(&e) {
-            Some(d) if d.handed_back_work() => Ok(Opened::Declined(d)),
-            _ => Err(to_datafusion(e)),
-        };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(e) => return declined(e),
+            Err(e) => {
+                return match Declined::of(&e).filter(Declined::handed_back_work) {
+                    Some(d) => Ok(Opened::Declined(d)),
+                    None => Err(to_datafusion(e)),
+                };
+            }
         };
         // A node that runs out of memory fails before its first batch, and one that
         // judged the fragment while running it (an aggregate that does not shrink)
         // hands it back there.
         let mut batches = reply.batches;
-        match batches.next().await {
-            Some(Err(e)) if Declined::of(&e).is_some_and(|d| d.handed_back_work()) => declined(e),
-            first => Ok(Opened::Node {
-                batches: futures::stream::iter(first).chain(batches).boxed(),
-                stats: reply.stats,
-            }),
+        let first = batches.next().await;
+        if let Some(Err(e)) = &first
+            && let Some(d) = Declined::of(e).filter(Declined::handed_back_work)
+        {
+            return Ok(Opened::Declined(d));
         }
+        Ok(Opened::Node {
+            batches: futures::stream::iter(first).chain(batches).boxed(),
+            stats: reply.stats,
+        })
     }
 
     /// Evaluates the fragment here: the same plan, run by DataFusion over the
