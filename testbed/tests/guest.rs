@@ -17,7 +17,7 @@ use arrow::array::{Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use csd_runtime::node_client::NodeClient;
-use csd_testbed::guest::{Guest, GuestSpec, Kit, default_binary};
+use csd_testbed::guest::{Guest, GuestSpec, Kit, MediaFault, default_binary};
 use futures::TryStreamExt;
 
 /// The kit, or `None` (with a message) where it is not installed.
@@ -381,7 +381,9 @@ async fn a_media_error_under_a_table_is_data_loss_for_that_table_alone() {
         .expect("the victim's extents");
     let at = (e.lba + e.blocks / 2) * block;
 
-    g.restart_failing_reads(vec![at]).await.unwrap();
+    g.restart_with_faults(vec![MediaFault::read(at)])
+        .await
+        .unwrap();
     let c = NodeClient::connect(&g.url).await.unwrap();
     let read: Result<Vec<RecordBatch>, (Option<tonic::Code>, String)> = async {
         let s = c
@@ -409,7 +411,7 @@ async fn a_media_error_under_a_table_is_data_loss_for_that_table_alone() {
     let stats = c.stats().await.unwrap();
     assert!(stats.device.stats.reads > 0, "{:?}", stats.device.stats);
     // The drive reads the sector again: the node kept the table, nothing dropped.
-    g.restart_failing_reads(vec![]).await.unwrap();
+    g.restart_with_faults(vec![]).await.unwrap();
     let c = NodeClient::connect(&g.url).await.unwrap();
     assert_holds(&c, "victim", &victim, "once the sector reads again").await;
     assert_holds(&c, "bystander", &bystander, "once the sector reads again").await;

@@ -8,9 +8,11 @@
 //! real hardware; answers, commands and crash behaviour are real.
 //!
 //! * [`kit`]: QEMU, busybox and the guest kernel on the host.
+//! * [`blkdebug`]: media faults injected under the namespace.
 //! * [`initramfs`]: the guest's root file system, written with [`cpio`].
 //! * [`spdk`]: what a guest whose node runs SPDK's PCIe driver adds.
 
+pub mod blkdebug;
 mod cpio;
 pub mod initramfs;
 pub mod kit;
@@ -25,6 +27,7 @@ use csd_runtime::node_client::NodeClient;
 
 use crate::{Error, Result};
 
+pub use blkdebug::{FaultedIo, MediaFault};
 pub use kit::Kit;
 
 /// The port the node listens on inside every guest.
@@ -61,12 +64,11 @@ pub struct GuestSpec {
     pub run: Option<Vec<String>>,
     /// Where the serial log goes (the initramfs is kept in the kit's folder).
     pub work: PathBuf,
-    /// Byte offsets on the namespace whose reads fail: QEMU's `blkdebug` driver
-    /// under the namespace fails every read of the 512-byte sector holding each
-    /// one with EIO, which the emulated controller answers with the NVMe status
-    /// Unrecovered Read Error — a media error as a drive reports it (see
-    /// [`Guest::restart_failing_reads`]).
-    pub failing_reads: Vec<u64>,
+    /// Commands of the namespace that fail, as a drive's media errors: QEMU's
+    /// `blkdebug` driver under the namespace fails them with EIO, and the emulated
+    /// controller answers with the NVMe status a drive would (Unrecovered Read
+    /// Error for a read; see [`blkdebug`] and [`Guest::restart_with_faults`]).
+    pub media_faults: Vec<MediaFault>,
     /// The SPDK build (`SPDK_DIR`) a `binary` built with the `spdk` feature loads:
     /// set by [`with_spdk`](Self::with_spdk), the node drives the controller with
     /// SPDK's user-space PCIe driver.
@@ -88,7 +90,7 @@ impl GuestSpec {
             node_args: Vec::new(),
             run: None,
             work,
-            failing_reads: Vec::new(),
+            media_faults: Vec::new(),
             spdk: None,
         }
     }
@@ -312,11 +314,11 @@ impl Guest {
     }
 
     /// The namespace's backing file as QEMU's `-drive file=` names it: the disk, or
-    /// `blkdebug:CONFIG:DISK` with a rule per failing read (see
+    /// `blkdebug:CONFIG:DISK` with a rule per media fault (see
     /// [`write_blkdebug_rules`](Self::write_blkdebug_rules)).
     fn backing(&self) -> String {
         let s = &self.spec;
-        if s.failing_reads.is_empty() {
+        if s.media_faults.is_empty() {
             s.disk.display().to_string()
         } else {
             format!(
@@ -332,25 +334,13 @@ impl Guest {
         self.spec.work.join("blkdebug.conf")
     }
 
-    /// Writes one `blkdebug` rule per failing read: reads of its 512-byte sector
-    /// fail with EIO (errno 5) each time.
+    /// Writes the `blkdebug` rules of the spec's media faults.
     fn write_blkdebug_rules(&self) -> Result<()> {
-        if self.spec.failing_reads.is_empty() {
+        if self.spec.media_faults.is_empty() {
             return Ok(());
         }
-        let rules: String = self
-            .spec
-            .failing_reads
-            .iter()
-            .map(|at| {
-                format!(
-                    "[inject-error]\nevent = \"read_aio\"\nerrno = \"5\"\nsector = \"{}\"\n\n",
-                    at / 512
-                )
-            })
-            .collect();
         let path = self.blkdebug_rules();
-        std::fs::write(&path, rules)
+        std::fs::write(&path, blkdebug::rules(&self.spec.media_faults))
             .map_err(|e| Error::Guest(format!("writing {}: {e}", path.display())))
     }
 
@@ -420,11 +410,10 @@ impl Guest {
         self.start().await
     }
 
-    /// Kills the guest and boots it again with reads of the sectors holding these
-    /// byte offsets failing as media errors ([`GuestSpec::failing_reads`]; empty:
-    /// none).
-    pub async fn restart_failing_reads(&mut self, at: Vec<u64>) -> Result<()> {
-        self.spec.failing_reads = at;
+    /// Kills the guest and boots it again with these commands failing as media
+    /// errors ([`GuestSpec::media_faults`]; empty: none).
+    pub async fn restart_with_faults(&mut self, faults: Vec<MediaFault>) -> Result<()> {
+        self.spec.media_faults = faults;
         self.restart().await
     }
 

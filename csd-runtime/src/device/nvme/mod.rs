@@ -321,7 +321,7 @@ impl NvmeDevice {
             Ok(_) => Ok(buf),
             Err(e) => Err(
                 match e.get_ref().and_then(|i| i.downcast_ref::<NvmeStatus>()) {
-                    Some(s) => s.to_error(what()),
+                    Some(s) => s.to_error(matches!(op, Op::Read), what()),
                     None => Error::io(what(), e),
                 },
             ),

@@ -64,12 +64,16 @@ impl NvmeStatus {
     }
 
     /// The store's error for a command on `what` (device, operation and range) that
-    /// ended with this status: a media error is data loss, capacity and readiness
-    /// are what they say, anything else an I/O error carrying the status.
-    pub fn to_error(self, what: String) -> Error {
+    /// ended with this status: a media error on a read is data loss (the stored
+    /// bytes are in doubt); one on a write, flush or deallocation is the drive
+    /// failing to store (nothing stored is lost, the change is not made: the
+    /// caller may try again, or another copy); capacity and readiness are what
+    /// they say, anything else an I/O error carrying the status.
+    pub fn to_error(self, reading: bool, what: String) -> Error {
         let msg = format!("{what}: NVMe {self}");
         match (self.sct(), self.sc()) {
-            (MEDIA, _) => Error::Corrupt(msg),
+            (MEDIA, _) if reading => Error::Corrupt(msg),
+            (MEDIA, _) => Error::Unavailable(format!("{msg}: the drive did not store it")),
             (GENERIC, 0x81) => Error::ResourcesExhausted(msg),
             (GENERIC, 0x82) | (GENERIC, 0x05) => Error::Unavailable(msg),
             _ => Error::io(what, std::io::Error::other(self)),
@@ -105,7 +109,7 @@ mod tests {
     fn media_errors_are_data_loss_naming_the_range() {
         let s = NvmeStatus(0x4281);
         assert!(s.is_media_error() && s.do_not_retry());
-        let e = s.to_error("read of bytes [4096, 8192) on nvme:/dev/ng0n1".into());
+        let e = s.to_error(true, "read of bytes [4096, 8192) on nvme:/dev/ng0n1".into());
         assert_eq!(e.status_code(), StatusCode::DataLoss);
         let m = e.to_string();
         assert!(
@@ -113,13 +117,18 @@ mod tests {
             "{m}"
         );
         assert_eq!(
-            NvmeStatus(0x0081).to_error("x".into()).status_code(),
+            NvmeStatus(0x0081).to_error(false, "x".into()).status_code(),
             StatusCode::ResourceExhausted
         );
-        let other = NvmeStatus(0x0002).to_error("write".into());
+        let other = NvmeStatus(0x0002).to_error(false, "write".into());
         assert!(
             other.to_string().contains("invalid field in command"),
             "{other}"
         );
+        // A write the drive failed stored nothing: not data loss.
+        let w = NvmeStatus(0x0280)
+            .to_error(false, "write of bytes [0, 4096) on nvme:/dev/ng0n1".into());
+        assert_eq!(w.status_code(), StatusCode::Unavailable);
+        assert!(w.to_string().contains("write fault"), "{w}");
     }
 }
