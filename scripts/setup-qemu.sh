@@ -5,29 +5,59 @@
 # unpacked into $CSD_QEMU_HOME (default ~/.cache/csd/qemu), with uio and
 # uio_pci_generic for guests whose node drives the controller with SPDK. Idempotent;
 # no install hooks run for the kernel (it is only unpacked).
+#
+#   scripts/setup-qemu.sh                  # x86-64 guests (what scripts/test.sh runs)
+#   scripts/setup-qemu.sh --arch aarch64   # arm64 guests, a CSD's ARM cores: adds
+#                                          # qemu-system-arm, Debian's arm64 cloud
+#                                          # kernel and busybox into $CSD_QEMU_HOME/arm64
 set -euo pipefail
+arch=x86_64
+if [ "${1:-}" = "--arch" ]; then arch="${2:?--arch takes x86_64 or aarch64}"; fi
 home="${CSD_QEMU_HOME:-$HOME/.cache/csd/qemu}"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+case "$arch" in
+  x86_64)
+    deb=amd64
+    command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+    dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+    ;;
+  aarch64)
+    deb=arm64
+    home="$home/arm64"
+    command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
+    # The arm64 packages below are downloaded, never installed.
+    dpkg --print-foreign-architectures | grep -qx arm64 || {
+      as_root dpkg --add-architecture arm64
+      as_root apt-get update -qq
+    }
+    ;;
+  *) echo "setup-qemu: --arch $arch: x86_64 or aarch64" >&2; exit 2 ;;
+esac
 command -v strip >/dev/null || need+=(binutils)
 if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root apt-get install -y -qq "${need[@]}"
 fi
-if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ] && [ -f "$home/modules/spdk/uio_pci_generic.ko" ]; then
+if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ] && [ -f "$home/modules/spdk/uio_pci_generic.ko" ] \
+  && { [ "$arch" = x86_64 ] || [ -x "$home/busybox" ]; }; then
   exit 0
 fi
 mkdir -p "$home"
 work="$(mktemp -d)"
+chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 download() { apt-get download "$1" >/dev/null 2>&1 || { as_root apt-get update -qq && apt-get download "$1"; }; }
-download linux-image-cloud-amd64
-pkg="$(dpkg-deb -f linux-image-cloud-amd64_*.deb Depends | grep -o 'linux-image-[0-9][^ ,]*-cloud-amd64' | head -n1)"
-[ -n "$pkg" ] || { echo "setup-qemu: linux-image-cloud-amd64 names no kernel package" >&2; exit 1; }
-download "$pkg"
+if [ "$arch" = aarch64 ]; then
+  download busybox-static:arm64
+  dpkg-deb -x busybox-static_*_arm64.deb bb
+  cp bb/bin/busybox "$home/busybox.new" && mv "$home/busybox.new" "$home/busybox"
+fi
+download "linux-image-cloud-$deb:$deb"
+pkg="$(dpkg-deb -f linux-image-cloud-"$deb"_*.deb Depends | grep -o "linux-image-[0-9][^ ,]*-cloud-$deb" | head -n1)"
+[ -n "$pkg" ] || { echo "setup-qemu: linux-image-cloud-$deb names no kernel package" >&2; exit 1; }
+download "$pkg:$deb"
 dpkg-deb -x "$pkg"_*.deb root
 rm -rf "$home/modules.new" && mkdir -p "$home/modules.new"
 # virtio_net and what it needs, in the order insmod must load them.

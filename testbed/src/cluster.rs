@@ -108,9 +108,9 @@ async fn boot_guests(
     dir: &std::path::Path,
     progress: &mut impl FnMut(String),
 ) -> Result<Vec<Guest>> {
-    let binary = crate::guest::default_binary()?;
-    let args = s.nodes.guest_args(key.policy)?;
     let q = &s.nodes.qemu;
+    let binary = crate::guest::default_binary_for(q.arch)?;
+    let args = s.nodes.guest_args(key.policy)?;
     progress(format!("booting {} QEMU guests", s.nodes.count));
     let boots = (0..s.nodes.count).map(|i| {
         let mut spec = GuestSpec::new(
@@ -118,6 +118,7 @@ async fn boot_guests(
             dir.join(format!("node{i}.img")),
             dir.to_path_buf(),
         );
+        spec.arch = q.arch;
         spec.disk_bytes = q.disk_mib << 20;
         spec.lba_bytes = q.lba_bytes;
         spec.memory_mib = q.memory_mib;

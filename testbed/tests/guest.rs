@@ -17,7 +17,9 @@ use arrow::array::{Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use csd_runtime::node_client::NodeClient;
-use csd_testbed::guest::{Guest, GuestSpec, Kit, MediaFault, default_binary};
+use csd_testbed::guest::{
+    Arch, Guest, GuestSpec, Kit, MediaFault, default_binary, default_binary_for,
+};
 use futures::TryStreamExt;
 
 /// The kit, or `None` (with a message) where it is not installed.
@@ -80,6 +82,27 @@ fn rows(batches: &[RecordBatch]) -> Vec<(i64, String)> {
     }
     out.sort();
     out
+}
+
+/// The aarch64 `csd` for arm64 guests, or `None` (saying what is missing) where the
+/// arm64 kit or the cross build is not there and `CSD_REQUIRE_ARM64` is unset: both
+/// are opt-in (`scripts/setup-qemu.sh --arch aarch64`, `scripts/build-aarch64.sh`).
+fn arm64() -> Option<std::path::PathBuf> {
+    match Kit::find_for(Arch::Aarch64).and_then(|_| default_binary_for(Arch::Aarch64)) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("CSD_REQUIRE_ARM64").is_none() => {
+            eprintln!(
+                "skipping the arm64 guest tests (opt in: scripts/setup-qemu.sh --arch aarch64 \
+                 && scripts/build-aarch64.sh): {e}"
+            );
+            None
+        }
+        Err(e) => panic!("CSD_REQUIRE_ARM64 is set: {e}"),
+    }
+}
+
+fn mib(b: Option<u64>) -> String {
+    b.map_or("?".into(), |b| format!("{:.0}", b as f64 / 1048576.0))
 }
 
 /// A guest whose node (256 MiB budget) stores on a `disk_mib` namespace in `dir`.
@@ -450,4 +473,325 @@ async fn a_guest_node_stores_through_spdks_pcie_driver_and_survives_kill_9() {
     let mut g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
     eprintln!("SPDK guest booted in {:.1} s", g.boot_s);
     stores_deletes_and_survives_kill_9(&mut g, "spdk:pcie=").await;
+}
+
+/// A CSD-shaped node: an arm64 guest (four Cortex-A53 cores, 2 GiB, `--cpus 4
+/// --memory 2GiB`) running the aarch64 build on NVMe passthrough stores, reads,
+/// deletes (Dataset Management) and keeps its tables across a `kill -9` of the whole
+/// machine, as the x86-64 guest does. Prints what carries over from emulation: the
+/// start-up time against an x86-64 guest of the same size booted here just before,
+/// the node's resident memory idle and after work, and the binaries' sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csd_shaped_arm64_node_stores_through_nvme_passthrough_and_survives_kill_9() {
+    if kit().is_none() {
+        return;
+    }
+    let Some(binary) = arm64() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Start-up against an x86-64 guest of the same size, booted in turn (medians of 3).
+    let mut boots: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (i, (arch, bin)) in [
+            (Arch::X86_64, default_binary().unwrap()),
+            (Arch::Aarch64, binary.clone()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut spec = GuestSpec::csd(
+                bin,
+                dir.path().join(format!("boot{i}.img")),
+                dir.path().into(),
+            );
+            spec.arch = arch;
+            spec.disk_bytes = 256 << 20;
+            let g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
+            boots[i].push(g.boot_s);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (x86_boot, arm_boot) = (median(&boots[0]), median(&boots[1]));
+    let mut spec = GuestSpec::csd(
+        binary.clone(),
+        dir.path().join("node.img"),
+        dir.path().into(),
+    );
+    spec.disk_bytes = 256 << 20;
+    let mut g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let idle = c.stats().await.unwrap();
+    assert_eq!(idle.cpus, 4, "the node's cores");
+    assert_eq!(idle.memory_budget, 2 << 30, "the node's budget");
+    stores_deletes_and_survives_kill_9(&mut g, "nvme:/dev/ng0n1").await;
+    // Work after the reboot: a 200,000-row table stored and scanned twice.
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let big = batch(9, 200_000);
+    put(&c, "big", &big).await;
+    assert_holds(&c, "big", &big, "on arm64").await;
+    assert_holds(&c, "big", &big, "on arm64, again").await;
+    let after = c.stats().await.unwrap();
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len()) / 1048576;
+    eprintln!(
+        "arm64 guest (4 x Cortex-A53, 2 GiB, TCG): node answering {arm_boot:.1} s after QEMU \
+         started, x86-64 guest of the same size {x86_boot:.1} s ({:.2}x; medians of 3, x86-64 \
+         then aarch64: {boots:.1?}); node resident \
+         {} MiB idle, {} MiB peak after storing and scanning 200,000 rows; binaries: aarch64 {} MiB \
+         ({}), x86-64 {} MiB",
+        arm_boot / x86_boot,
+        mib(idle.resident_bytes),
+        mib(after.peak_resident_bytes),
+        size(&binary),
+        binary.display(),
+        size(&default_binary().unwrap()),
+    );
+}
+
+/// The shipped `qemu-arm64` scenario: TPC-H SF 0.01 on a CSD-shaped arm64 guest
+/// node, every query under no pushdown, full pushdown and the node's own judgement,
+/// answers compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_on_an_arm64_guest_node_answers_as_without_pushdown() {
+    if kit().is_none() || arm64().is_none() {
+        return;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/qemu-arm64.toml");
+    let s = csd_testbed::scenario::Scenario::from_file(&path).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let r = csd_testbed::run(
+        s,
+        &csd_testbed::RunOptions {
+            out: out.path().to_path_buf(),
+            quick: false,
+            progress: false,
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("qemu-arm64 scenario: {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(r.runs.len(), 3);
+    for run in &r.runs {
+        assert!(
+            run.mismatches.is_empty(),
+            "{}: {:?}",
+            run.policy,
+            run.mismatches
+        );
+        assert_eq!(run.failed, 0, "{}: {:?}", run.policy, run.errors);
+        assert_eq!(run.completed, 22, "{}", run.policy);
+    }
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(
+        md.contains("TCG, aarch64;") && md.contains("cloud-arm64"),
+        "{md}"
+    );
+}
+
+/// An example Wasm guest (`scripts/build-wasm-examples.sh`, run by `scripts/test.sh`),
+/// or `None` saying it is not built.
+fn wasm_example(name: &str) -> Option<Vec<u8>> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("wasm").join(format!("{name}.wasm"));
+    match std::fs::read(&path) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!(
+                "skipping: {}: {e} (scripts/build-wasm-examples.sh builds it)",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Rows as sorted text, floats to 9 significant digits (a sum's order differs
+/// between plans).
+fn rows_text(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| match c.data_type() {
+                    DataType::Float64 => {
+                        use arrow::array::AsArray;
+                        let v = c.as_primitive::<arrow::datatypes::Float64Type>().value(i);
+                        format!("{v:.8e}")
+                    }
+                    _ => arrow::util::display::array_value_to_string(c, i).unwrap(),
+                })
+                .collect();
+            out.push(cells.join("|"));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A CSD-shaped arm64 guest holding TPC-H SF 0.01 `lineitem` in two partitions.
+async fn csd_with_lineitem(binary: std::path::PathBuf, dir: &std::path::Path) -> Guest {
+    let mut spec = GuestSpec::csd(binary, dir.join("node.img"), dir.into());
+    spec.disk_bytes = 512 << 20;
+    let g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    for i in 0..2 {
+        let (schema, part) = csd_testbed::tpch::generate("lineitem", 0.01, i + 1, 2).unwrap();
+        c.put(
+            "lineitem",
+            &format!("p{i}"),
+            schema,
+            futures::stream::iter(part.into_iter().map(Ok)),
+        )
+        .await
+        .unwrap();
+    }
+    g
+}
+
+async fn session(url: &str, pushdown: bool) -> csd_query_pushdown::CsdSession {
+    csd_query_pushdown::Cluster::connect(&[url.to_string()])
+        .await
+        .unwrap()
+        .session(csd_query_pushdown::SessionOptions {
+            pushdown,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// Wasm on the drive's cores: the arm64 node compiles the example guests with
+/// Cranelift's aarch64 backend; a shipped filter + map and Wasm SQL functions inside
+/// a pushed-down fragment answer as the same computation in SQL without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_on_an_arm64_guest_node_answers_as_sql() {
+    if kit().is_none() {
+        return;
+    }
+    let Some(binary) = arm64() else { return };
+    let (Some(filter_map), Some(functions)) =
+        (wasm_example("filter_map"), wasm_example("functions"))
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let g = csd_with_lineitem(binary, dir.path()).await;
+    let (pushed, local) = (session(&g.url, true).await, session(&g.url, false).await);
+
+    let job = csd_query_pushdown::WasmJob {
+        module: filter_map.into(),
+        table: "lineitem".into(),
+        columns: ["l_orderkey", "l_extendedprice", "l_discount", "l_shipmode"]
+            .map(String::from)
+            .to_vec(),
+        filter: Some("l_quantity < 30".into()),
+        args: [("mode".to_string(), "AIR".to_string())].into(),
+        rows: true,
+    };
+    let run = pushed.run_wasm(&job).await.unwrap();
+    assert!(
+        run.endpoints.iter().all(|e| e.pushed_back.is_none()),
+        "the arm64 node handed the module back: {:?}",
+        run.endpoints
+    );
+    let want = local
+        .run(
+            "SELECT l_orderkey, CAST(l_extendedprice AS DOUBLE) * (1 - CAST(l_discount AS DOUBLE)) \
+             FROM lineitem WHERE l_quantity < 30 AND l_shipmode = 'AIR'",
+        )
+        .await
+        .unwrap()
+        .batches;
+    let want = rows_text(&want);
+    assert!(!want.is_empty());
+    assert_eq!(rows_text(&run.batches), want, "filter_map on arm64");
+
+    for s in [&pushed, &local] {
+        for f in ["discounted", "word_count"] {
+            s.register_wasm_udf(f, &functions, f).await.unwrap();
+        }
+    }
+    let q = "SELECT l_returnflag, COUNT(*), SUM(discounted(l_extendedprice, l_discount)) \
+             FROM lineitem WHERE word_count(l_comment) > 3 GROUP BY l_returnflag";
+    let at_node = pushed.run(q).await.unwrap();
+    assert!(
+        at_node.node_runs.iter().all(|r| r.pushed_back.is_none()),
+        "{:?}",
+        at_node.node_runs
+    );
+    let got = rows_text(&at_node.batches);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(
+        got,
+        rows_text(&local.run(q).await.unwrap().batches),
+        "Wasm SQL functions on arm64"
+    );
+}
+
+/// The drive's four weak cores under more work than they can take: twelve compute
+/// clients at once send the same aggregate to a CSD-shaped arm64 node. The node
+/// admits what fits and hands the rest back, which the clients run themselves: every
+/// answer equals the query without pushdown, and some fragments were handed back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arm64_node_under_load_hands_work_back_and_every_answer_is_right() {
+    if kit().is_none() {
+        return;
+    }
+    let Some(binary) = arm64() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let g = csd_with_lineitem(binary, dir.path()).await;
+    let q = "SELECT l_returnflag, l_linestatus, SUM(l_quantity), SUM(l_extendedprice), \
+             AVG(l_discount), COUNT(*) FROM lineitem WHERE l_shipdate <= DATE '1998-09-02' \
+             GROUP BY l_returnflag, l_linestatus";
+    let want = rows_text(&session(&g.url, false).await.run(q).await.unwrap().batches);
+    assert_eq!(want.len(), 4, "{want:?}");
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        clients.push(session(&g.url, true).await);
+    }
+    let runs = futures::future::join_all(clients.iter().map(|s| async {
+        s.run(q)
+            .await
+            .unwrap_or_else(|e| panic!("a pushed query under load: {e}\n{}", g.log_tail(20)))
+    }))
+    .await;
+    let (mut at_node, mut handed_back) = (0, 0);
+    for run in &runs {
+        assert_eq!(rows_text(&run.batches), want, "a pushed answer under load");
+        for r in &run.node_runs {
+            if r.work_pushed_back() {
+                handed_back += 1;
+            } else {
+                at_node += 1;
+            }
+        }
+    }
+    let stats = NodeClient::connect(&g.url)
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    eprintln!(
+        "arm64 node under 12 clients: {at_node} fragments run at the node, {handed_back} handed \
+         back; admission: {:?}",
+        stats.admission
+    );
+    assert!(
+        handed_back > 0,
+        "the node took all of it: {:?}",
+        stats.admission
+    );
+    assert!(
+        at_node > 0,
+        "the node took none of it: {:?}",
+        stats.admission
+    );
 }

@@ -70,6 +70,10 @@ pub struct AdmissionConfig {
     pub policy: Policy,
     /// Cost per byte before anything was learned.
     pub(crate) prior_ns_per_byte: f64,
+    /// Whether the prior is known to fit this node's cores. When not (the default:
+    /// it is a server's figure), a request that would have to wait before any
+    /// request of its kind has finished here is handed back under `adaptive`.
+    pub(crate) trust_prior: bool,
     /// An asker's link throughput (bytes/s) assumed until one is measured; `None`:
     /// handing back is not priced until then.
     pub link_prior: Option<f64>,
@@ -100,6 +104,7 @@ impl AdmissionConfig {
             max_queued: 1024,
             policy: Policy::Adaptive,
             prior_ns_per_byte: 2.0,
+            trust_prior: false,
             link_prior: None,
             overhead: Duration::from_micros(500),
             learning_rate: 0.2,

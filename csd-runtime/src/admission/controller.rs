@@ -224,7 +224,13 @@ impl Controller {
         // A patient request's asker has no cores to spare: handing it back would only
         // move the queue there, behind that tier's own work.
         let bound = self.cfg.queue_target.max(estimate);
-        let over = self.cfg.policy == Policy::Adaptive && delay > bound;
+        // Until a request of its kind has finished here, the predicted queueing rests
+        // on the prior alone (a server's cost per byte; a drive's weak cores can be
+        // hundreds of times slower): at most one more wave of the CPU workers waits,
+        // and past it a request is not promised a wait there are no grounds for.
+        let cold =
+            !self.cfg.trust_prior && !self.costs.learned(&ask.operator) && waiting >= self.slots();
+        let over = self.cfg.policy == Policy::Adaptive && (delay > bound || cold);
         let there = self.cost_at_asker(&ask);
         if over && ask.patient {
             self.counters.patient += 1;
@@ -232,6 +238,19 @@ impl Controller {
         } else if over && ask.asker.shares_cores {
             self.counters.kept_shared_cores += 1;
             self.last_offer.kept = Some(Kept::SharedCores);
+        } else if over && cold {
+            // Nor can it weigh the asker's cost against a wait it cannot predict.
+            return push_back(
+                self,
+                format!(
+                    "the node is busy: its {} CPU workers are taken and as many requests wait, \
+                     and no {} request has finished here yet to tell how long a longer \
+                     wait would be",
+                    self.slots(),
+                    ask.operator
+                ),
+                delay,
+            );
         } else if over && there.is_some_and(|t| (delay + estimate).as_secs_f64() <= t) {
             self.counters.kept_for_link += 1;
             self.last_offer.kept = Some(Kept::ForLink);

@@ -68,6 +68,12 @@ impl Costs {
             .unwrap_or(self.prior)
     }
 
+    /// Whether any request of `operator` has finished here: until one has, its cost
+    /// is the configured prior, which says nothing about this node's cores.
+    pub(super) fn learned(&self, operator: &str) -> bool {
+        self.operators.get(operator).is_some_and(|c| c.samples > 0)
+    }
+
     /// The learned cost per byte of `ask`: its shape's if one was learned, else its
     /// operator's.
     pub(super) fn ns_per_byte_of(&self, ask: &Ask) -> f64 {

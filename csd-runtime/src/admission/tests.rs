@@ -20,6 +20,7 @@ fn ask(tenant: &str, bytes: u64) -> Ask {
 fn cfg(slots: usize) -> AdmissionConfig {
     let mut c = AdmissionConfig::new(slots, 1 << 30);
     c.prior_ns_per_byte = 1.0; // 1 MB = 1 ms
+    c.trust_prior = true;
     c.overhead = Duration::ZERO;
     c
 }
@@ -159,6 +160,47 @@ fn runs_then_queues_within_target_then_pushes_back() {
     let started = c.finish(id(&a), 20 * MS, 20 * MS, true);
     assert_eq!(started.len(), 1);
     assert_eq!(started[0].1, 20 * MS);
+}
+
+/// A prior nobody checked against this node's cores (the default) promises no long
+/// wait: before a request of its kind has finished here, one wave of requests waits
+/// for the CPU workers and the next is handed back; once one has finished, the
+/// learned cost decides as above.
+#[test]
+fn a_cold_node_queues_one_wave_and_hands_back_the_rest_until_it_has_learned() {
+    let mut cfg = cfg(2);
+    cfg.trust_prior = false;
+    let mut c = Controller::new(cfg);
+    let t = Duration::ZERO;
+    // 2 ms each by the prior: two run, two wait (well within the target) ...
+    let first = c.offer(ask("x", 2_000_000), t);
+    assert!(matches!(first, Offer::Run(_)));
+    assert!(matches!(c.offer(ask("x", 2_000_000), t), Offer::Run(_)));
+    assert!(matches!(c.offer(ask("x", 2_000_000), t), Offer::Queued(_)));
+    assert!(matches!(c.offer(ask("x", 2_000_000), t), Offer::Queued(_)));
+    // ... and the next is handed back, saying why.
+    match c.offer(ask("x", 2_000_000), t) {
+        Offer::PushBack(p) => assert!(
+            p.reason.contains("no sql request has finished here yet"),
+            "{}",
+            p.reason
+        ),
+        o => panic!("expected push back, got {o:?}"),
+    }
+    // A patient asker still waits.
+    let patient = Ask {
+        patient: true,
+        ..ask("x", 2_000_000)
+    };
+    assert!(matches!(c.offer(patient, t), Offer::Queued(_)));
+    // One finished, as fast as the prior said: the prediction decides again.
+    let next = c.finish(id(&first), 2 * MS, 2 * MS, true);
+    assert_eq!(next.len(), 1);
+    assert!(matches!(
+        c.offer(ask("x", 2_000_000), 2 * MS),
+        Offer::Queued(_)
+    ));
+    assert_eq!(c.stats().counters.pushed_back, 1);
 }
 
 #[test]

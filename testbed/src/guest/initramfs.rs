@@ -11,7 +11,7 @@ use std::process::Command;
 use std::collections::BTreeMap;
 
 use super::cpio::CpioWriter;
-use super::kit::Kit;
+use super::kit::{Arch, Kit};
 use super::spdk::{self, Entry};
 use crate::{Error, Result};
 
@@ -38,8 +38,15 @@ echo "csd-guest: csd exited with status $?"
 poweroff -f
 "#;
 
-/// Shared libraries `binary` loads (with its interpreter), as `ldd` lists them.
-fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+/// Shared libraries `binary` loads (with its interpreter), each as its path in the
+/// guest and the host file that holds it: for the host's own architecture as `ldd`
+/// lists them; for another, the ELF's `NEEDED` entries and interpreter found in
+/// Debian's cross sysroot (`/usr/aarch64-linux-gnu/lib`, from
+/// `scripts/build-aarch64.sh`'s cross toolchain), all under the guest's `/lib`.
+fn libraries(binary: &Path, arch: Arch) -> Result<Vec<(String, PathBuf)>> {
+    if arch != Arch::X86_64 {
+        return cross_libraries(binary, arch);
+    }
     let out = Command::new("ldd")
         .arg(binary)
         .output()
@@ -55,9 +62,60 @@ fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
                 Some((_, rest)) => rest.split_whitespace().next()?,
                 None => l.split_whitespace().next()?,
             };
-            path.starts_with('/').then(|| PathBuf::from(path))
+            path.starts_with('/').then(|| {
+                (
+                    path.trim_start_matches('/').to_string(),
+                    PathBuf::from(path),
+                )
+            })
         })
         .collect())
+}
+
+fn cross_libraries(binary: &Path, arch: Arch) -> Result<Vec<(String, PathBuf)>> {
+    let sysroot = PathBuf::from(format!("/usr/{}-linux-gnu/lib", arch.name()));
+    let readelf = |flag: &str| -> Result<String> {
+        let out = Command::new("readelf")
+            .args([flag, "-W"])
+            .arg(binary)
+            .output()
+            .map_err(|e| Error::Guest(format!("running readelf on {}: {e}", binary.display())))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mut names: Vec<String> = readelf("-d")?
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split_once('[')?.1.split_once(']')?.0.to_string()))
+        .collect();
+    if let Some(interp) = readelf("-l")?.lines().find_map(|l| {
+        l.split_once("program interpreter: ")?
+            .1
+            .split_once(']')
+            .map(|(p, _)| p.to_string())
+    }) {
+        names.push(
+            Path::new(&interp)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(interp),
+        );
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let host = sysroot.join(&n);
+            if host.is_file() {
+                Ok((format!("lib/{n}"), host))
+            } else {
+                Err(Error::Guest(format!(
+                    "{} needs {n}, which is not in {} (run scripts/build-aarch64.sh: it installs \
+                     the cross toolchain)",
+                    binary.display(),
+                    sysroot.display()
+                )))
+            }
+        })
+        .collect()
 }
 
 /// Builds (or finds, when one of this binary and kit is already there) the guest's
@@ -83,7 +141,11 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
         }
         None => String::new(),
     };
-    let key = format!("{:x}-{:x}-{}{variant}", meta.len(), stamp, kit.kernel);
+    let arch = match kit.arch {
+        Arch::X86_64 => "",
+        Arch::Aarch64 => "-aarch64",
+    };
+    let key = format!("{:x}-{:x}-{}{variant}{arch}", meta.len(), stamp, kit.kernel);
     std::fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
     let out = dir.join(format!("initramfs-{key}.cpio"));
     // One build at a time in this process (guests boot together); another process
@@ -96,8 +158,7 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
     // Shared libraries by archive path: csd's (as ldd lists them), then an SPDK
     // guest's files (libraries csd loads at run time), each path once.
     let mut libs: BTreeMap<String, Entry> = BTreeMap::new();
-    for lib in libraries(binary)? {
-        let rel = lib.to_string_lossy().trim_start_matches('/').to_string();
+    for (rel, lib) in libraries(binary, kit.arch)? {
         // Follow symlinks: the archive holds the library's bytes.
         let real = std::fs::canonicalize(&lib)
             .map_err(|e| io(&format!("resolving {}", lib.display()), e))?;
@@ -120,7 +181,11 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
     };
     // Strip debug info: the guest keeps the whole archive in memory.
     let stripped = dir.join(format!("csd.{}.stripped", std::process::id()));
-    let ok = Command::new("strip")
+    let strip = match kit.arch {
+        Arch::X86_64 => "strip".to_string(),
+        other => format!("{}-linux-gnu-strip", other.name()),
+    };
+    let ok = Command::new(&strip)
         .args(["--strip-debug", "-o"])
         .arg(&stripped)
         .arg(binary)
@@ -191,7 +256,8 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
         for e in entries.flatten() {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            let same_variant = n.contains("-spdk") == spdk_dir.is_some();
+            let same_variant = n.contains("-spdk") == spdk_dir.is_some()
+                && n.ends_with("-aarch64.cpio") == (kit.arch == Arch::Aarch64);
             if n.starts_with("initramfs-")
                 && n.ends_with(".cpio")
                 && same_variant

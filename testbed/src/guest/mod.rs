@@ -28,7 +28,7 @@ use csd_runtime::node_client::NodeClient;
 use crate::{Error, Result};
 
 pub use blkdebug::{FaultedIo, MediaFault};
-pub use kit::Kit;
+pub use kit::{Arch, Kit};
 
 /// The port the node listens on inside every guest.
 const GUEST_PORT: u16 = 7070;
@@ -39,7 +39,9 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// One guest machine running one node.
 #[derive(Debug, Clone)]
 pub struct GuestSpec {
-    /// The `csd` executable the guest runs (any Linux x86-64 build; debug info is
+    /// The machine emulated.
+    pub arch: Arch,
+    /// The `csd` executable the guest runs (any Linux build for `arch`; debug info is
     /// stripped on the way in).
     pub binary: PathBuf,
     /// The backing file of the guest's emulated NVMe namespace (created, or grown, to
@@ -80,6 +82,7 @@ impl GuestSpec {
     /// with the usual sizes.
     pub fn new(binary: PathBuf, disk: PathBuf, work: PathBuf) -> Self {
         GuestSpec {
+            arch: Arch::X86_64,
             binary,
             disk,
             disk_bytes: 1 << 30,
@@ -95,6 +98,21 @@ impl GuestSpec {
         }
     }
 
+    /// A computational storage drive's shape: an arm64 machine with four Cortex-A53
+    /// cores and 2 GiB, its node told so (`--cpus 4 --memory 2GiB`), running
+    /// `binary` (an aarch64 build: `scripts/build-aarch64.sh`).
+    pub fn csd(binary: PathBuf, disk: PathBuf, work: PathBuf) -> Self {
+        GuestSpec {
+            arch: Arch::Aarch64,
+            cpus: 4,
+            memory_mib: 2048,
+            node_args: ["--cpus", "4", "--memory", "2GiB"]
+                .map(String::from)
+                .to_vec(),
+            ..GuestSpec::new(binary, disk, work)
+        }
+    }
+
     /// The node drives the emulated controller with SPDK's PCIe driver
     /// (`--device spdk:pcie=…`), loading SPDK from `spdk_dir`'s build: the guest
     /// binds the controller to `uio_pci_generic`, reserves hugepages and advertises
@@ -107,25 +125,77 @@ impl GuestSpec {
     }
 }
 
-/// The `csd` binary a guest should run when none is named: `$CSD_GUEST_BINARY`, else
-/// the `csd` next to this executable (or one folder up, from a test binary in
-/// `deps/`), else this executable when it is `csd`.
+/// The `csd` binary an x86-64 guest should run when none is named: see
+/// [`default_binary_for`].
 pub fn default_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("CSD_GUEST_BINARY") {
+    default_binary_for(Arch::X86_64)
+}
+
+/// The `csd` binary an `arch` guest should run when none is named. x86-64:
+/// `$CSD_GUEST_BINARY`, else the `csd` next to this executable (or one folder up,
+/// from a test binary in `deps/`). aarch64: `$CSD_GUEST_BINARY_AARCH64`, else the
+/// cross build beside this target folder (`scripts/build-aarch64.sh`:
+/// `TARGET/aarch64-unknown-linux-gnu/{debug,release}/csd`, the same profile first).
+pub fn default_binary_for(arch: Arch) -> Result<PathBuf> {
+    let var = match arch {
+        Arch::X86_64 => "CSD_GUEST_BINARY",
+        Arch::Aarch64 => "CSD_GUEST_BINARY_AARCH64",
+    };
+    if let Some(p) = std::env::var_os(var) {
         return Ok(PathBuf::from(p));
     }
     let me = std::env::current_exe()
         .map_err(|e| Error::Guest(format!("finding this executable: {e}")))?;
     let dir = me.parent().map(PathBuf::from).unwrap_or_default();
-    for candidate in [dir.join("csd"), dir.join("../csd")] {
-        if candidate.is_file() {
-            return Ok(candidate);
+    let candidates: Vec<PathBuf> = match arch {
+        Arch::X86_64 => vec![dir.join("csd"), dir.join("../csd")],
+        Arch::Aarch64 => {
+            // TARGET/PROFILE or TARGET/PROFILE/deps.
+            let profile_dir = if dir.ends_with("deps") {
+                dir.join("..")
+            } else {
+                dir.clone()
+            };
+            let profile = profile_dir
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "debug".into());
+            let cross = profile_dir.join("../aarch64-unknown-linux-gnu");
+            let mut order = vec![profile.clone()];
+            order.extend(
+                ["debug", "release"]
+                    .iter()
+                    .map(|p| p.to_string())
+                    .filter(|p| *p != profile),
+            );
+            order.iter().map(|p| cross.join(p).join("csd")).collect()
         }
+    };
+    if let Some(found) = candidates.into_iter().find(|c| c.is_file()) {
+        return Ok(found);
     }
-    Err(Error::Guest(format!(
-        "no csd binary next to {} (build it: cargo build -p csd-client --bin csd, or set CSD_GUEST_BINARY)",
-        me.display()
-    )))
+    Err(Error::Guest(match arch {
+        Arch::X86_64 => format!(
+            "no csd binary next to {} (build it: cargo build -p csd-client --bin csd, or set CSD_GUEST_BINARY)",
+            me.display()
+        ),
+        Arch::Aarch64 => format!(
+            "no aarch64 csd beside {} (build it: scripts/build-aarch64.sh, or set CSD_GUEST_BINARY_AARCH64)",
+            me.display()
+        ),
+    }))
+}
+
+/// The ELF machine of `binary`, or `None` when it is no ELF file.
+fn elf_machine(binary: &std::path::Path) -> Option<u16> {
+    use std::io::Read;
+    let mut head = [0u8; 20];
+    std::fs::File::open(binary)
+        .ok()?
+        .read_exact(&mut head)
+        .ok()?;
+    (head[..4] == *b"\x7fELF").then(|| u16::from_le_bytes([head[18], head[19]]))
 }
 
 /// A running guest.
@@ -154,7 +224,18 @@ fn free_port() -> Result<u16> {
 impl Guest {
     /// Checks `spec`, builds its initramfs and backing file; starts nothing.
     async fn prepare(spec: GuestSpec) -> Result<Guest> {
-        let kit = Kit::find()?;
+        let kit = Kit::find_for(spec.arch)?;
+        if elf_machine(&spec.binary) != Some(spec.arch.elf_machine()) {
+            return Err(Error::Guest(format!(
+                "{} is not a Linux {} executable: the guest cannot run it{}",
+                spec.binary.display(),
+                spec.arch.name(),
+                match spec.arch {
+                    Arch::Aarch64 => " (build one with scripts/build-aarch64.sh)",
+                    Arch::X86_64 => "",
+                }
+            )));
+        }
         if let Some(a) = spec
             .node_args
             .iter()
@@ -252,7 +333,11 @@ impl Guest {
     /// The QEMU command line.
     fn command(&self) -> Command {
         let s = &self.spec;
-        let mut append = String::from("console=ttyS0 quiet panic=-1");
+        let console = match s.arch {
+            Arch::X86_64 => "ttyS0",
+            Arch::Aarch64 => "ttyAMA0",
+        };
+        let mut append = format!("console={console} quiet panic=-1");
         if s.spdk.is_some() {
             append.push_str(&format!(" hugepages={}", spdk::HUGEPAGES));
         }
@@ -276,6 +361,9 @@ impl Guest {
             append.push_str(a);
         }
         let mut c = Command::new(&self.kit.qemu);
+        if s.arch == Arch::Aarch64 {
+            c.args(["-M", "virt", "-cpu", "cortex-a53"]);
+        }
         c.args(["-accel", "tcg", "-display", "none", "-no-reboot"])
             .args(["-m", &s.memory_mib.to_string()])
             .args(["-smp", &s.cpus.to_string()])

@@ -44,11 +44,13 @@ impl Report {
                 .join(", ");
             let _ = writeln!(
                 m,
-                "- {} storage node(s), each in a QEMU guest of its own (TCG; {} vCPU, {} MiB; {}): the node ({} CPU worker(s), {} memory) stores on an emulated NVMe controller ({} MiB, {}-byte LBAs) through `{}`; QEMU start to a serving node: {} s",
+                "- {} storage node(s), each in a QEMU guest of its own (TCG, {}; {} vCPU, {} MiB; {}): the node ({} CPU worker(s), {} memory) stores on an emulated NVMe controller ({} MiB, {}-byte LBAs) through `{}`; QEMU start to a serving node: {} s",
                 s.nodes.count,
+                q.arch.name(),
                 s.nodes.settings.cpus,
                 q.memory_mib,
-                crate::guest::Kit::find().map_or_else(|_| "kernel unknown".into(), |k| k.kernel),
+                crate::guest::Kit::find_for(q.arch)
+                    .map_or_else(|_| "kernel unknown".into(), |k| k.kernel),
                 s.nodes.settings.cpus,
                 s.nodes.settings.memory,
                 q.disk_mib,

@@ -211,7 +211,11 @@ impl Scenario {
     /// The device spec every node gets (`emulated:mem,...`).
     pub(crate) fn device_spec(&self) -> Result<String> {
         if self.nodes.system == nodes::NodeSystem::Qemu {
-            return Ok(format!("qemu:{}", self.nodes.qemu.device.spec()));
+            let q = &self.nodes.qemu;
+            return Ok(match q.arch {
+                crate::guest::Arch::X86_64 => format!("qemu:{}", q.device.spec()),
+                arch => format!("qemu-{}:{}", arch.name(), q.device.spec()),
+            });
         }
         let d = &self.nodes.device;
         let spec = format!(

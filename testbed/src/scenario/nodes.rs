@@ -64,6 +64,10 @@ pub struct QemuConf {
     pub lba_bytes: u32,
     /// Guest memory, MiB.
     pub memory_mib: u64,
+    /// The machine emulated: `x86_64`, or `aarch64` (an arm64 board with Cortex-A53
+    /// cores running the cross build of `scripts/build-aarch64.sh`; its kit from
+    /// `scripts/setup-qemu.sh --arch aarch64`).
+    pub arch: crate::guest::Arch,
 }
 
 /// How a guest's node reaches its NVMe namespace.
@@ -94,6 +98,7 @@ impl Default for QemuConf {
             disk_mib: 1024,
             lba_bytes: 512,
             memory_mib: 1536,
+            arch: crate::guest::Arch::X86_64,
         }
     }
 }
