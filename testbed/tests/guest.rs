@@ -736,9 +736,10 @@ async fn wasm_on_an_arm64_guest_node_answers_as_sql() {
 }
 
 /// The drive's four weak cores under more work than they can take: twelve compute
-/// clients at once send the same aggregate to a CSD-shaped arm64 node. The node
-/// admits what fits and hands the rest back, which the clients run themselves: every
-/// answer equals the query without pushdown, and some fragments were handed back.
+/// clients send the same aggregate at once to a CSD-shaped arm64 node, first while
+/// it has learned nothing of this work's cost on its cores, then again once it has.
+/// Each time the node admits what fits and hands the rest back, which the clients
+/// run themselves: every answer equals the query without pushdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_arm64_node_under_load_hands_work_back_and_every_answer_is_right() {
     if kit().is_none() {
@@ -756,42 +757,48 @@ async fn an_arm64_node_under_load_hands_work_back_and_every_answer_is_right() {
     for _ in 0..12 {
         clients.push(session(&g.url, true).await);
     }
-    let runs = futures::future::join_all(clients.iter().map(|s| async {
-        s.run(q)
-            .await
-            .unwrap_or_else(|e| panic!("a pushed query under load: {e}\n{}", g.log_tail(20)))
-    }))
-    .await;
-    let (mut at_node, mut handed_back) = (0, 0);
-    for run in &runs {
-        assert_eq!(rows_text(&run.batches), want, "a pushed answer under load");
-        for r in &run.node_runs {
-            if r.work_pushed_back() {
-                handed_back += 1;
-            } else {
-                at_node += 1;
+    for burst in ["cold", "learned"] {
+        let runs = futures::future::join_all(clients.iter().map(|s| async {
+            s.run(q)
+                .await
+                .unwrap_or_else(|e| panic!("a pushed query under load: {e}\n{}", g.log_tail(20)))
+        }))
+        .await;
+        let (mut at_node, mut handed_back) = (0, 0);
+        for run in &runs {
+            assert_eq!(
+                rows_text(&run.batches),
+                want,
+                "a pushed answer under load ({burst})"
+            );
+            for r in &run.node_runs {
+                if r.work_pushed_back() {
+                    handed_back += 1;
+                } else {
+                    at_node += 1;
+                }
             }
         }
+        let stats = NodeClient::connect(&g.url)
+            .await
+            .unwrap()
+            .stats()
+            .await
+            .unwrap();
+        eprintln!(
+            "arm64 node, 12 clients at once ({burst}): {at_node} fragments run at the node, \
+             {handed_back} handed back; node counters {:?}",
+            stats.admission.counters
+        );
+        assert!(
+            handed_back > 0,
+            "{burst}: the node took all of it: {:?}",
+            stats.admission
+        );
+        assert!(
+            at_node > 0,
+            "{burst}: the node took none of it: {:?}",
+            stats.admission
+        );
     }
-    let stats = NodeClient::connect(&g.url)
-        .await
-        .unwrap()
-        .stats()
-        .await
-        .unwrap();
-    eprintln!(
-        "arm64 node under 12 clients: {at_node} fragments run at the node, {handed_back} handed \
-         back; admission: {:?}",
-        stats.admission
-    );
-    assert!(
-        handed_back > 0,
-        "the node took all of it: {:?}",
-        stats.admission
-    );
-    assert!(
-        at_node > 0,
-        "the node took none of it: {:?}",
-        stats.admission
-    );
 }
