@@ -276,8 +276,12 @@ async fn summary(
     Ok((int(&n), int(&s), text))
 }
 
-/// Bytes of the namespace holding each table's objects: `(object, first, end)`.
-async fn placements(c: &NodeClient) -> Vec<(String, u64, Vec<(u64, u64)>)> {
+/// An object where it lies: its name, its length, and the namespace's byte ranges
+/// holding it, in order.
+type Placement = (String, u64, Vec<(u64, u64)>);
+
+/// Where each object of the node lies.
+async fn placements(c: &NodeClient) -> Vec<Placement> {
     let block = c.stats().await.unwrap().device.geometry.block_size as u64;
     c.objects("")
         .await
@@ -307,7 +311,7 @@ fn byte_on_disk(ranges: &[(u64, u64)], mut offset: u64) -> Option<u64> {
 
 /// The objects of `placed` holding a sector one of `faults` fails to read.
 fn objects_failing_reads(
-    placed: &[(String, u64, Vec<(u64, u64)>)],
+    placed: &[Placement],
     faults: &[MediaFault],
     persistent_only: bool,
 ) -> BTreeSet<String> {
@@ -342,7 +346,7 @@ fn table_of(object: &str) -> &str {
 
 /// The faults of one round: failing reads inside stored objects, failing writes
 /// where the next objects will go, sometimes a flush or a deallocation.
-fn pick_faults(rng: &mut Rng, placed: &[(String, u64, Vec<(u64, u64)>)]) -> Vec<MediaFault> {
+fn pick_faults(rng: &mut Rng, placed: &[Placement]) -> Vec<MediaFault> {
     let mut faults = Vec::new();
     let readable: Vec<_> = placed.iter().filter(|(_, len, _)| *len > 0).collect();
     for _ in 0..rng.below(4) {
