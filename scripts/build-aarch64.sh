@@ -23,12 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq && $sudo apt-get install -y -qq "${need[@]}"
 fi
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
-export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/csd/target}"
+source scripts/aarch64-env.sh
 profile=debug
 if [ "${1:-}" = "--release" ]; then profile=release; fi
 args=(--target "$target" -p csd-client --bin csd)

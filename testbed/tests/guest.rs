@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
 use csd_runtime::node_client::NodeClient;
 use csd_testbed::guest::{
@@ -22,34 +22,10 @@ use csd_testbed::guest::{
 };
 use futures::TryStreamExt;
 
-/// The kit, or `None` (with a message) where it is not installed.
-fn kit() -> Option<Kit> {
-    match Kit::find() {
-        Ok(k) => Some(k),
-        Err(e) if std::env::var_os("CSD_REQUIRE_QEMU").is_none() => {
-            eprintln!("skipping the QEMU guest tests: {e}");
-            None
-        }
-        Err(e) => panic!("CSD_REQUIRE_QEMU is set: {e}"),
-    }
-}
+mod common;
+use common::kit;
 
-fn batch(seed: i64, rows: usize) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("text", DataType::Utf8, false),
-    ]));
-    let ids: Vec<i64> = (0..rows as i64).map(|i| i * 7 + seed).collect();
-    let text: Vec<String> = ids.iter().map(|i| format!("row {i} of {seed}")).collect();
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from(ids)),
-            Arc::new(StringArray::from(text)),
-        ],
-    )
-    .unwrap()
-}
+use common::batch;
 
 async fn put(c: &NodeClient, table: &str, b: &RecordBatch) {
     c.put(
@@ -322,14 +298,13 @@ async fn a_guest_killed_mid_upload_keeps_every_acknowledged_table() {
     }
 }
 
-/// The shipped `qemu` scenario: two guests, TPC-H SF 0.01, every query under no
-/// pushdown, full pushdown and the node's own judgement, answers compared.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
-    if kit().is_none() {
-        return;
-    }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/qemu.toml");
+/// Runs the shipped scenario `file` (22 TPC-H queries under none, full and adaptive)
+/// and checks every run answered every query as without pushdown; returns the
+/// results and the report's text.
+async fn tpch_scenario(file: &str) -> (csd_testbed::report::Report, String) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(file);
     let s = csd_testbed::scenario::Scenario::from_file(&path).unwrap();
     let out = tempfile::tempdir().unwrap();
     let t = std::time::Instant::now();
@@ -343,18 +318,30 @@ async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
     )
     .await
     .unwrap();
-    eprintln!("qemu scenario: {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!("{file}: {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(r.runs.len(), 3);
     for run in &r.runs {
         assert!(
             run.mismatches.is_empty(),
-            "{}: {:?}",
+            "{file}, {}: {:?}",
             run.policy,
             run.mismatches
         );
-        assert_eq!(run.failed, 0, "{}: {:?}", run.policy, run.errors);
-        assert_eq!(run.completed, 22, "{}", run.policy);
+        assert_eq!(run.failed, 0, "{file}, {}: {:?}", run.policy, run.errors);
+        assert_eq!(run.completed, 22, "{file}, {}", run.policy);
     }
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    (r, md)
+}
+
+/// The shipped `qemu` scenario: two guests, TPC-H SF 0.01, every query under no
+/// pushdown, full pushdown and the node's own judgement, answers compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
+    if kit().is_none() {
+        return;
+    }
+    let (r, md) = tpch_scenario("qemu.toml").await;
     let by = |p: &str| {
         r.runs
             .iter()
@@ -370,7 +357,6 @@ async fn tpch_on_two_guest_nodes_answers_as_without_pushdown() {
     );
     // One boot time per cluster started (the node policy differs for `full`).
     assert_eq!(r.boot_s.len(), r.load_s.len());
-    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(
         md.contains("each in a QEMU guest") && md.contains("nvme:/dev/ng0n1"),
         "{md}"
@@ -558,33 +544,7 @@ async fn tpch_on_an_arm64_guest_node_answers_as_without_pushdown() {
     if kit().is_none() || arm64().is_none() {
         return;
     }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/qemu-arm64.toml");
-    let s = csd_testbed::scenario::Scenario::from_file(&path).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let t = std::time::Instant::now();
-    let r = csd_testbed::run(
-        s,
-        &csd_testbed::RunOptions {
-            out: out.path().to_path_buf(),
-            quick: false,
-            progress: false,
-        },
-    )
-    .await
-    .unwrap();
-    eprintln!("qemu-arm64 scenario: {:.1} s", t.elapsed().as_secs_f64());
-    assert_eq!(r.runs.len(), 3);
-    for run in &r.runs {
-        assert!(
-            run.mismatches.is_empty(),
-            "{}: {:?}",
-            run.policy,
-            run.mismatches
-        );
-        assert_eq!(run.failed, 0, "{}: {:?}", run.policy, run.errors);
-        assert_eq!(run.completed, 22, "{}", run.policy);
-    }
-    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    let (_, md) = tpch_scenario("qemu-arm64.toml").await;
     assert!(
         md.contains("TCG, aarch64;") && md.contains("cloud-arm64"),
         "{md}"

@@ -23,16 +23,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
 use csd_query_pushdown::{Cluster, SessionOptions};
 use csd_runtime::StatusCode;
 use csd_runtime::node_client::NodeClient;
-use csd_testbed::guest::{FaultedIo, Guest, GuestSpec, Kit, MediaFault, default_binary};
+use csd_testbed::guest::{FaultedIo, Guest, GuestSpec, MediaFault, default_binary};
 use futures::TryStreamExt;
 
 /// Seeds the default suite runs.
@@ -44,16 +43,8 @@ const STEPS: u64 = 14;
 /// Bytes of the guest's namespace.
 const DISK: u64 = 512 << 20;
 
-fn kit() -> Option<Kit> {
-    match Kit::find() {
-        Ok(k) => Some(k),
-        Err(e) if std::env::var_os("CSD_REQUIRE_QEMU").is_none() => {
-            eprintln!("skipping the QEMU guest fault loop: {e}");
-            None
-        }
-        Err(e) => panic!("CSD_REQUIRE_QEMU is set: {e}"),
-    }
-}
+mod common;
+use common::kit;
 
 fn splitmix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -82,29 +73,7 @@ struct Data {
 
 impl Data {
     fn batch(self) -> RecordBatch {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("text", DataType::Utf8, false),
-        ]));
-        let ids: Vec<i64> = (0..self.rows as i64).map(|i| i * 7 + self.seed).collect();
-        let text: Vec<String> = ids
-            .iter()
-            .map(|i| {
-                format!(
-                    "row {i} of {} {}",
-                    self.seed,
-                    "x".repeat((*i % 23) as usize)
-                )
-            })
-            .collect();
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from(ids)),
-                Arc::new(StringArray::from(text)),
-            ],
-        )
-        .unwrap()
+        common::batch(self.seed, self.rows)
     }
 }
 
