@@ -9,7 +9,10 @@
 #   scripts/setup-qemu.sh                  # x86-64 guests (what scripts/test.sh runs)
 #   scripts/setup-qemu.sh --arch aarch64   # arm64 guests, a CSD's ARM cores: adds
 #                                          # qemu-system-arm, Debian's arm64 cloud
-#                                          # kernel and busybox into $CSD_QEMU_HOME/arm64
+#                                          # kernel and busybox into $CSD_QEMU_HOME/arm64,
+#                                          # and, where scripts/setup-ml.sh has run,
+#                                          # onnxruntime's aarch64 library (from its
+#                                          # PyPI wheel, the version the host's is)
 set -euo pipefail
 arch=x86_64
 if [ "${1:-}" = "--arch" ]; then arch="${2:?--arch takes x86_64 or aarch64}"; fi
@@ -39,6 +42,32 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root apt-get install -y -qq "${need[@]}"
 fi
+# The aarch64 onnxruntime for arm64 guests' ONNX models: the manylinux aarch64 wheel
+# of the version scripts/setup-ml.sh installed here, its libonnxruntime.so unpacked.
+arm64_onnxruntime() {
+  local py="${CSD_ML_HOME:-$HOME/.cache/csd/ml}/venv/bin/python" version dl lib
+  [ -f "$home/onnxruntime/libonnxruntime.so" ] && return 0
+  if [ ! -x "$py" ]; then
+    echo "setup-qemu: no onnxruntime for arm64 guests (run scripts/setup-ml.sh, then this again)"
+    return 0
+  fi
+  version="$("$py" -c 'import onnxruntime; print(onnxruntime.__version__)')"
+  dl="$(mktemp -d)"
+  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux_2_28_aarch64 -d "$dl" "onnxruntime==$version"
+  mkdir -p "$home/onnxruntime"
+  "$py" - "$dl"/onnxruntime-*.whl "$home/onnxruntime/libonnxruntime.so" <<'PY'
+import shutil, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+name = next(n for n in z.namelist() if n.startswith("onnxruntime/capi/libonnxruntime.so."))
+with z.open(name) as src, open(sys.argv[2] + ".new", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  mv "$home/onnxruntime/libonnxruntime.so.new" "$home/onnxruntime/libonnxruntime.so"
+  rm -rf "$dl"
+  echo "setup-qemu: onnxruntime $version (aarch64) unpacked into $home/onnxruntime"
+}
+[ "$arch" = aarch64 ] && arm64_onnxruntime
 if [ -f "$home/vmlinuz" ] && [ -f "$home/modules/order" ] && [ -f "$home/modules/spdk/uio_pci_generic.ko" ] \
   && { [ "$arch" = x86_64 ] || [ -x "$home/busybox" ]; }; then
   exit 0

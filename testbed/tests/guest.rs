@@ -762,3 +762,269 @@ async fn an_arm64_node_under_load_hands_work_back_and_every_answer_is_right() {
         );
     }
 }
+
+/// The test ONNX models (scripts/onnx_test_models.py) written into `dir`, or `None`
+/// (said) where scripts/setup-ml.sh has not run: the host's onnxruntime is the
+/// reference.
+fn onnx_models(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let py = csd_ml_pushdown::assets_dir().join("venv/bin/python");
+    if !py.is_file() || !csd_ml_pushdown::onnx::runtime::available() {
+        eprintln!("skipping: onnxruntime or the ML Python is missing (run scripts/setup-ml.sh)");
+        return None;
+    }
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx_test_models.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir.to_path_buf())
+}
+
+/// `n` PNGs of `side`² in two class folders, each image different.
+fn images(dir: &std::path::Path, side: u32, n: u32) {
+    for i in 0..n {
+        let class = dir.join(format!("c{}", i % 2));
+        std::fs::create_dir_all(&class).unwrap();
+        image::RgbImage::from_fn(side, side, |x, y| {
+            let noise = (x.wrapping_mul(7919) ^ y.wrapping_mul(104_729) ^ (i * 31)) % 61;
+            image::Rgb([
+                ((x * 255 / side + i * 40) % 256) as u8,
+                (((x + y) * (i + 1) * 3 + noise) % 256) as u8,
+                (noise * 3) as u8,
+            ])
+        })
+        .save(class.join(format!("{i}.png")))
+        .unwrap();
+    }
+}
+
+/// Features by sample id of dataset `imgs` at `split` of `model` (`weights` its
+/// bytes), with the split run, the partitions the node handed back and the
+/// features: the node is asked to queue rather than hand work back.
+async fn features_by_id(
+    c: &NodeClient,
+    model: csd_ml_pushdown::Arch,
+    weights: Vec<u8>,
+    split: csd_ml_pushdown::job::SplitChoice,
+    pixels: Option<csd_ml_pushdown::model::PixelNorm>,
+) -> (usize, u64, BTreeMap<u64, Vec<f32>>) {
+    let opts = csd_ml_pushdown::job::FeaturesOptions {
+        dataset: "imgs".into(),
+        arch: model,
+        split,
+        train_batch: 3,
+        dtype: csd_ml_pushdown::request::FeatureType::F32,
+        compression: csd_runtime::protocol::Compression::Lz4Frame,
+        pool: None,
+        skip_bad_samples: false,
+        keep: None,
+        pixels,
+        here: Some(0),
+    };
+    let (stream, r) =
+        csd_ml_pushdown::job::features(std::slice::from_ref(c), &weights, &opts, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    let batches: Vec<_> = stream.try_collect().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut out = BTreeMap::new();
+    for b in batches {
+        for (id, row) in b.ids.into_iter().zip(b.features.to_vec2::<f32>().unwrap()) {
+            assert!(out.insert(id, row).is_none(), "sample {id} twice");
+        }
+    }
+    let pushed_back = r
+        .stats
+        .pushed_back
+        .load(std::sync::atomic::Ordering::Relaxed);
+    (r.split, pushed_back, out)
+}
+
+/// Every sample of `got` within 1e-4 of `want`, relative to the sample's largest
+/// value.
+fn assert_close(what: &str, got: &BTreeMap<u64, Vec<f32>>, want: &BTreeMap<u64, Vec<f32>>) {
+    assert_eq!(got.len(), want.len(), "{what}: every sample");
+    for (id, w) in want {
+        let g = &got[id];
+        assert_eq!(g.len(), w.len(), "{what}: sample {id}");
+        let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+        let err = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-4 * scale,
+            "{what}: sample {id} off by {err} (scale {scale}) on aarch64"
+        );
+    }
+}
+
+/// An ONNX model's first layers on the drive's cores: an arm64 node runs the head of
+/// two test models (a residual network and an NHWC chain) on onnxruntime's aarch64
+/// build (`scripts/setup-qemu.sh --arch aarch64` unpacks it from PyPI's wheel), at
+/// every cut point; the features equal the whole model run here, on x86-64's
+/// onnxruntime, within float tolerance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onnx_heads_on_an_arm64_guest_node_give_the_features_of_x86() {
+    use csd_ml_pushdown::job::{SplitChoice, put_images};
+    use csd_ml_pushdown::model::{OnnxModelStages, PixelNorm};
+    use csd_ml_pushdown::{Arch as Model, StagedModel};
+    if kit().is_none() {
+        return;
+    }
+    let Some(binary) = arm64() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = onnx_models(dir.path()) else {
+        return;
+    };
+    let Some(ort) = Kit::find_for(Arch::Aarch64).unwrap().onnxruntime else {
+        let why = "no aarch64 onnxruntime in the arm64 kit (scripts/setup-qemu.sh --arch \
+                   aarch64 unpacks it once scripts/setup-ml.sh has run)";
+        assert!(std::env::var_os("CSD_REQUIRE_ARM64").is_none(), "{why}");
+        eprintln!("skipping: {why}");
+        return;
+    };
+    let imgs = dir.path().join("imgs");
+    images(&imgs, 32, 8);
+    let mut spec = GuestSpec::csd(binary, dir.path().join("node.img"), dir.path().into())
+        .with_onnxruntime(ort);
+    spec.disk_bytes = 256 << 20;
+    let g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    put_images(
+        std::slice::from_ref(&c),
+        "imgs",
+        &imgs,
+        None,
+        (2, 1),
+        1,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let norm = PixelNorm {
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
+    let run = |bytes: Vec<u8>, split| features_by_id(&c, Model::Onnx, bytes, split, Some(norm));
+    for name in ["residual", "chain_nhwc"] {
+        let bytes = std::fs::read(models.join(format!("{name}.onnx"))).unwrap();
+        let cuts = OnnxModelStages::load(&bytes, norm).unwrap().stages().len();
+        assert!(cuts >= 2, "{name}: {cuts} cut points");
+        let (_, _, want) = run(bytes.clone(), SplitChoice::None).await;
+        assert_eq!(want.len(), 8, "{name}: every sample");
+        let started = std::time::Instant::now();
+        for k in 1..=cuts {
+            let (split, pushed_back, got) = run(bytes.clone(), SplitChoice::Fixed(k)).await;
+            assert_eq!(
+                (split, pushed_back),
+                (k, 0),
+                "{name}: the node ran the head"
+            );
+            assert_eq!(got.len(), want.len(), "{name} split {k}: every sample");
+            assert_close(&format!("{name} split {k}"), &got, &want);
+        }
+        eprintln!(
+            "{name}: {cuts} cut points run at the arm64 node in {:.1} s, every feature within \
+             1e-4 of x86-64's",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// The code that has an x86-64 vector path and a portable one elsewhere, run on the
+/// drive's cores against the same work on this machine: the join-key filter's probe
+/// (AVX2 here, scalar on aarch64) on a pushed join, whose answer equals the query
+/// without pushdown; and the convolution kernels of the built-in models (AVX2/AVX-512
+/// with FMA here, NEON's fused multiply-add on aarch64): EfficientNet-Lite0's first
+/// stages, several blocks and the whole model at the arm64 node give the features
+/// the whole model gives here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_portable_kernels_on_an_arm64_node_answer_as_x86s_vector_ones() {
+    use csd_ml_pushdown::Arch as Model;
+    use csd_ml_pushdown::job::{SplitChoice, put_images};
+    if kit().is_none() {
+        return;
+    }
+    let Some(binary) = arm64() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let g = csd_with_lineitem(binary, dir.path()).await;
+    let (pushed, local) = (session(&g.url, true).await, session(&g.url, false).await);
+    // A few hundred orders' keys out of 15,000: the probe side gets a filter of them.
+    let q = "SELECT l.l_shipmode, COUNT(*), SUM(l.l_quantity) FROM lineitem l JOIN \
+             (SELECT l_orderkey AS k FROM lineitem WHERE l_shipmode = 'MAIL' AND \
+             l_quantity > 48) s ON l.l_orderkey = s.k GROUP BY l.l_shipmode";
+    let run = pushed.run(q).await.unwrap();
+    let text = run.plan_with_metrics();
+    assert!(text.contains("key_filter=[l_orderkey]"), "{text}");
+    let filtered: Vec<_> = run
+        .node_runs
+        .iter()
+        .filter(|r| !r.direct && r.report.rows_scanned > 0)
+        .collect();
+    assert!(
+        filtered.iter().all(|r| r.pushed_back.is_none()),
+        "the arm64 node handed back: {text}"
+    );
+    let want = rows_text(&local.run(q).await.unwrap().batches);
+    assert_eq!(want.len(), 7, "{want:?}");
+    assert_eq!(
+        rows_text(&run.batches),
+        want,
+        "a key-filtered join on arm64"
+    );
+    eprintln!(
+        "key-filtered join at the arm64 node: {} fragments, rows scanned/returned {:?}",
+        filtered.len(),
+        filtered
+            .iter()
+            .map(|r| (r.report.rows_scanned, r.report.rows_returned))
+            .collect::<Vec<_>>()
+    );
+
+    let weights = csd_ml_pushdown::assets_dir().join("efficientnet-lite0.safetensors");
+    let Ok(bytes) = std::fs::read(&weights) else {
+        eprintln!(
+            "skipping the model kernels: no {} (run scripts/setup-ml.sh)",
+            weights.display()
+        );
+        return;
+    };
+    let c = NodeClient::connect(&g.url).await.unwrap();
+    let imgs = dir.path().join("imgs");
+    images(&imgs, 64, 6);
+    put_images(
+        std::slice::from_ref(&c),
+        "imgs",
+        &imgs,
+        None,
+        (2, 1),
+        1,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let model = Model::EfficientNetLite0;
+    let stages = model
+        .load(&bytes, &candle_core::Device::Cpu)
+        .unwrap()
+        .stages()
+        .len();
+    let run = |split| features_by_id(&c, model, bytes.clone(), split, None);
+    let (_, _, want) = run(SplitChoice::None).await;
+    assert_eq!(want.len(), 6, "every sample");
+    for k in [1, 4, stages] {
+        let started = std::time::Instant::now();
+        let (split, pushed_back, got) = run(SplitChoice::Fixed(k)).await;
+        assert_eq!((split, pushed_back), (k, 0), "the node ran stages 0..{k}");
+        assert_close(&format!("EfficientNet-Lite0 split {k}"), &got, &want);
+        eprintln!(
+            "EfficientNet-Lite0 stages 0..{k} of {stages} at the arm64 node: {:.1} s, features \
+             within 1e-4 of x86-64's",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}

@@ -10,6 +10,11 @@
 //!
 //! `cargo run --release -p csd-benches --bin mixed -- [--secs 90] [--memory 256MiB]`
 //! (build `csd` first: `cargo build --release -p csd-client`).
+//!
+//! With `--guest aarch64` the node runs in a CSD-shaped arm64 QEMU guest (4 Cortex-A53
+//! cores, 2 GiB, NVMe passthrough; `scripts/setup-qemu.sh --arch aarch64`,
+//! `scripts/build-aarch64.sh`) instead: its resident memory is sampled from its own
+//! stats every 100 ms, and the kill is the whole machine's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,7 @@ use csd_query_pushdown::{Cluster, SessionOptions};
 use csd_runtime::config::ByteSize;
 use csd_runtime::node_client::NodeClient;
 use csd_runtime::protocol::StatusCode;
+use csd_testbed::guest::{Arch, Guest, GuestSpec, default_binary_for};
 use csd_testbed::tpch;
 use futures::TryStreamExt;
 use serde::Serialize;
@@ -59,6 +65,18 @@ struct Args {
     /// JSON output path.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run the node in a QEMU guest of this machine (`x86_64` or `aarch64`: a
+    /// CSD-shaped arm64 guest) instead of as a process here.
+    #[arg(long, value_parser = parse_arch)]
+    guest: Option<Arch>,
+}
+
+fn parse_arch(s: &str) -> Result<Arch, String> {
+    match s {
+        "x86_64" => Ok(Arch::X86_64),
+        "aarch64" => Ok(Arch::Aarch64),
+        _ => Err(format!("{s}: x86_64 or aarch64")),
+    }
 }
 
 /// TPC-H queries the clients take turns on.
@@ -114,6 +132,114 @@ fn spawn_node(args: &Args, device: &Path, format: bool) -> (Child, String) {
     (child, url)
 }
 
+/// The node under load: a `csd serve` process here, or a QEMU guest.
+enum Node {
+    Process(Child),
+    Guest(Box<Guest>),
+}
+
+impl Node {
+    /// Starts a node on a fresh device in `dir`; its URL.
+    async fn start(args: &Args, dir: &Path) -> (Node, String) {
+        let device = dir.join("node.img");
+        let Some(arch) = args.guest else {
+            let (child, url) = spawn_node(args, &device, true);
+            return (Node::Process(child), url);
+        };
+        let binary = default_binary_for(arch).unwrap_or_else(|e| panic!("{e}"));
+        let mut spec = GuestSpec::csd(binary, device, dir.to_path_buf());
+        spec.arch = arch;
+        spec.disk_bytes = 4 << 30;
+        spec.node_args = vec![
+            "--cpus".into(),
+            args.cpus.to_string(),
+            "--memory".into(),
+            args.memory.to_string(),
+        ];
+        spec.node_args
+            .extend(args.serve_args.split_whitespace().map(String::from));
+        let g = Guest::boot(spec).await.unwrap_or_else(|e| panic!("{e}"));
+        let url = g.url.clone();
+        (Node::Guest(Box::new(g)), url)
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Node::Process(c) => Some(c.id()),
+            Node::Guest(_) => None,
+        }
+    }
+
+    /// SIGKILL: the process's, or the whole machine's.
+    fn kill(&mut self) {
+        match self {
+            Node::Process(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            Node::Guest(g) => g.kill(),
+        }
+    }
+
+    /// Starts the node again on the same device; its URL.
+    async fn restart(&mut self, args: &Args, dir: &Path) -> String {
+        match self {
+            Node::Process(c) => {
+                let (child, url) = spawn_node(args, &dir.join("node.img"), false);
+                *c = child;
+                url
+            }
+            Node::Guest(g) => {
+                g.restart().await.unwrap_or_else(|e| panic!("{e}"));
+                g.url.clone()
+            }
+        }
+    }
+}
+
+/// The node's highest resident memory while the load runs: its process's, sampled
+/// every 5 ms from here, or a guest's, from its stats every 100 ms.
+enum Peak {
+    Process(csd_benches::RssPeak),
+    Stats(
+        tokio::task::JoinHandle<u64>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ),
+}
+
+impl Peak {
+    fn start(node: &Node, client: &NodeClient, floor: u64) -> Peak {
+        if let Some(pid) = node.pid() {
+            return Peak::Process(csd_benches::RssPeak::start(pid, floor));
+        }
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (client, stop) = (client.clone(), done.clone());
+        Peak::Stats(
+            tokio::spawn(async move {
+                let mut peak = floor;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(s) = client.stats().await {
+                        peak = peak.max(s.resident_bytes.unwrap_or(0));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                peak
+            }),
+            done,
+        )
+    }
+
+    async fn stop(self) -> u64 {
+        match self {
+            Peak::Process(p) => p.stop(),
+            Peak::Stats(task, done) => {
+                done.store(true, std::sync::atomic::Ordering::Relaxed);
+                task.await.expect("the RSS sampler")
+            }
+        }
+    }
+}
+
 fn refused(e: &csd_runtime::node_client::Error) -> bool {
     e.status_code() == StatusCode::ResourceExhausted
 }
@@ -122,10 +248,7 @@ fn refused(e: &csd_runtime::node_client::Error) -> bool {
 async fn main() {
     let args = Args::parse();
     let dir = csd_benches::scratch_dir(args.dir.clone()).expect("scratch dir");
-    let device = dir.path().join("node.img");
-    let (child, url) = spawn_node(&args, &device, true);
-    let child = Arc::new(Mutex::new(child));
-    let pid = child.lock().expect("child").id();
+    let (mut node, url) = Node::start(&args, dir.path()).await;
     let client = NodeClient::connect(&url).await.expect("connect");
     eprintln!("loading TPC-H SF {} into the node", args.scale);
     tpch::load(std::slice::from_ref(&client), args.scale, 2, |_, _| {})
@@ -162,14 +285,22 @@ async fn main() {
     let (oschema, obatches) = tpch::generate("orders", args.scale, 1, 8).expect("orders");
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
-    let idle = csd_benches::proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
+    let idle = match node.pid() {
+        Some(pid) => {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+            csd_benches::proc_status_bytes(pid, "VmRSS:").unwrap_or(0)
+        }
+        None => {
+            let s = client.stats().await.expect("stats");
+            s.resident_bytes.unwrap_or(0)
+        }
+    };
     let figures = Arc::new(Mutex::new(Figures {
         budget_bytes: args.memory.0,
         idle_rss_bytes: idle,
         ..Figures::default()
     }));
-    let rss = csd_benches::RssPeak::start(pid, idle);
+    let rss = Peak::start(&node, &client, idle);
     let until = Instant::now() + Duration::from_secs(args.secs);
     eprintln!(
         "{} query clients, {} writers, {} scanners for {} s against --memory {}",
@@ -288,16 +419,14 @@ async fn main() {
     for t in tasks {
         t.await.expect("task");
     }
-    let peak_rss = rss.stop();
-    let hwm = csd_benches::proc_status_bytes(pid, "VmHWM:");
+    let peak_rss = rss.stop().await;
+    let hwm = node
+        .pid()
+        .and_then(|pid| csd_benches::proc_status_bytes(pid, "VmHWM:"));
 
     // SIGKILL, restart on the same device, and check what writers were told.
-    {
-        let mut c = child.lock().expect("child");
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let (mut again, url) = spawn_node(&args, &device, false);
+    node.kill();
+    let url = node.restart(&args, dir.path()).await;
     let client = NodeClient::connect(&url).await.expect("reconnect");
     let tables: BTreeMap<String, u64> = client
         .list_tables("w")
@@ -325,14 +454,24 @@ async fn main() {
                 .push(format!("{name}: deleted, but back after the restart"));
         }
     }
-    let _ = again.kill();
-    let _ = again.wait();
+    node.kill();
 
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let peak = f.peak_rss_bytes.max(f.peak_hwm_bytes.unwrap_or(0));
     println!(
-        "node --memory {} --cpus {}; {} s of {} query clients, {} writers, {} scanners",
-        args.memory, args.cpus, args.secs, args.clients, args.writers, args.scanners
+        "node --memory {} --cpus {}{}; TPC-H SF {}; {} s of {} query clients, {} writers, {} scanners",
+        args.memory,
+        args.cpus,
+        match args.guest {
+            Some(Arch::Aarch64) => " in an arm64 guest (4 x Cortex-A53, 2 GiB, TCG)",
+            Some(Arch::X86_64) => " in an x86-64 guest (TCG)",
+            None => "",
+        },
+        args.scale,
+        args.secs,
+        args.clients,
+        args.writers,
+        args.scanners
     );
     println!(
         "resident: idle {:.0} MiB, peak {:.0} MiB = {:.2}x the budget",

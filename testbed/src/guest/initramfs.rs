@@ -2,7 +2,8 @@
 //! runs `/csd` with the arguments on the kernel command line (`csd.arg=…`, one per
 //! argument), the `csd` binary stripped of debug info, the shared libraries it
 //! links, and the virtio-net modules. Built once per binary (and variant: an SPDK
-//! guest's adds what [`super::spdk`] lists) and kept.
+//! guest's adds what [`super::spdk`] lists, an ONNX-capable guest's onnxruntime and
+//! its libraries) and kept.
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox mount -t devtmpfs devtmpfs /dev
 /bin/busybox --install -s /bin
 export PATH=/bin
+[ -f /lib/libonnxruntime.so ] && export ORT_DYLIB_PATH=/lib/libonnxruntime.so
 for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "csd-guest: insmod $m failed"; done
 [ -f /prestart ] && . /prestart
 ip link set lo up
@@ -118,10 +120,36 @@ fn cross_libraries(binary: &Path, arch: Arch) -> Result<Vec<(String, PathBuf)>> 
         .collect()
 }
 
-/// Builds (or finds, when one of this binary and kit is already there) the guest's
-/// initramfs in `dir`, keeping no other binary's of the same variant: with
-/// `spdk_dir` (the SPDK build the binary loads), an SPDK guest's.
-pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> Result<PathBuf> {
+/// What a guest carries beyond busybox, `csd` and its libraries.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
+    /// The SPDK build (`SPDK_DIR`) the binary loads: an SPDK guest's files.
+    pub spdk: Option<PathBuf>,
+    /// An onnxruntime library for the guest's machine, carried as
+    /// `/lib/libonnxruntime.so` (which `/init` names in `ORT_DYLIB_PATH`) with the
+    /// libraries it links.
+    pub onnxruntime: Option<PathBuf>,
+}
+
+/// `lib` (an onnxruntime library) as the guest's `lib/libonnxruntime.so`, with the
+/// libraries it links, by archive path.
+fn onnxruntime_files(lib: &Path, arch: Arch) -> Result<BTreeMap<String, Entry>> {
+    let real = std::fs::canonicalize(lib)
+        .map_err(|e| Error::Guest(format!("resolving {}: {e}", lib.display())))?;
+    let mut out = BTreeMap::new();
+    for (rel, dep) in libraries(&real, arch)? {
+        let dep = std::fs::canonicalize(&dep)
+            .map_err(|e| Error::Guest(format!("resolving {}: {e}", dep.display())))?;
+        out.insert(rel, Entry::File(dep));
+    }
+    out.insert("lib/libonnxruntime.so".into(), Entry::File(real));
+    Ok(out)
+}
+
+/// Builds (or finds, when one of this binary, kit and extras is already there) the
+/// guest's initramfs in `dir`, keeping no other binary's of the same variant.
+pub(crate) fn build(kit: &Kit, binary: &Path, dir: &Path, extras: &Extras) -> Result<PathBuf> {
+    let spdk_dir = extras.spdk.as_deref();
     let io = |what: &str, e: std::io::Error| Error::Guest(format!("{what}: {e}"));
     let meta =
         std::fs::metadata(binary).map_err(|e| io(&format!("reading {}", binary.display()), e))?;
@@ -132,7 +160,7 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
         .map_or(0, |d| d.as_nanos());
     // An SPDK guest's archive also depends on SPDK's files and the guest's script.
     let spdk_files = spdk_dir.map(spdk::files).transpose()?;
-    let variant = match &spdk_files {
+    let mut variant = match &spdk_files {
         Some(f) => {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -141,6 +169,25 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
         }
         None => String::new(),
     };
+    let ort_files = extras
+        .onnxruntime
+        .as_deref()
+        .map(|lib| onnxruntime_files(lib, kit.arch))
+        .transpose()?;
+    if let Some(f) = &ort_files {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for (rel, entry) in f {
+            let stamp = match entry {
+                Entry::File(p) => std::fs::metadata(p)
+                    .map(|m| (m.len(), m.modified().ok()))
+                    .ok(),
+                Entry::Link(_) => None,
+            };
+            format!("{rel}{entry:?}{stamp:?}").hash(&mut h);
+        }
+        variant.push_str(&format!("-ort{:x}", h.finish()));
+    }
     let arch = match kit.arch {
         Arch::X86_64 => "",
         Arch::Aarch64 => "-aarch64",
@@ -163,6 +210,9 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
         let real = std::fs::canonicalize(&lib)
             .map_err(|e| io(&format!("resolving {}", lib.display()), e))?;
         libs.insert(rel, Entry::File(real));
+    }
+    for (k, v) in ort_files.into_iter().flatten() {
+        libs.entry(k).or_insert(v);
     }
     let uio = match spdk_files {
         Some(files) => {
@@ -257,6 +307,7 @@ pub fn build(kit: &Kit, binary: &Path, dir: &Path, spdk_dir: Option<&Path>) -> R
             let n = e.file_name();
             let n = n.to_string_lossy();
             let same_variant = n.contains("-spdk") == spdk_dir.is_some()
+                && n.contains("-ort") == extras.onnxruntime.is_some()
                 && n.ends_with("-aarch64.cpio") == (kit.arch == Arch::Aarch64);
             if n.starts_with("initramfs-")
                 && n.ends_with(".cpio")

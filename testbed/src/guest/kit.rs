@@ -79,6 +79,11 @@ pub struct Kit {
     pub busybox: PathBuf,
     /// The kernel package's name.
     pub kernel: String,
+    /// An onnxruntime library built for this machine, when there is one: an arm64
+    /// guest's is unpacked from onnxruntime's aarch64 wheel into `onnxruntime/` by
+    /// the setup script (when scripts/setup-ml.sh has run); an x86-64 guest uses the
+    /// host's (`$CSD_ML_HOME/lib`). See [`GuestSpec::with_onnxruntime`](super::GuestSpec::with_onnxruntime).
+    pub onnxruntime: Option<PathBuf>,
 }
 
 /// Where the setup script unpacks the kernel.
@@ -144,6 +149,10 @@ impl Kit {
             .unwrap_or_default()
             .trim()
             .to_string();
+        let onnxruntime = match arch {
+            Arch::X86_64 => csd_ml_pushdown::onnx::runtime::library_path(),
+            Arch::Aarch64 => dir.join("onnxruntime/libonnxruntime.so"),
+        };
         Ok(Kit {
             arch,
             qemu,
@@ -152,6 +161,7 @@ impl Kit {
             uio,
             busybox,
             kernel,
+            onnxruntime: Some(onnxruntime).filter(|p| p.is_file()),
         })
     }
 }

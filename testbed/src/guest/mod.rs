@@ -75,6 +75,11 @@ pub struct GuestSpec {
     /// set by [`with_spdk`](Self::with_spdk), the node drives the controller with
     /// SPDK's user-space PCIe driver.
     pub spdk: Option<PathBuf>,
+    /// An onnxruntime library built for `arch` (`libonnxruntime.so`, e.g.
+    /// [`Kit::onnxruntime`]): set by [`with_onnxruntime`](Self::with_onnxruntime),
+    /// the guest carries it and the libraries it links, and the node loads it for
+    /// ONNX models.
+    pub onnxruntime: Option<PathBuf>,
 }
 
 impl GuestSpec {
@@ -95,6 +100,7 @@ impl GuestSpec {
             work,
             media_faults: Vec::new(),
             spdk: None,
+            onnxruntime: None,
         }
     }
 
@@ -121,6 +127,14 @@ impl GuestSpec {
         self.device = format!("spdk:pcie={}", spdk::BDF);
         self.memory_mib = self.memory_mib.max(spdk::MIN_MEMORY_MIB);
         self.spdk = Some(spdk_dir);
+        self
+    }
+
+    /// The node runs ONNX models on `lib`, an onnxruntime library built for the
+    /// guest's machine (the guest's `/lib/libonnxruntime.so`, found through
+    /// `ORT_DYLIB_PATH`).
+    pub fn with_onnxruntime(mut self, lib: PathBuf) -> Self {
+        self.onnxruntime = Some(lib);
         self
     }
 }
@@ -236,6 +250,16 @@ impl Guest {
                 }
             )));
         }
+        if let Some(lib) = &spec.onnxruntime
+            && elf_machine(lib) != Some(spec.arch.elf_machine())
+        {
+            return Err(Error::Guest(format!(
+                "{} is not an onnxruntime library for {}: the guest cannot load it (an arm64 \
+                 guest's comes from scripts/setup-qemu.sh --arch aarch64)",
+                lib.display(),
+                spec.arch.name()
+            )));
+        }
         if let Some(a) = spec
             .node_args
             .iter()
@@ -254,13 +278,15 @@ impl Guest {
             )));
         }
         let initramfs = {
-            let (kit, binary, spdk) = (kit.clone(), spec.binary.clone(), spec.spdk.clone());
+            let (kit, binary) = (kit.clone(), spec.binary.clone());
+            let extras = initramfs::Extras {
+                spdk: spec.spdk.clone(),
+                onnxruntime: spec.onnxruntime.clone(),
+            };
             let dir = kit::home().join("initramfs");
-            tokio::task::spawn_blocking(move || {
-                initramfs::build(&kit, &binary, &dir, spdk.as_deref())
-            })
-            .await
-            .map_err(|e| Error::Guest(format!("building the initramfs: {e}")))??
+            tokio::task::spawn_blocking(move || initramfs::build(&kit, &binary, &dir, &extras))
+                .await
+                .map_err(|e| Error::Guest(format!("building the initramfs: {e}")))??
         };
         let disk = std::fs::OpenOptions::new()
             .create(true)
