@@ -85,36 +85,23 @@ pub(crate) struct FeaturesArgs {
 }
 
 pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
-    use csd_client::features::{FeaturesOptions, SplitChoice, features, received, write_parquet};
-    let onnx = args.model.ends_with(".onnx");
-    let (arch, mut weights) = if onnx {
-        if args.weights.is_some() {
-            return Err(Error::InvalidInput(
-                "an ONNX model carries its weights: leave out --weights".into(),
-            ));
-        }
-        let bytes = std::fs::read(&args.model).map_err(|e| Error::io(&args.model, e))?;
-        (csd_ml_pushdown::Arch::Onnx, bytes)
-    } else {
-        if args.mean.is_some() || args.std.is_some() || args.list_splits {
-            return Err(Error::InvalidInput(
-                "--mean, --std and --list-splits are for ONNX models (--model FILE.onnx)".into(),
-            ));
-        }
-        let arch: csd_ml_pushdown::Arch = args.model.parse().map_err(Error::Ml)?;
-        let path = args
-            .weights
-            .as_ref()
-            .ok_or_else(|| Error::InvalidInput(format!("--weights is required for {arch}")))?;
-        (
-            arch,
-            std::fs::read(path).map_err(|e| Error::io(path.display(), e))?,
-        )
+    use csd_client::features::{
+        FeaturesOptions, Model, SplitChoice, features, received, write_parquet,
     };
-    let pixels = onnx.then(|| csd_ml_pushdown::model::PixelNorm {
-        mean: args.mean.unwrap_or([0.0; 3]),
-        std: args.std.unwrap_or([1.0; 3]),
-    });
+    let onnx = args.model.ends_with(".onnx");
+    if args.list_splits && !onnx {
+        return Err(Error::InvalidInput(
+            "--mean, --std and --list-splits are for ONNX models (--model FILE.onnx)".into(),
+        ));
+    }
+    let model = Model::load(
+        &args.model,
+        args.weights.as_deref(),
+        args.tokenizer.as_deref(),
+        args.mean,
+        args.std,
+    )?;
+    let (arch, weights, pixels) = (model.arch, model.bytes, model.pixels);
     if args.list_splits {
         let m =
             csd_ml_pushdown::model::OnnxModelStages::load(&weights, pixels.unwrap_or_default())?;
@@ -122,10 +109,6 @@ pub(crate) async fn run(args: FeaturesArgs) -> Result<()> {
         return Ok(());
     }
     let split: SplitChoice = args.split.parse()?;
-    if let Some(t) = &args.tokenizer {
-        let json = std::fs::read(t).map_err(|e| Error::io(t.display(), e))?;
-        weights = csd_ml_pushdown::weights::with_tokenizer(&weights, &json)?;
-    }
     // A node out of reach is asked lazily: a dataset whose partitions have copies
     // elsewhere is read from them (see `job::layout`).
     let mut clients = Vec::new();
