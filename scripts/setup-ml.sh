@@ -14,7 +14,8 @@
 #   * onnxruntime (1.31 or newer): its libonnxruntime.so, linked as
 #     $CSD_ML_HOME/lib/libonnxruntime.so, is what csd loads for users' ONNX models
 #     (ORT_DYLIB_PATH overrides), and the Python package is the tests' reference;
-#     onnx writes the tests' models.
+#     onnx writes the tests' models;
+#   * pytest (the Python package's tests, client/python/tests).
 # Everything lands in $CSD_ML_HOME (default ~/.cache/csd/ml). Idempotent.
 set -euo pipefail
 home="${CSD_ML_HOME:-$HOME/.cache/csd/ml}"
@@ -23,7 +24,7 @@ mkdir -p "$home"
 [ -x "$home/venv/bin/python" ] || python3 -m venv "$home/venv"
 py="$home/venv/bin/python"
 pkgs=(numpy scikit-image tokenizers pyarrow adbc-driver-flightsql pandas polars
-  'onnxruntime>=1.31' onnx)
+  'onnxruntime>=1.31' onnx pytest)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 lib="$("$py" -c 'import glob, os, onnxruntime; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))[-1])')"
 mkdir -p "$home/lib"

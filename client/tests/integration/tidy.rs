@@ -477,6 +477,7 @@ fn every_crate_imports_only_down_its_declared_layers() {
         "query-pushdown",
         "ml-pushdown",
         "client",
+        "client/python",
         "testbed",
     ];
     let mut problems = Vec::new();
@@ -631,6 +632,7 @@ fn the_code_map_names_every_source_file() {
         "query-pushdown",
         "ml-pushdown",
         "client",
+        "client/python",
         "testbed",
         "benches",
     ] {
