@@ -8,7 +8,7 @@
 //! | [`runtime`] | one tokio runtime; every wait releases the GIL and stops on Ctrl-C |
 //! | [`error`] | `csd.CsdError`: the gRPC status and the node's message |
 //! | [`creds`] | a bearer token and TLS files, as `csd --token/--tls-*` take them |
-//! | [`sql`] | `sql`: a query with or without pushdown, its answer and plan |
+//! | [`sql`] | `sql`, `sql_stream`: a query with or without pushdown: its answer and plan, or its answer as computed |
 //! | [`put`] | `put`, `put_images`: a table or an image folder stored at the nodes |
 //! | [`features`] | `feature_job`: epochs of feature streams of training batches |
 
@@ -27,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CsdError", m.py().get_type::<error::CsdError>())?;
     m.add_function(wrap_pyfunction!(sql::sql, m)?)?;
+    m.add_function(wrap_pyfunction!(sql::sql_stream, m)?)?;
     m.add_function(wrap_pyfunction!(put::put, m)?)?;
     m.add_function(wrap_pyfunction!(put::put_images, m)?)?;
     m.add_function(wrap_pyfunction!(features::feature_job, m)?)?;

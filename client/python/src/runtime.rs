@@ -50,3 +50,23 @@ where
         }
     }
 }
+
+/// Runs `fut` to its end on this thread, inside the runtime, the GIL released; on
+/// Ctrl-C the future is dropped and `KeyboardInterrupt` returned (for futures that
+/// borrow, which [`wait`] cannot take).
+pub(crate) fn wait_here<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    F: std::future::Future<Output = T> + Send,
+    T: Send,
+{
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        let done = py.detach(|| {
+            runtime().block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut fut).await })
+        });
+        match done {
+            Ok(v) => return Ok(v),
+            Err(_elapsed) => py.check_signals()?,
+        }
+    }
+}

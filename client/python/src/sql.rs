@@ -3,9 +3,13 @@
 
 use std::collections::HashMap;
 
+use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
 use arrow::record_batch::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_pyarrow::PyArrowType;
-use csd_query_pushdown::{Cluster, SessionOptions};
+use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::StreamExt;
 use pyo3::prelude::*;
 
 use crate::{creds, error, runtime};
@@ -27,6 +31,98 @@ pub(crate) fn sql(
     settings: Option<Vec<(String, String)>>,
     auth: Option<HashMap<String, String>>,
 ) -> PyResult<Answer> {
+    let open = open(nodes, pushdown, settings, auth)?;
+    let run = runtime::wait(py, async move {
+        let session = open.await?;
+        Ok::<_, csd_client::Error>(session.run(&query).await?)
+    })?
+    .map_err(error::client)?;
+    let plan = run.plan_with_metrics();
+    let reader: Box<dyn RecordBatchReader + Send> = Box::new(RecordBatchIterator::new(
+        run.batches.into_iter().map(Ok::<RecordBatch, _>),
+        run.schema,
+    ));
+    Ok((PyArrowType(reader), plan, run.bytes_moved))
+}
+
+/// Runs `query` as [`sql`] does, its answer read batch by batch as it is computed
+/// (no plan, no figures). Ctrl-C while a batch is awaited stops the query; the
+/// reader then fails saying so.
+#[pyfunction]
+#[pyo3(signature = (nodes, query, *, pushdown = true, settings = None, auth = None))]
+pub(crate) fn sql_stream(
+    py: Python<'_>,
+    nodes: Vec<String>,
+    query: String,
+    pushdown: bool,
+    settings: Option<Vec<(String, String)>>,
+    auth: Option<HashMap<String, String>>,
+) -> PyResult<PyArrowType<Box<dyn RecordBatchReader + Send>>> {
+    let open = open(nodes, pushdown, settings, auth)?;
+    let (session, stream) = runtime::wait(py, async move {
+        let session = open.await?;
+        let stream = session.stream(&query).await?;
+        Ok::<_, csd_client::Error>((session, stream))
+    })?
+    .map_err(error::client)?;
+    Ok(PyArrowType(Box::new(Streamed {
+        schema: stream.schema(),
+        stream: Some(stream),
+        _session: session,
+    })))
+}
+
+/// An answer read as it is computed.
+struct Streamed {
+    schema: SchemaRef,
+    /// `None` once it ended, failed or was stopped.
+    stream: Option<SendableRecordBatchStream>,
+    /// The session the query runs in, kept while it does.
+    _session: CsdSession,
+}
+
+impl Iterator for Streamed {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let stream = self.stream.as_mut()?;
+        let next = Python::attach(|py| {
+            runtime::wait_here(py, stream.next()).map_err(|_| "stopped by Ctrl-C")
+        });
+        match next {
+            Ok(Some(Ok(b))) => Some(Ok(b)),
+            Ok(None) => {
+                self.stream = None;
+                None
+            }
+            Ok(Some(Err(e))) => {
+                self.stream = None;
+                Some(Err(ArrowError::ExternalError(Box::new(e))))
+            }
+            Err(why) => {
+                self.stream = None;
+                Some(Err(ArrowError::ExternalError(why.into())))
+            }
+        }
+    }
+}
+
+impl RecordBatchReader for Streamed {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// Checks what can be checked here and returns the future that opens a session on
+/// `nodes` with `settings` applied.
+fn open(
+    nodes: Vec<String>,
+    pushdown: bool,
+    settings: Option<Vec<(String, String)>>,
+    auth: Option<HashMap<String, String>>,
+) -> PyResult<
+    impl std::future::Future<Output = Result<CsdSession, csd_client::Error>> + Send + 'static,
+> {
     if nodes.is_empty() {
         return Err(error::invalid("no storage nodes given"));
     }
@@ -48,7 +144,7 @@ pub(crate) fn sql(
             )));
         }
     }
-    let run = runtime::wait(py, async move {
+    Ok(async move {
         let cluster = Cluster::connect_with(&nodes, &credentials).await?;
         let session = cluster
             .session(SessionOptions {
@@ -59,13 +155,6 @@ pub(crate) fn sql(
         for (k, v) in &settings {
             session.run(&format!("SET {k} = '{v}'")).await?;
         }
-        Ok::<_, csd_client::Error>(session.run(&query).await?)
-    })?
-    .map_err(error::client)?;
-    let plan = run.plan_with_metrics();
-    let reader: Box<dyn RecordBatchReader + Send> = Box::new(RecordBatchIterator::new(
-        run.batches.into_iter().map(Ok::<RecordBatch, _>),
-        run.schema,
-    ));
-    Ok((PyArrowType(reader), plan, run.bytes_moved))
+        Ok(session)
+    })
 }

@@ -40,6 +40,20 @@ def test_a_reader_pandas_and_polars(nodes):
     assert polars.from_arrow(csd.sql(nodes, q))["n"].sum() == 25
 
 
+def test_a_reader_streams_the_answer_as_computed(nodes):
+    q = "SELECT l_orderkey, l_linenumber, l_comment FROM lineitem WHERE l_quantity > 10"
+    reader = csd.sql_reader(nodes, q)
+    first = reader.read_next_batch()
+    assert first.num_rows > 0 and first.schema.names == ["l_orderkey", "l_linenumber", "l_comment"]
+    rest = reader.read_all()
+    assert first.num_rows + rest.num_rows == csd.sql(nodes, f"SELECT count(*) AS n FROM ({q})").column("n")[0].as_py()
+    # A reader closed early stops its query; the nodes serve on.
+    early = csd.sql_reader(nodes, "SELECT * FROM lineitem")
+    early.read_next_batch()
+    early.close()
+    assert csd.sql(nodes, "SELECT count(*) AS n FROM region").column("n").to_pylist() == [5]
+
+
 def test_explain_shows_the_nodes_work(nodes):
     plan = csd.explain(nodes, "SELECT count(*) FROM lineitem WHERE l_quantity > 45")
     assert "CsdScanExec" in plan or "table=lineitem" in plan, plan

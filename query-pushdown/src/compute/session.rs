@@ -11,7 +11,10 @@ use csd_protocol::{Compression, DeletedCopy};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ExecutionPlan, SendableRecordBatchStream, collect, displayable, execute_stream,
+};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::compute::dimension_join_down::DimensionJoinDown;
@@ -450,27 +453,7 @@ impl CsdSession {
     /// `e`, saying which workers the query ran on, and that a connection to one of
     /// them broke when that is what happened.
     fn on_workers(&self, e: DataFusionError) -> DataFusionError {
-        if self.workers.is_empty() {
-            return e;
-        }
-        let text = e.to_string();
-        let broke = [
-            "transport error",
-            "broken pipe",
-            "h2 protocol error",
-            "Connection refused",
-            "connection reset",
-        ]
-        .iter()
-        .any(|s| text.to_lowercase().contains(&s.to_lowercase()));
-        let what = if broke {
-            "a worker stopped answering (the query failed; run it again once the workers are up)"
-        } else {
-            "the query failed on the workers"
-        };
-        DataFusionError::External(
-            format!("{what} [workers: {}]: {text}", self.workers.join(", ")).into(),
-        )
+        on_workers(&self.workers, e)
     }
 
     /// Whether this session pushes work down.
@@ -534,6 +517,46 @@ impl CsdSession {
             plan,
         })
     }
+
+    /// Runs one SQL statement and streams its answer as it is computed, batch by
+    /// batch; dropping the stream stops the work (the nodes' calls included). It
+    /// carries no figures: [`CsdSession::run`] collects the answer with them.
+    pub async fn stream(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+        use futures::StreamExt;
+        let df = self.ctx.sql(sql).await?;
+        let plan = df.create_physical_plan().await?;
+        let schema = plan.schema();
+        let stream = execute_stream(plan, self.ctx.task_ctx()).map_err(|e| self.on_workers(e))?;
+        let workers = self.workers.clone();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            stream.map(move |b| b.map_err(|e| on_workers(&workers, e))),
+        )))
+    }
+}
+
+/// `e`, saying which of `workers` the query ran on (none: `e` as it is), and that a
+/// connection to one of them broke when that is what happened.
+fn on_workers(workers: &[String], e: DataFusionError) -> DataFusionError {
+    if workers.is_empty() {
+        return e;
+    }
+    let text = e.to_string();
+    let broke = [
+        "transport error",
+        "broken pipe",
+        "h2 protocol error",
+        "Connection refused",
+        "connection reset",
+    ]
+    .iter()
+    .any(|s| text.to_lowercase().contains(&s.to_lowercase()));
+    let what = if broke {
+        "a worker stopped answering (the query failed; run it again once the workers are up)"
+    } else {
+        "the query failed on the workers"
+    };
+    DataFusionError::External(format!("{what} [workers: {}]: {text}", workers.join(", ")).into())
 }
 
 /// How long a distributed query's answer waits for its workers' metrics once it is

@@ -73,17 +73,21 @@ def _settings(settings) -> Optional[list]:
 
 def sql_reader(nodes: Nodes, query: str, *, pushdown: bool = True, settings=None, auth=None) -> pa.RecordBatchReader:
     """Runs `query` over the nodes' tables and returns its answer as a
-    `pyarrow.RecordBatchReader`. `pushdown=False` reads the tables' Parquet by byte
-    range and computes everything here (`csd sql --no-pushdown`); `settings` are
-    session settings applied first (e.g. `{"csd.direct_unfiltered": False}`)."""
-    reader, _plan, _bytes = _native.sql(_nodes(nodes), query, pushdown=pushdown, settings=_settings(settings), auth=auth)
-    return reader
+    `pyarrow.RecordBatchReader` that reads it batch by batch as it is computed (an
+    answer larger than memory streams through). `pushdown=False` reads the tables'
+    Parquet by byte range and computes everything here (`csd sql --no-pushdown`);
+    `settings` are session settings applied first (e.g.
+    `{"csd.direct_unfiltered": False}`). Ctrl-C while a batch is awaited stops the
+    query (the reader then fails saying so); closing the reader early stops it too."""
+    return _native.sql_stream(_nodes(nodes), query, pushdown=pushdown, settings=_settings(settings), auth=auth)
 
 
 def sql(nodes: Nodes, query: str, *, pushdown: bool = True, settings=None, auth=None) -> pa.Table:
-    """`sql_reader`, read whole into a `pyarrow.Table` (`.to_pandas()`,
-    `polars.from_arrow(...)` from there)."""
-    return sql_reader(nodes, query, pushdown=pushdown, settings=settings, auth=auth).read_all()
+    """Runs `query` (see `sql_reader`) and returns its whole answer as a
+    `pyarrow.Table` (`.to_pandas()`, `polars.from_arrow(...)` from there). Ctrl-C
+    raises `KeyboardInterrupt` and stops the query."""
+    reader, _plan, _bytes = _native.sql(_nodes(nodes), query, pushdown=pushdown, settings=_settings(settings), auth=auth)
+    return reader.read_all()
 
 
 def explain(nodes: Nodes, query: str, *, pushdown: bool = True, settings=None, auth=None) -> str:

@@ -33,6 +33,14 @@ def sql(
     settings: Optional[Sequence[Tuple[str, str]]] = None,
     auth: Optional[Dict[str, str]] = None,
 ) -> Tuple[pa.RecordBatchReader, str, int]: ...
+def sql_stream(
+    nodes: Sequence[str],
+    query: str,
+    *,
+    pushdown: bool = True,
+    settings: Optional[Sequence[Tuple[str, str]]] = None,
+    auth: Optional[Dict[str, str]] = None,
+) -> pa.RecordBatchReader: ...
 def put(
     node: str,
     table: str,
