@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use arrow::record_batch::{RecordBatch, RecordBatchReader};
+use arrow::record_batch::RecordBatchReader;
 use arrow_array::ffi_stream::ArrowArrayStreamReader;
 use arrow_pyarrow::PyArrowType;
 use csd_client::NodeClient;
@@ -26,16 +26,36 @@ pub(crate) fn put(
     let credentials = creds::credentials(auth)?;
     let reader = data.0;
     let schema = reader.schema();
-    // Read while Python is attached: a Python-backed stream calls back into it.
-    let batches: Vec<RecordBatch> = reader
-        .collect::<Result<_, _>>()
-        .map_err(|e| error::client(e.into()))?;
-    let summary = runtime::wait(py, async move {
+    // The upload runs on the runtime while this thread reads the stream: a few
+    // batches in flight, never the whole table in memory.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let upload = runtime::runtime().spawn(async move {
         let c = NodeClient::connect_with(&node, &credentials).await?;
-        let stream = futures::stream::iter(batches.into_iter().map(Ok));
-        Ok::<_, csd_client::Error>(c.put(&table, &partition, schema, stream).await?)
-    })?
-    .map_err(error::client)?;
+        let batches = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok::<_, csd_client::Error>(c.put(&table, &partition, schema, batches).await?)
+    });
+    // Read with Python attached: a Python-backed stream calls back into it.
+    for batch in reader {
+        let stop = |e: PyErr| {
+            // Dropping the upload cancels the put: the node stores none of it.
+            upload.abort();
+            e
+        };
+        py.check_signals().map_err(stop)?;
+        let batch = batch.map_err(|e| stop(error::client(e.into())))?;
+        if py.detach(|| tx.blocking_send(Ok(batch))).is_err() {
+            break; // the upload ended early: its error is below
+        }
+    }
+    drop(tx);
+    let summary = runtime::wait(py, upload)?
+        .map_err(|e| {
+            error::to_py(
+                csd_protocol::StatusCode::Internal,
+                format!("the upload: {e}"),
+            )
+        })?
+        .map_err(error::client)?;
     Ok(summary.rows)
 }
 

@@ -50,6 +50,27 @@ def test_partitions_on_two_nodes_read_as_one_table(nodes):
     check(nodes, "split_t", pa.concat_tables([a, b]))
 
 
+def test_a_stream_streams_and_one_that_fails_stores_nothing(nodes):
+    t = frame(20000, 0)
+
+    def batches(fail_at=None):
+        for i, b in enumerate(t.to_batches(max_chunksize=1000)):
+            if i == fail_at:
+                raise ValueError("the source broke")
+            yield b
+
+    reader = pa.RecordBatchReader.from_batches(t.schema, batches())
+    assert csd.put(nodes[0], "from_generator", reader) == 20000
+    check(nodes, "from_generator", t)
+    broken = pa.RecordBatchReader.from_batches(t.schema, batches(fail_at=7))
+    with pytest.raises(csd.CsdError) as e:
+        csd.put(nodes[0], "half_stored", broken)
+    assert "the source broke" in e.value.message, e.value.message
+    with pytest.raises(csd.CsdError) as e:
+        csd.sql(nodes, "SELECT count(*) FROM half_stored")
+    assert "half_stored" in e.value.message
+
+
 def test_what_cannot_be_stored_is_refused(nodes, work):
     with pytest.raises(csd.CsdError) as e:
         csd.put(nodes[0], "bad", {"a": [1, 2]})
