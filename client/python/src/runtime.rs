@@ -21,39 +21,31 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `fut` to its end on the runtime, the GIL released. On Ctrl-C the future is
-/// dropped (its gRPC calls cancelled, so the nodes stop) and `KeyboardInterrupt`
-/// raised.
+/// Runs `fut` to its end as a task of the runtime, the GIL released. On Ctrl-C the
+/// task is aborted (its gRPC calls cancelled, so the nodes stop) and
+/// `KeyboardInterrupt` raised.
 pub(crate) fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let mut task = runtime().spawn(fut);
-    loop {
-        let done = py.detach(|| {
-            runtime().block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut task).await })
-        });
-        match done {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                    "the csd task failed: {e}"
-                )));
-            }
-            Err(_elapsed) => {
-                if let Err(e) = py.check_signals() {
-                    task.abort();
-                    return Err(e);
-                }
-            }
+    let task = runtime().spawn(fut);
+    let abort = task.abort_handle();
+    match wait_here(py, task) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "the csd task failed: {e}"
+        ))),
+        Err(interrupted) => {
+            abort.abort();
+            Err(interrupted)
         }
     }
 }
 
 /// Runs `fut` to its end on this thread, inside the runtime, the GIL released; on
 /// Ctrl-C the future is dropped and `KeyboardInterrupt` returned (for futures that
-/// borrow, which [`wait`] cannot take).
+/// borrow, which cannot be spawned).
 pub(crate) fn wait_here<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     F: std::future::Future<Output = T> + Send,
