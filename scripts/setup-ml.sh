@@ -15,7 +15,10 @@
 #     $CSD_ML_HOME/lib/libonnxruntime.so, is what csd loads for users' ONNX models
 #     (ORT_DYLIB_PATH overrides), and the Python package is the tests' reference;
 #     onnx writes the tests' models;
-#   * pytest (the Python package's tests, client/python/tests).
+#   * pytest (the Python package's tests, client/python/tests);
+#   * with CSD_ML_TORCH=1, torch (about 3 GB with its CUDA libraries): the package's
+#     torch adapter and example run under the tests, and benches/features_epochs.py's
+#     plain-PyTorch baseline. Without it those tests are skipped.
 # Everything lands in $CSD_ML_HOME (default ~/.cache/csd/ml). Idempotent.
 set -euo pipefail
 home="${CSD_ML_HOME:-$HOME/.cache/csd/ml}"
@@ -25,6 +28,7 @@ mkdir -p "$home"
 py="$home/venv/bin/python"
 pkgs=(numpy scikit-image tokenizers pyarrow adbc-driver-flightsql pandas polars
   'onnxruntime>=1.31' onnx pytest)
+[ "${CSD_ML_TORCH:-0}" = 1 ] && pkgs+=(torch pillow)
 "$py" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 lib="$("$py" -c 'import glob, os, onnxruntime; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))[-1])')"
 mkdir -p "$home/lib"

@@ -36,10 +36,14 @@ pub(crate) struct FeatureStream {
     /// Partitions read raw and run whole here.
     #[pyo3(get)]
     here: Vec<usize>,
-    /// The planner's candidate table, when it planned (`split="auto"` or
+    /// The planner's candidate table as text, when it planned (`split="auto"` or
     /// `explain=True`).
     #[pyo3(get)]
     plan: Option<String>,
+    /// The same plan as JSON: `candidates` (one object per split and share of the
+    /// partitions run here, with the predicted seconds and bytes) and `best`.
+    #[pyo3(get)]
+    plan_json: Option<String>,
 }
 
 #[pymethods]
@@ -151,7 +155,11 @@ impl FeatureJob {
             stats: run.stats,
             split: run.split,
             here: run.here,
-            plan: run.plan.map(|p| p.explain()),
+            plan: run.plan.as_ref().map(|p| p.explain()),
+            plan_json: run
+                .plan
+                .as_ref()
+                .and_then(|p| serde_json::to_string(p).ok()),
         })
     }
 

@@ -33,5 +33,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(features::feature_job, m)?)?;
     m.add_class::<features::FeatureJob>()?;
     m.add_class::<features::FeatureStream>()?;
+    m.add_class::<sql::AnswerStream>()?;
     Ok(())
 }

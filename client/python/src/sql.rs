@@ -3,8 +3,7 @@
 
 use std::collections::HashMap;
 
-use arrow::datatypes::SchemaRef;
-use arrow::error::ArrowError;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_pyarrow::PyArrowType;
 use csd_query_pushdown::{Cluster, CsdSession, SessionOptions};
@@ -46,8 +45,9 @@ pub(crate) fn sql(
 }
 
 /// Runs `query` as [`sql`] does, its answer read batch by batch as it is computed
-/// (no plan, no figures). Ctrl-C while a batch is awaited stops the query; the
-/// reader then fails saying so.
+/// (no plan, no figures): an iterator of record batches with the answer's `schema`.
+/// Ctrl-C while a batch is awaited stops the query and raises `KeyboardInterrupt`;
+/// a failure raises `CsdError`; `close()` or dropping it stops the query.
 #[pyfunction]
 #[pyo3(signature = (nodes, query, *, pushdown = true, settings = None, auth = None))]
 pub(crate) fn sql_stream(
@@ -57,7 +57,7 @@ pub(crate) fn sql_stream(
     pushdown: bool,
     settings: Option<Vec<(String, String)>>,
     auth: Option<HashMap<String, String>>,
-) -> PyResult<PyArrowType<Box<dyn RecordBatchReader + Send>>> {
+) -> PyResult<AnswerStream> {
     let open = open(nodes, pushdown, settings, auth)?;
     let (session, stream) = runtime::wait(py, async move {
         let session = open.await?;
@@ -65,51 +65,66 @@ pub(crate) fn sql_stream(
         Ok::<_, csd_client::Error>((session, stream))
     })?
     .map_err(error::client)?;
-    Ok(PyArrowType(Box::new(Streamed {
+    Ok(AnswerStream {
         schema: stream.schema(),
-        stream: Some(stream),
-        _session: session,
-    })))
+        stream: std::sync::Mutex::new(Some((stream, session))),
+    })
 }
 
 /// An answer read as it is computed.
-struct Streamed {
+#[pyclass(module = "csd._native")]
+pub(crate) struct AnswerStream {
     schema: SchemaRef,
-    /// `None` once it ended, failed or was stopped.
-    stream: Option<SendableRecordBatchStream>,
-    /// The session the query runs in, kept while it does.
-    _session: CsdSession,
+    /// The query's batches and the session it runs in; `None` once it ended,
+    /// failed or was stopped.
+    stream: std::sync::Mutex<Option<(SendableRecordBatchStream, CsdSession)>>,
 }
 
-impl Iterator for Streamed {
-    type Item = Result<RecordBatch, ArrowError>;
+#[pymethods]
+impl AnswerStream {
+    /// The answer's schema.
+    #[getter]
+    fn schema(&self) -> PyArrowType<Schema> {
+        PyArrowType(self.schema.as_ref().clone())
+    }
 
-    fn next(&mut self) -> Option<Self::Item> {
-        let stream = self.stream.as_mut()?;
-        let next = Python::attach(|py| {
-            runtime::wait_here(py, stream.next()).map_err(|_| "stopped by Ctrl-C")
-        });
-        match next {
-            Ok(Some(Ok(b))) => Some(Ok(b)),
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrowType<RecordBatch>>> {
+        // Not `lock`: a second thread waiting here would hold the GIL that the
+        // first one needs to look for Ctrl-C.
+        let Ok(mut slot) = self.stream.try_lock() else {
+            return Err(error::invalid(
+                "this answer is being read by another thread; read it from one",
+            ));
+        };
+        let Some((stream, _)) = slot.as_mut() else {
+            return Ok(None);
+        };
+        match runtime::wait_here(py, stream.next()) {
+            Ok(Some(Ok(b))) => Ok(Some(PyArrowType(b))),
             Ok(None) => {
-                self.stream = None;
-                None
+                *slot = None;
+                Ok(None)
             }
             Ok(Some(Err(e))) => {
-                self.stream = None;
-                Some(Err(ArrowError::ExternalError(Box::new(e))))
+                *slot = None;
+                Err(error::client(e.into()))
             }
-            Err(why) => {
-                self.stream = None;
-                Some(Err(ArrowError::ExternalError(why.into())))
+            Err(interrupted) => {
+                *slot = None;
+                Err(interrupted)
             }
         }
     }
-}
 
-impl RecordBatchReader for Streamed {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
+    /// Stops the query.
+    fn close(&self) {
+        if let Ok(mut slot) = self.stream.try_lock() {
+            slot.take();
+        }
     }
 }
 

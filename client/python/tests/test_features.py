@@ -93,8 +93,20 @@ def test_epochs_keep_the_nodes_output_and_give_the_same_features(nodes, dataset,
 
 def test_the_planner_explains_its_split(nodes, dataset, weights):
     stream = csd.features(nodes, dataset, "efficientnet-lite0", weights=weights, split="auto", batch_size=4)
-    assert stream.plan and "split" in stream.plan.lower(), stream.plan
+    plan = stream.plan
+    assert plan is not None and "split" in str(plan).lower(), str(plan)
+    # The plan as data: one candidate per split and share, the chosen one the split run.
+    assert plan.chosen["split"] == stream.split, plan.candidates
+    assert {c["split"] for c in plan.candidates} >= {0, stream.split}
+    for c in plan.candidates:
+        assert c["epoch_s"] > 0 and c["bytes_per_sample"] >= 0, c
+    # The planner takes the fewest bytes among the candidates within 3% of the fastest.
+    fastest = min(c["epoch_s"] for c in plan.candidates)
+    near = [c for c in plan.candidates if c["epoch_s"] <= fastest * 1.03 + 1e-9]
+    assert plan.chosen in near and plan.chosen["bytes_per_sample"] == min(c["bytes_per_sample"] for c in near)
     assert sum(len(y) for _, y in stream) == 12
+    # A fixed split is not planned.
+    assert csd.features(nodes, dataset, "efficientnet-lite0", weights=weights, split=2).plan is None
 
 
 def test_bad_requests_say_what_to_do(nodes, dataset, weights):
@@ -128,6 +140,31 @@ def test_ctrl_c_stops_a_wait_and_the_nodes_serve_on(nodes):
     assert csd.sql(nodes, "SELECT count(*) AS n FROM region").column("n").to_pylist() == [5]
 
 
+def test_a_torch_dataset_gives_the_features_of_the_stream(nodes, dataset, weights):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    whole = {}
+    for b in csd.features(nodes, dataset, "efficientnet-lite0", weights=weights, split=3).arrow():
+        for f, label in zip(b.column("features").to_numpy(zero_copy_only=False), b.column("label").to_pylist()):
+            whole.setdefault(label, []).append(np.asarray(f))
+    with csd.torch_dataset(nodes, dataset, "efficientnet-lite0", weights=weights, split=3, batch_size=5, keep=True) as ds:
+        for _epoch in range(2):
+            sizes, seen = [], {}
+            for x, y in DataLoader(ds, batch_size=None):
+                assert x.dtype == torch.float32 and y.dtype == torch.int64
+                sizes.append(len(y))
+                for row, label in zip(x.numpy(), y.tolist()):
+                    seen.setdefault(label, []).append(row)
+            assert sizes == [5, 5, 2]
+            for label, rows in whole.items():
+                got = sorted(seen[label], key=lambda r: r.tobytes())
+                want = sorted(rows, key=lambda r: r.tobytes())
+                np.testing.assert_allclose(np.stack(got), np.stack(want), rtol=1e-5, atol=1e-6)
+        assert ds.epochs.kept  # the nodes kept the first epoch's output
+    assert ds.epochs.kept == []
+
+
 def test_the_training_example_matches_the_rust_one(nodes, weights):
     """docs/examples/train_head.py (NumPy) against client/examples/train_head.rs
     (candle) on the same node and texture patches: the same held-out accuracy, to
@@ -150,3 +187,16 @@ def test_the_training_example_matches_the_rust_one(nodes, weights):
     rs_acc, n = int(m.group(1)) / int(m.group(2)), int(m.group(2))
     print(f"held-out accuracy: Python {py_acc:.3f}, Rust {rs_acc:.3f} on {n} patches")
     assert py_acc > 0.5 and abs(py_acc - rs_acc) <= 1 / n + 1e-9, (py.stdout, rs.stdout)
+    # The same in PyTorch where it is installed, the node's output kept between epochs.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    example = example.replace("train_head.py", "train_head_torch.py")
+    pt = subprocess.run([sys.executable, example, *args, "--keep"], capture_output=True, text=True,
+                        env={**os.environ, "CSD_ML_HOME": home})
+    assert pt.returncode == 0, pt.stderr
+    pt_right = int(re.search(r"\((\d+)/(\d+) right\)", pt.stdout).group(1))
+    print(f"held-out accuracy: PyTorch {pt_right}/{n}")
+    # Within a patch: the order batches arrive in from the two partitions varies.
+    assert abs(pt_right - round(rs_acc * n)) <= 1, (pt.stdout, rs.stdout)

@@ -1,6 +1,9 @@
 """`csd.sql` against `csd sql`: the same answers, pushed down and not."""
 
 import os
+import signal
+import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -52,6 +55,27 @@ def test_a_reader_streams_the_answer_as_computed(nodes):
     early.read_next_batch()
     early.close()
     assert csd.sql(nodes, "SELECT count(*) AS n FROM region").column("n").to_pylist() == [5]
+
+
+def test_ctrl_c_while_reading_stops_the_query(nodes):
+    heavy = "SELECT a.l_orderkey FROM lineitem a, orders b WHERE a.l_extendedprice > b.o_totalprice"
+    reader = csd.sql_reader(nodes, heavy)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            reader.read_all()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 5
+    assert csd.sql(nodes, "SELECT count(*) AS n FROM region").column("n").to_pylist() == [5]
+
+
+def test_a_query_failing_midway_raises_csd_error(nodes):
+    with pytest.raises(csd.CsdError) as e:
+        csd.sql_reader(nodes, "SELECT 1 / (l_linenumber - 7) FROM lineitem ORDER BY l_linenumber").read_all()
+    assert "divide by zero" in e.value.message.lower(), e.value.message
 
 
 def test_explain_shows_the_nodes_work(nodes):

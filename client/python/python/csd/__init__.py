@@ -20,9 +20,10 @@ and the node's message in `.message`. Ctrl-C stops the nodes' work.
 
 from __future__ import annotations
 
+import json
 import os
 import random
-from typing import Iterator, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,7 @@ __all__ = [
     "Epochs",
     "FeatureStream",
     "Features",
+    "Plan",
     "epochs",
     "explain",
     "features",
@@ -78,8 +80,10 @@ def sql_reader(nodes: Nodes, query: str, *, pushdown: bool = True, settings=None
     Parquet by byte range and computes everything here (`csd sql --no-pushdown`);
     `settings` are session settings applied first (e.g.
     `{"csd.direct_unfiltered": False}`). Ctrl-C while a batch is awaited stops the
-    query (the reader then fails saying so); closing the reader early stops it too."""
-    return _native.sql_stream(_nodes(nodes), query, pushdown=pushdown, settings=_settings(settings), auth=auth)
+    query and raises `KeyboardInterrupt`; a query that fails midway raises
+    `CsdError`; closing the reader early stops the query too."""
+    stream = _native.sql_stream(_nodes(nodes), query, pushdown=pushdown, settings=_settings(settings), auth=auth)
+    return pa.RecordBatchReader.from_batches(stream.schema, stream)
 
 
 def sql(nodes: Nodes, query: str, *, pushdown: bool = True, settings=None, auth=None) -> pa.Table:
@@ -153,6 +157,32 @@ def put_images(nodes: Nodes, table: str, folder, *, labels=None, partitions: int
     )
 
 
+class Plan:
+    """The split planner's choice as data. `candidates` is a list of dicts, one per
+    split and share of the partitions run whole here: `split` (stages at the
+    nodes), `at_node` (the last of them), `here` (partitions run here),
+    `here_samples`, `node_flops` and `compute_flops` (per sample),
+    `bytes_per_sample`, and the predicted `node_s`, `link_s`, `compute_s` and
+    `epoch_s`. `best` indexes the chosen one, `chosen` is it. `str(plan)` is the
+    table `csd features --explain` prints."""
+
+    def __init__(self, data: dict, text: str):
+        self.candidates: List[dict] = data["candidates"]
+        self.best: int = data["best"]
+        self._text = text
+
+    @property
+    def chosen(self) -> dict:
+        return self.candidates[self.best]
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        c = self.chosen
+        return f"Plan(split={c['split']}, epoch_s={c['epoch_s']:.3f}, {len(self.candidates)} candidates)"
+
+
 class Features:
     """One pass over a dataset's features (see `features`). Iterating gives
     `(x, y)`: `x` a float32 NumPy array `[n, d]`, `y` an int64 array `[n]`, views of
@@ -172,9 +202,12 @@ class Features:
         return self._stream.split
 
     @property
-    def plan(self) -> Optional[str]:
-        """The planner's table of candidate splits, when it planned."""
-        return self._stream.plan
+    def plan(self) -> Optional["Plan"]:
+        """The planner's candidate splits, when it planned (`split="auto"` or
+        `explain=True`)."""
+        if self._stream.plan_json is None:
+            return None
+        return Plan(json.loads(self._stream.plan_json), self._stream.plan or "")
 
     @property
     def here(self) -> list:
@@ -373,10 +406,12 @@ def epochs(
 
 
 def torch_dataset(nodes: Nodes, dataset: str, model: str = "efficientnet-lite0", **kwargs):
-    """A `torch.utils.data.IterableDataset` of `(x, y)` training batches as tensors:
-    each iteration is an epoch of `epochs(nodes, dataset, model, **kwargs)` (pass
-    `keep=True` to keep the nodes' output between epochs). Needs torch; the rest of
-    the package does not."""
+    """A `torch.utils.data.IterableDataset` of `(x, y)` training batches as tensors
+    (`x` float32 `[n, d]`, `y` int64 `[n]`, sharing the Arrow buffers): each
+    iteration is an epoch of `epochs(nodes, dataset, model, **kwargs)`. Pass
+    `keep=True` to keep the nodes' output between epochs, and call `release()` (or
+    use it as a `with` block) when done. Use it with `DataLoader(ds, batch_size=None)`:
+    its items are batches already. Needs torch; the rest of the package does not."""
     try:
         import torch
         from torch.utils.data import IterableDataset
@@ -386,8 +421,25 @@ def torch_dataset(nodes: Nodes, dataset: str, model: str = "efficientnet-lite0",
     run = epochs(nodes, dataset, model, **kwargs)
 
     class _Dataset(IterableDataset):
+        epochs = run
+
         def __iter__(self):
+            import warnings
+
             for x, y in run.epoch():
-                yield torch.from_numpy(x), torch.from_numpy(y)
+                with warnings.catch_warnings():
+                    # Unshuffled batches are views of the Arrow buffers NumPy calls
+                    # read-only; they are this batch's alone, so sharing them is safe.
+                    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                    yield torch.from_numpy(x), torch.from_numpy(y)
+
+        def release(self) -> None:
+            run.release()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            run.release()
 
     return _Dataset()

@@ -18,6 +18,7 @@ class FeatureStream(Iterator[pa.RecordBatch]):
     split: int
     here: List[int]
     plan: Optional[str]
+    plan_json: Optional[str]
     bytes_received: int
     pushed_back: int
     skipped: int
@@ -33,6 +34,12 @@ def sql(
     settings: Optional[Sequence[Tuple[str, str]]] = None,
     auth: Optional[Dict[str, str]] = None,
 ) -> Tuple[pa.RecordBatchReader, str, int]: ...
+class AnswerStream(Iterator[pa.RecordBatch]):
+    schema: pa.Schema
+    def __iter__(self) -> "AnswerStream": ...
+    def __next__(self) -> pa.RecordBatch: ...
+    def close(self) -> None: ...
+
 def sql_stream(
     nodes: Sequence[str],
     query: str,
@@ -40,7 +47,7 @@ def sql_stream(
     pushdown: bool = True,
     settings: Optional[Sequence[Tuple[str, str]]] = None,
     auth: Optional[Dict[str, str]] = None,
-) -> pa.RecordBatchReader: ...
+) -> AnswerStream: ...
 def put(
     node: str,
     table: str,
