@@ -1,13 +1,14 @@
 //! Any `DoPut` stream a client sends (messages framed by
-//! `csd_runtime::protocol::ipc::frame`): decoding as the service does must give a
-//! schema and batches or an INVALID_ARGUMENT error. Arrow's IPC schema conversion
-//! panics on some malformed fields; the service catches that panic and refuses the
-//! put, so here a caught panic is the behaviour under test (the hook is quietened)
-//! and only one that escapes is a crash.
+//! `csd_runtime::protocol::ipc::frame`), decoded by the service's own decoder
+//! (`PutDecoder`, which `DoPut` stores from): a schema and batches, or an
+//! INVALID_ARGUMENT error. Arrow's IPC schema conversion panics on some malformed
+//! fields; the decoder catches that panic and refuses the put, so here a caught panic
+//! is the behaviour under test (the hook is quietened) and only one that escapes is a
+//! crash.
 #![no_main]
 
 use csd_runtime::StatusCode;
-use csd_runtime::protocol::ipc::{decode_put, unframe};
+use csd_runtime::protocol::ipc::{PutDecoder, unframe};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(
@@ -15,8 +16,16 @@ fuzz_target!(
         std::panic::set_hook(Box::new(|_| {}));
     },
     |data: &[u8]| {
-        let messages = unframe(data);
-        if let Err(e) = futures::executor::block_on(decode_put(messages)) {
+        let messages = unframe(data).into_iter().map(Ok);
+        let mut decoder = PutDecoder::new(futures::stream::iter(messages));
+        let decoded = futures::executor::block_on(async {
+            decoder.schema().await?;
+            while let Some(b) = decoder.next_batch().await {
+                b?;
+            }
+            Ok::<_, csd_runtime::Error>(())
+        });
+        if let Err(e) = decoded {
             assert_eq!(e.status_code(), StatusCode::InvalidArgument, "{e}");
         }
     }

@@ -107,41 +107,70 @@ fn map_flight(e: FlightError) -> Error {
     }
 }
 
-/// Decodes a whole `DoPut` stream as the service does: the schema, then its record
-/// batches (rows counted), or the error the put would be refused with.
-pub async fn decode_put(messages: Vec<FlightData>) -> Result<(arrow::datatypes::SchemaRef, usize)> {
-    let incoming = futures::stream::iter(messages).map(|m| {
-        check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
-        Ok(m)
-    });
-    let mut decoder = FlightDataDecoder::new(incoming);
-    let mut schema = None;
-    let mut rows = 0;
-    while let Some(d) = next_decoded(&mut decoder).await {
-        match (d?.payload, &schema) {
-            (DecodedPayload::Schema(s), None) => schema = Some(s),
-            (DecodedPayload::Schema(_), Some(_)) => {
-                return Err(Error::InvalidArgument("DoPut sent a second schema".into()));
-            }
-            (DecodedPayload::RecordBatch(_), None) => {
-                return Err(Error::InvalidArgument(
-                    "DoPut sent a record batch before its schema".into(),
-                ));
-            }
-            (DecodedPayload::RecordBatch(b), Some(s)) => {
-                if b.schema() != *s {
-                    return Err(Error::InvalidArgument(
-                        "a DoPut batch does not match the stream's schema".into(),
-                    ));
-                }
-                rows += b.num_rows();
-            }
-            (DecodedPayload::None, _) => {}
+/// A `DoPut` stream decoded as the node's service stores it: every message checked
+/// ([`check_message`]) before arrow decodes it, the schema first, then record
+/// batches; anything else is refused as `InvalidArgument`. The service's `DoPut`
+/// and the `do_put` fuzz target both decode through it.
+pub struct PutDecoder {
+    decoder: FlightDataDecoder,
+}
+
+impl PutDecoder {
+    /// Decodes `messages` (the client's, after whatever the caller counts or
+    /// limits).
+    pub fn new(
+        messages: impl futures::Stream<Item = std::result::Result<FlightData, FlightError>>
+        + Send
+        + 'static,
+    ) -> PutDecoder {
+        let checked = messages.map(|m| {
+            let m = m?;
+            check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+            Ok(m)
+        });
+        PutDecoder {
+            decoder: FlightDataDecoder::new(checked),
         }
     }
-    let schema = schema
-        .ok_or_else(|| Error::InvalidArgument("DoPut stream ended without a schema".into()))?;
-    Ok((schema, rows))
+
+    /// The stream's schema, which comes first.
+    pub async fn schema(&mut self) -> Result<arrow::datatypes::SchemaRef> {
+        loop {
+            match next_decoded(&mut self.decoder).await {
+                Some(Ok(d)) => match d.payload {
+                    DecodedPayload::Schema(s) => return Ok(s),
+                    DecodedPayload::None => continue,
+                    DecodedPayload::RecordBatch(_) => {
+                        return Err(Error::InvalidArgument(
+                            "DoPut sent a record batch before its schema".into(),
+                        ));
+                    }
+                },
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "DoPut stream ended without a schema".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The next record batch after the schema; `None` at the stream's end.
+    pub async fn next_batch(&mut self) -> Option<Result<arrow::record_batch::RecordBatch>> {
+        loop {
+            return match next_decoded(&mut self.decoder).await? {
+                Ok(d) => match d.payload {
+                    DecodedPayload::RecordBatch(b) => Some(Ok(b)),
+                    DecodedPayload::None => continue,
+                    DecodedPayload::Schema(_) => Some(Err(Error::InvalidArgument(
+                        "DoPut sent a second schema".into(),
+                    ))),
+                },
+                Err(e) => Some(Err(e)),
+            };
+        }
+    }
 }
 
 /// Frames `messages` for the `do_put` fuzz target: per message a little-endian u32
@@ -192,6 +221,19 @@ mod tests {
 
     use super::*;
 
+    /// The schema and rows of a whole stream, decoded as the service does.
+    async fn decode(
+        messages: Vec<FlightData>,
+    ) -> Result<(arrow::datatypes::SchemaRef, usize)> {
+        let mut d = PutDecoder::new(futures::stream::iter(messages.into_iter().map(Ok)));
+        let schema = d.schema().await?;
+        let mut rows = 0;
+        while let Some(b) = d.next_batch().await {
+            rows += b?.num_rows();
+        }
+        Ok((schema, rows))
+    }
+
     async fn good() -> Vec<FlightData> {
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int64, false),
@@ -219,7 +261,7 @@ mod tests {
         let msgs = good().await;
         let again = unframe(&frame(&msgs));
         assert_eq!(again.len(), msgs.len());
-        let (schema, rows) = decode_put(again).await.unwrap();
+        let (schema, rows) = decode(again).await.unwrap();
         assert_eq!((schema.fields().len(), rows), (2, 100));
     }
 
@@ -232,7 +274,7 @@ mod tests {
         let mut tried = 0;
         for cut in (0..bytes.len()).step_by(7) {
             tried += 1;
-            if let Err(e) = decode_put(unframe(&bytes[..cut])).await {
+            if let Err(e) = decode(unframe(&bytes[..cut])).await {
                 assert_eq!(e.status_code(), crate::StatusCode::InvalidArgument, "{e}");
                 refused += 1;
             }
@@ -242,7 +284,7 @@ mod tests {
                 let mut b = bytes.clone();
                 b[i] ^= 1 << bit;
                 tried += 1;
-                if let Err(e) = decode_put(unframe(&b)).await {
+                if let Err(e) = decode(unframe(&b)).await {
                     assert_eq!(e.status_code(), crate::StatusCode::InvalidArgument, "{e}");
                     refused += 1;
                 }
@@ -256,7 +298,7 @@ mod tests {
     #[tokio::test]
     async fn a_schema_field_of_no_type_is_refused() {
         let data = include_bytes!("../../fuzz/seeds/do_put/schema_type_none");
-        let e = decode_put(unframe(data)).await.unwrap_err();
+        let e = decode(unframe(data)).await.unwrap_err();
         assert_eq!(e.status_code(), crate::StatusCode::InvalidArgument, "{e}");
     }
 

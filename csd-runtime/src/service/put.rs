@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightData;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -23,7 +21,7 @@ use tonic::{Status, Streaming};
 use super::FlightNode;
 use crate::auth::{Permission, Principal};
 use crate::error::{Error, Result, truncated};
-use crate::protocol::ipc::{check_message, map_incoming, next_decoded};
+use crate::protocol::ipc::{PutDecoder, map_incoming};
 use crate::protocol::{PUT_END, PUT_MARKED, PUT_OBJECT_COPY, PutSummary};
 
 /// Where an upload goes, and what its tenant may still store.
@@ -152,8 +150,8 @@ impl FlightNode {
             &upload,
             who,
         );
-        let mut decoder = FlightDataDecoder::new(incoming);
-        let schema = first_schema(&mut decoder).await?;
+        let mut decoder = PutDecoder::new(incoming);
+        let schema = decoder.schema().await?;
         let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(2);
         // Set when the client's stream ended cleanly, after its end marker if it
         // promised one. Should the stream stop short of that (a reset, a dropped
@@ -178,23 +176,13 @@ impl FlightNode {
             }
         });
         let feed = async {
-            while let Some(d) = next_decoded(&mut decoder).await {
-                let item = match d {
-                    Ok(d) => match d.payload {
-                        DecodedPayload::RecordBatch(b) => {
-                            self.state
-                                .counters
-                                .rows_received
-                                .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                            Ok(b)
-                        }
-                        DecodedPayload::None => continue,
-                        DecodedPayload::Schema(_) => {
-                            Err(Error::InvalidArgument("DoPut sent a second schema".into()))
-                        }
-                    },
-                    Err(e) => Err(e),
-                };
+            while let Some(item) = decoder.next_batch().await {
+                if let Ok(b) = &item {
+                    self.state
+                        .counters
+                        .rows_received
+                        .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                }
                 let stop = item.is_err();
                 if tx.send(item).await.is_err() || stop {
                     drop(tx);
@@ -213,8 +201,8 @@ impl FlightNode {
         summary
     }
 
-    /// `messages`, each checked before arrow decodes it, counted, and held against
-    /// the tenant's quota as it arrives.
+    /// `messages`, counted and held against the tenant's quota as they arrive
+    /// (the decoder checks each before arrow decodes it).
     fn checked(
         &self,
         messages: impl Stream<Item = Result<FlightData, Status>> + Send + 'static,
@@ -226,7 +214,6 @@ impl FlightNode {
         let mut received = 0u64;
         messages.map(move |m| {
             let m = m.map_err(|s| FlightError::Tonic(Box::new(s)))?;
-            check_message(&m).map_err(|e| FlightError::ExternalError(Box::new(e)))?;
             let bytes = (m.data_body.len() + m.data_header.len()) as u64;
             if let Some(stored) = quota_stored {
                 // Arrow bytes received: the stored Parquet is rarely larger.
@@ -267,29 +254,6 @@ fn until_end(
             m => Some(m),
         })
     })
-}
-
-/// The schema message, which comes first.
-async fn first_schema(decoder: &mut FlightDataDecoder) -> Result<SchemaRef> {
-    loop {
-        match next_decoded(decoder).await {
-            Some(Ok(d)) => match d.payload {
-                DecodedPayload::Schema(s) => return Ok(s),
-                DecodedPayload::None => continue,
-                DecodedPayload::RecordBatch(_) => {
-                    return Err(Error::InvalidArgument(
-                        "DoPut sent a record batch before its schema".into(),
-                    ));
-                }
-            },
-            Some(Err(e)) => return Err(e),
-            None => {
-                return Err(Error::InvalidArgument(
-                    "DoPut stream ended without a schema".into(),
-                ));
-            }
-        }
-    }
 }
 
 /// The batches the writer stores: `rx`'s, then a failure unless `ended` says the
