@@ -8,7 +8,7 @@
 //! message Operator { string name = 1; bytes args = 2; Compression compression = 3; bool patient = 4;
 //!                    optional Asker asker = 5; optional uint64 keep_ms = 6; optional string keep_group = 7; }
 //! message Ref      { string id = 1; }
-//! message Asker    { double link_bytes_per_s = 1; double ns_per_byte = 2; double load = 3;
+//! message Asker    { double link_bytes_per_s = 1; reserved 2; double load = 3;
 //!                    string host = 4; repeated uint32 cpus = 5; }
 //! enum Compression { NONE = 0; LZ4_FRAME = 1; ZSTD = 2; AUTO = 3; }
 //! ```
@@ -118,9 +118,6 @@ pub struct AskerFigures {
     /// Measured throughput of the asker's link from this node, bytes per second.
     #[prost(double, tag = "1")]
     pub link_bytes_per_s: f64,
-    /// The asker's cost of evaluating a fragment, nanoseconds per raw byte.
-    #[prost(double, tag = "2")]
-    pub ns_per_byte: f64,
     /// Fraction of the asker's cores busy, 0 to 1.
     #[prost(double, tag = "3")]
     pub load: f64,
@@ -380,9 +377,7 @@ impl Ticket {
             Some(Kind::Operator(o)) => Ok(Ticket::Operator {
                 asker: match o.asker {
                     Some(a)
-                        if [a.link_bytes_per_s, a.ns_per_byte]
-                            .iter()
-                            .all(|v| v.is_finite() && *v >= 0.0)
+                        if a.link_bytes_per_s.is_finite() && a.link_bytes_per_s >= 0.0
                             && (0.0..=1.0).contains(&a.load)
                             && a.host.len() <= 64
                             && a.cpus.len() <= 65_536 =>
@@ -391,9 +386,8 @@ impl Ticket {
                     }
                     Some(a) => {
                         return Err(Error::InvalidArgument(format!(
-                            "ticket's asker figures are out of range (link {} bytes/s and {} ns/byte must be finite and not negative, load {} within 0 to 1, host id at most 64 bytes ({}), at most 65,536 CPUs ({}))",
+                            "ticket's asker figures are out of range (link {} bytes/s must be finite and not negative, load {} within 0 to 1, host id at most 64 bytes ({}), at most 65,536 CPUs ({}))",
                             a.link_bytes_per_s,
-                            a.ns_per_byte,
                             a.load,
                             a.host.len(),
                             a.cpus.len()
@@ -474,7 +468,6 @@ mod tests {
             patient: true,
             asker: Some(AskerFigures {
                 link_bytes_per_s: 125e6,
-                ns_per_byte: 1.5,
                 load: 0.25,
                 host: "8a1f5e2c-0d44-4c39-9a57-1b2c3d4e5f60".into(),
                 cpus: vec![0, 1, 4],
@@ -490,7 +483,6 @@ mod tests {
             patient: false,
             asker: Some(AskerFigures {
                 link_bytes_per_s: f64::NAN,
-                ns_per_byte: 0.0,
                 load: 2.0,
                 ..AskerFigures::default()
             }),

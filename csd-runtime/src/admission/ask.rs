@@ -31,9 +31,6 @@ pub struct Asker {
     /// Throughput of the link between the asker and this node, bytes per second
     /// (`None`: unknown, the link is not priced).
     pub link_bytes_per_s: Option<f64>,
-    /// The asker's cost to evaluate a fragment, nanoseconds per raw byte (`None`:
-    /// this node's learned cost).
-    pub ns_per_byte: Option<f64>,
     /// Fraction of the asker's cores busy, 0 to 1.
     pub load: f64,
     /// Bytes of work this node handed back to the asker's link moments ago that the

@@ -101,11 +101,8 @@ impl Controller {
             .link_bytes_per_s
             .or(self.cfg.link_prior)
             .filter(|l| l.is_finite() && *l > 0.0)?;
-        let per_byte = ask
-            .asker
-            .ns_per_byte
-            .filter(|n| n.is_finite() && *n >= 0.0)
-            .unwrap_or_else(|| self.costs.ns_per_byte_of(ask));
+        // The asker runs the same engine: this node's learned cost stands for its.
+        let per_byte = self.costs.ns_per_byte_of(ask);
         let busy = if ask.asker.load.is_finite() {
             ask.asker.load.clamp(0.0, 1.0)
         } else {

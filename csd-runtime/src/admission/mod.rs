@@ -53,8 +53,7 @@
 //! full speed once it starts; its load counts the busy and waiting fragments per
 //! core (at most 1: a busier asker sends its requests patient), so a fragment handed
 //! back waits about one fragment's time per unit of load, then runs.
-//! (`ns_per_byte` is the asker's own figure if it sent one, else this node's learned
-//! cost: the same engine.) The answer's own bytes cross the link either way, less
+//! (`ns_per_byte` is this node's learned cost: the asker runs the same engine.) The answer's own bytes cross the link either way, less
 //! of them from here, so they are left out, which only favours handing back. On a
 //! fast link `there` is about the request's run time, the rule above.
 //!

@@ -43,7 +43,6 @@ fn handing_back_is_priced_by_the_askers_link_and_load() {
     let with = |link_mbit: f64, load: f64| Ask {
         asker: Asker {
             link_bytes_per_s: Some(link_mbit * 1e6 / 8.0),
-            ns_per_byte: None,
             load,
             backlog_bytes: 0,
             shares_cores: false,

@@ -158,7 +158,6 @@ impl FlightNode {
         let meter = peer.zip(link).map(|(p, l)| (self.state.links.of(p), l));
         let asker = Asker {
             link_bytes_per_s: link,
-            ns_per_byte: figures.and_then(|a| known(a.ns_per_byte)),
             load: figures.map(|a| a.load).unwrap_or(0.0),
             backlog_bytes: meter.as_ref().map_or(0, |(m, l)| m.backlog(*l)),
             // On this host, on cores the node's workers keep busy (as many workers

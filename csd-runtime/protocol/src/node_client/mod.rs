@@ -488,7 +488,6 @@ impl NodeClient {
             patient,
             asker: Some(AskerFigures {
                 link_bytes_per_s: self.link.bytes_per_sec().unwrap_or(0.0),
-                ns_per_byte: 0.0,
                 // Its own queue of handed-back work, or its host's cores if busier.
                 load: if load.is_finite() {
                     load.clamp(0.0, 1.0).max(host::busy_fraction())
