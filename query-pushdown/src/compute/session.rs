@@ -541,22 +541,44 @@ fn on_workers(workers: &[String], e: DataFusionError) -> DataFusionError {
     if workers.is_empty() {
         return e;
     }
-    let text = e.to_string();
-    let broke = [
-        "transport error",
-        "broken pipe",
-        "h2 protocol error",
-        "Connection refused",
-        "connection reset",
-    ]
-    .iter()
-    .any(|s| text.to_lowercase().contains(&s.to_lowercase()));
-    let what = if broke {
+    let what = if connection_broke(&e) {
         "a worker stopped answering (the query failed; run it again once the workers are up)"
     } else {
         "the query failed on the workers"
     };
-    DataFusionError::External(format!("{what} [workers: {}]: {text}", workers.join(", ")).into())
+    DataFusionError::Context(
+        format!("{what} [workers: {}]", workers.join(", ")),
+        Box::new(e),
+    )
+}
+
+/// Whether `e` came from a connection that broke or could not be made: a status of
+/// `Unavailable` (tonic's for a refused or lost connection), a transport error, or an
+/// I/O error of a connection's kinds anywhere in its chain of causes.
+fn connection_broke(e: &DataFusionError) -> bool {
+    use std::io::ErrorKind;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<tonic::Status>()
+            .is_some_and(|s| s.code() == tonic::Code::Unavailable)
+            || c.downcast_ref::<tonic::transport::Error>().is_some()
+            || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    ErrorKind::BrokenPipe
+                        | ErrorKind::ConnectionRefused
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::NotConnected
+                        | ErrorKind::UnexpectedEof
+                )
+            })
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// How long a distributed query's answer waits for its workers' metrics once it is
