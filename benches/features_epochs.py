@@ -5,7 +5,10 @@ and the file read into NumPy. Same node, dataset, model and split; medians of
 
     python benches/features_epochs.py --node grpc://127.0.0.1:50051 \
         --images ~/.cache/csd/ml/textures/train --weights ~/.cache/csd/ml/efficientnet-lite0.safetensors \
-        --csd target/debug/csd [--split 3] [--epochs 3] [--repeat 3]
+        --csd target/debug/csd [--split 3] [--epochs 3] [--repeat 3] [--torch-url http://HOST:PORT]
+
+`scripts/bench-python.sh` runs it against a node behind a tc-shaped veth, with the
+images served over HTTP from the node's side for the plain-PyTorch baseline.
 
 Needs the package importable (`pip install ./client/python`, or the built
 extension on PYTHONPATH as tests/python.rs lays it out).
@@ -34,6 +37,7 @@ def consume(batches):
 
 
 def cli_epoch(args, out):
+    before = rx()
     started = time.monotonic()
     subprocess.run(
         [args.csd, "features", "--node", args.node, "--dataset", "bench_imgs", "--model", "efficientnet-lite0",
@@ -44,7 +48,28 @@ def cli_epoch(args, out):
     x = t.column("features").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
     y = t.column("label").to_numpy()
     consume([(x[i : i + args.batch], y[i : i + args.batch]) for i in range(0, len(y), args.batch)])
+    timed.moved = rx() - before
     return time.monotonic() - started
+
+
+VETH = None  # the veth's host end, whose received bytes are counted per run (--veth)
+MOVED = {}
+
+
+def rx():
+    if VETH is None:
+        return 0
+    with open(f"/sys/class/net/{VETH}/statistics/rx_bytes") as f:
+        return int(f.read())
+
+
+def timed(f):
+    before = rx()
+    started = time.monotonic()
+    n = f()
+    took = time.monotonic() - started
+    timed.moved = rx() - before
+    return took, n
 
 
 def main():
@@ -57,30 +82,57 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--torch-url", help="where --images is served over HTTP: adds plain PyTorch reading the raw "
+                    "images and running the whole feature extractor here (HAPI's baseline; needs torch)")
+    ap.add_argument("--workers", type=int, default=2, help="the baseline's DataLoader workers")
+    ap.add_argument("--veth", help="count the bytes this network device receives during each run")
     args = ap.parse_args()
+    global VETH
+    VETH = args.veth
     n, _ = csd.put_images([args.node], "bench_imgs", args.images, partitions=2)
-    times = {"csd features + parquet": [], "python package": [], "python package, kept, epoch 2+": []}
+    rows = {}
+
+    def add(name, t):
+        rows.setdefault(name, []).append(t)
+        MOVED.setdefault(name, []).append(timed.moved)
+
+    torch_epoch = None
+    if args.torch_url:
+        import torch_baseline
+
+        torch_epoch = torch_baseline.epochs(args.images, args.torch_url, args.weights, args.batch, args.workers)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "f.parquet")
         for _ in range(args.repeat):
-            times["csd features + parquet"].append(cli_epoch(args, out))
-            started = time.monotonic()
-            got = consume(csd.features([args.node], "bench_imgs", "efficientnet-lite0", weights=args.weights,
-                                       split=args.split, batch_size=args.batch))
-            times["python package"].append(time.monotonic() - started)
+            add(f"csd features --split {args.split} + parquet", cli_epoch(args, out))
+            t, got = timed(lambda: consume(csd.features([args.node], "bench_imgs", "efficientnet-lite0",
+                                                        weights=args.weights, split=args.split, batch_size=args.batch)))
             assert got == n
-            with csd.epochs([args.node], "bench_imgs", "efficientnet-lite0", weights=args.weights,
-                            split=args.split, batch_size=args.batch, keep=True, ttl=600) as run:
-                consume(run.epoch())
-                for _ in range(args.epochs - 1):
-                    started = time.monotonic()
-                    assert consume(run.epoch()) == n
-                    times["python package, kept, epoch 2+"].append(time.monotonic() - started)
-    base = statistics.median(times["csd features + parquet"])
-    print(f"{n} samples, efficientnet-lite0 split {args.split}, batch {args.batch}; medians of {args.repeat}")
-    for k, v in times.items():
+            add(f"python package, split {args.split}", t)
+            for split in dict.fromkeys([args.split, "auto"]):
+                with csd.epochs([args.node], "bench_imgs", "efficientnet-lite0", weights=args.weights,
+                                split=split, batch_size=args.batch, keep=True, ttl=600) as run:
+                    t, got = timed(lambda: consume(run.epoch()))
+                    assert got == n
+                    if split == "auto":
+                        add("python package, split auto, epoch 1", t)
+                    for _ in range(args.epochs - 1):
+                        t, got = timed(lambda: consume(run.epoch()))
+                        assert got == n
+                        add(f"python package, split {split}, kept, epoch 2+", t)
+            if torch_epoch is not None:
+                for e in range(args.epochs):
+                    t, got = timed(lambda: consume(torch_epoch()))
+                    assert got == n
+                    add("plain PyTorch, raw images" + (", epoch 1" if e == 0 else ", epoch 2+"), t)
+    base = statistics.median(rows[f"csd features --split {args.split} + parquet"])
+    print(f"{n} samples, efficientnet-lite0, batch {args.batch}; medians of {args.repeat} runs "
+          f"({args.epochs - 1} later epochs each)")
+    for k, v in rows.items():
         m = statistics.median(v)
-        print(f"  {k:34s} {m:7.3f} s   {m / base:5.2f}x the csd features path   (runs: {', '.join(f'{t:.3f}' for t in v)})")
+        mb = statistics.median(MOVED[k]) / 1e6
+        print(f"  {k:44s} {m:7.3f} s  {mb:8.2f} MB  {m / base:5.2f}x the csd features path   "
+              f"(runs: {', '.join(f'{t:.3f}' for t in v)})")
 
 
 if __name__ == "__main__":
