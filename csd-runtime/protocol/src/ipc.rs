@@ -222,9 +222,7 @@ mod tests {
     use super::*;
 
     /// The schema and rows of a whole stream, decoded as the service does.
-    async fn decode(
-        messages: Vec<FlightData>,
-    ) -> Result<(arrow::datatypes::SchemaRef, usize)> {
+    async fn decode(messages: Vec<FlightData>) -> Result<(arrow::datatypes::SchemaRef, usize)> {
         let mut d = PutDecoder::new(futures::stream::iter(messages.into_iter().map(Ok)));
         let schema = d.schema().await?;
         let mut rows = 0;

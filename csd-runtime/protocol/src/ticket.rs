@@ -377,7 +377,8 @@ impl Ticket {
             Some(Kind::Operator(o)) => Ok(Ticket::Operator {
                 asker: match o.asker {
                     Some(a)
-                        if a.link_bytes_per_s.is_finite() && a.link_bytes_per_s >= 0.0
+                        if a.link_bytes_per_s.is_finite()
+                            && a.link_bytes_per_s >= 0.0
                             && (0.0..=1.0).contains(&a.load)
                             && a.host.len() <= 64
                             && a.cpus.len() <= 65_536 =>
