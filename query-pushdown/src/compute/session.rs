@@ -553,8 +553,9 @@ fn on_workers(workers: &[String], e: DataFusionError) -> DataFusionError {
 }
 
 /// Whether `e` came from a connection that broke or could not be made: a status of
-/// `Unavailable` (tonic's for a refused or lost connection), a transport error, or an
-/// I/O error of a connection's kinds anywhere in its chain of causes.
+/// `Unavailable` (tonic's for a refused connection), a transport error, an HTTP/2
+/// I/O failure or going away (a lost connection), or an I/O error of a
+/// connection's kinds anywhere in its chain of causes.
 fn connection_broke(e: &DataFusionError) -> bool {
     use std::io::ErrorKind;
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -562,6 +563,10 @@ fn connection_broke(e: &DataFusionError) -> bool {
         if c.downcast_ref::<tonic::Status>()
             .is_some_and(|s| s.code() == tonic::Code::Unavailable)
             || c.downcast_ref::<tonic::transport::Error>().is_some()
+            // HTTP/2 says the connection's I/O failed or the peer went away (its
+            // errors name no source: the I/O error is inside).
+            || c.downcast_ref::<h2::Error>()
+                .is_some_and(|h| h.is_io() || h.is_go_away())
             || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
                 matches!(
                     io.kind(),
