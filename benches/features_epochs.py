@@ -37,8 +37,7 @@ def consume(batches):
 
 
 def cli_epoch(args, out):
-    before = rx()
-    started = time.monotonic()
+    """`csd features` into a Parquet file, then the file read as a loop would."""
     subprocess.run(
         [args.csd, "features", "--node", args.node, "--dataset", "bench_imgs", "--model", "efficientnet-lite0",
          "--weights", args.weights, "--split", str(args.split), "--batch", str(args.batch), "--out", out],
@@ -47,29 +46,15 @@ def cli_epoch(args, out):
     t = pq.read_table(out)
     x = t.column("features").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
     y = t.column("label").to_numpy()
-    consume([(x[i : i + args.batch], y[i : i + args.batch]) for i in range(0, len(y), args.batch)])
-    timed.moved = rx() - before
-    return time.monotonic() - started
+    return consume([(x[i : i + args.batch], y[i : i + args.batch]) for i in range(0, len(y), args.batch)])
 
 
-VETH = None  # the veth's host end, whose received bytes are counted per run (--veth)
-MOVED = {}
-
-
-def rx():
-    if VETH is None:
+def rx(veth):
+    """Bytes `veth` has received (0 when none is named)."""
+    if veth is None:
         return 0
-    with open(f"/sys/class/net/{VETH}/statistics/rx_bytes") as f:
+    with open(f"/sys/class/net/{veth}/statistics/rx_bytes") as f:
         return int(f.read())
-
-
-def timed(f):
-    before = rx()
-    started = time.monotonic()
-    n = f()
-    took = time.monotonic() - started
-    timed.moved = rx() - before
-    return took, n
 
 
 def main():
@@ -87,14 +72,16 @@ def main():
     ap.add_argument("--workers", type=int, default=2, help="the baseline's DataLoader workers")
     ap.add_argument("--veth", help="count the bytes this network device receives during each run")
     args = ap.parse_args()
-    global VETH
-    VETH = args.veth
     n, _ = csd.put_images([args.node], "bench_imgs", args.images, partitions=2)
-    rows = {}
+    rows = {}  # name: [(seconds, bytes received)]
 
-    def add(name, t):
-        rows.setdefault(name, []).append(t)
-        MOVED.setdefault(name, []).append(timed.moved)
+    def measure(name, epoch):
+        before, started = rx(args.veth), time.monotonic()
+        got = epoch()
+        took = time.monotonic() - started
+        if name is not None:
+            rows.setdefault(name, []).append((took, rx(args.veth) - before))
+        assert got == n, (name, got, n)
 
     torch_epoch = None
     if args.torch_url:
@@ -104,35 +91,30 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "f.parquet")
         for _ in range(args.repeat):
-            add(f"csd features --split {args.split} + parquet", cli_epoch(args, out))
-            t, got = timed(lambda: consume(csd.features([args.node], "bench_imgs", "efficientnet-lite0",
-                                                        weights=args.weights, split=args.split, batch_size=args.batch)))
-            assert got == n
-            add(f"python package, split {args.split}", t)
+            measure(f"csd features --split {args.split} + parquet", lambda: cli_epoch(args, out))
+            measure(f"python package, split {args.split}",
+                    lambda: consume(csd.features([args.node], "bench_imgs", "efficientnet-lite0",
+                                                 weights=args.weights, split=args.split, batch_size=args.batch)))
             for split in dict.fromkeys([args.split, "auto"]):
                 with csd.epochs([args.node], "bench_imgs", "efficientnet-lite0", weights=args.weights,
                                 split=split, batch_size=args.batch, keep=True, ttl=600) as run:
-                    t, got = timed(lambda: consume(run.epoch()))
-                    assert got == n
-                    if split == "auto":
-                        add("python package, split auto, epoch 1", t)
+                    # A fixed split's first epoch is the row above.
+                    measure("python package, split auto, epoch 1" if split == "auto" else None,
+                            lambda: consume(run.epoch()))
                     for _ in range(args.epochs - 1):
-                        t, got = timed(lambda: consume(run.epoch()))
-                        assert got == n
-                        add(f"python package, split {split}, kept, epoch 2+", t)
+                        measure(f"python package, split {split}, kept, epoch 2+", lambda: consume(run.epoch()))
             if torch_epoch is not None:
                 for e in range(args.epochs):
-                    t, got = timed(lambda: consume(torch_epoch()))
-                    assert got == n
-                    add("plain PyTorch, raw images" + (", epoch 1" if e == 0 else ", epoch 2+"), t)
-    base = statistics.median(rows[f"csd features --split {args.split} + parquet"])
+                    measure("plain PyTorch, raw images" + (", epoch 1" if e == 0 else ", epoch 2+"),
+                            lambda: consume(torch_epoch()))
+    base = statistics.median(t for t, _ in rows[f"csd features --split {args.split} + parquet"])
     print(f"{n} samples, efficientnet-lite0, batch {args.batch}; medians of {args.repeat} runs "
           f"({args.epochs - 1} later epochs each)")
     for k, v in rows.items():
-        m = statistics.median(v)
-        mb = statistics.median(MOVED[k]) / 1e6
+        m = statistics.median(t for t, _ in v)
+        mb = statistics.median(b for _, b in v) / 1e6
         print(f"  {k:44s} {m:7.3f} s  {mb:8.2f} MB  {m / base:5.2f}x the csd features path   "
-              f"(runs: {', '.join(f'{t:.3f}' for t in v)})")
+              f"(runs: {', '.join(f'{t:.3f}' for t, _ in v)})")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ use arrow_pyarrow::PyArrowType;
 use csd_client::NodeClient;
 use csd_client::features::{FeaturesOptions, Model, SplitChoice};
 use csd_ml_pushdown::features::{feature_schema, to_batch};
+use csd_ml_pushdown::planner::Plan;
 use csd_ml_pushdown::request::FeatureType;
 use csd_ml_pushdown::stream::{FeatureStats, TrainBatch};
 use futures::StreamExt;
@@ -36,14 +37,8 @@ pub(crate) struct FeatureStream {
     /// Partitions read raw and run whole here.
     #[pyo3(get)]
     here: Vec<usize>,
-    /// The planner's candidate table as text, when it planned (`split="auto"` or
-    /// `explain=True`).
-    #[pyo3(get)]
-    plan: Option<String>,
-    /// The same plan as JSON: `candidates` (one object per split and share of the
-    /// partitions run here, with the predicted seconds and bytes) and `best`.
-    #[pyo3(get)]
-    plan_json: Option<String>,
+    /// The planner's choice, when it planned (`split="auto"` or `explain=True`).
+    plan: Option<Plan>,
 }
 
 #[pymethods]
@@ -98,6 +93,22 @@ impl FeatureStream {
     #[getter]
     fn bytes_received(&self) -> u64 {
         self.stats.bytes_received.load(Ordering::Relaxed)
+    }
+
+    /// The planner's candidate table as text, when it planned.
+    #[getter]
+    fn plan(&self) -> Option<String> {
+        self.plan.as_ref().map(Plan::explain)
+    }
+
+    /// The same plan as JSON: `candidates` (one object per split and share of the
+    /// partitions run here, with the predicted seconds and bytes) and `best`.
+    #[getter]
+    fn plan_json(&self) -> PyResult<Option<String>> {
+        self.plan
+            .as_ref()
+            .map(|p| serde_json::to_string(p).map_err(|e| error::invalid(e.to_string())))
+            .transpose()
     }
 
     /// Partitions the nodes handed back (computed here).
@@ -155,11 +166,7 @@ impl FeatureJob {
             stats: run.stats,
             split: run.split,
             here: run.here,
-            plan: run.plan.as_ref().map(|p| p.explain()),
-            plan_json: run
-                .plan
-                .as_ref()
-                .and_then(|p| serde_json::to_string(p).ok()),
+            plan: run.plan,
         })
     }
 

@@ -558,9 +558,11 @@ fn on_workers(workers: &[String], e: DataFusionError) -> DataFusionError {
 /// connection's kinds anywhere in its chain of causes.
 fn connection_broke(e: &DataFusionError) -> bool {
     use std::io::ErrorKind;
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        if c.downcast_ref::<tonic::Status>()
+    std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |c| {
+        c.source()
+    })
+    .any(|c| {
+        c.downcast_ref::<tonic::Status>()
             .is_some_and(|s| s.code() == tonic::Code::Unavailable)
             || c.downcast_ref::<tonic::transport::Error>().is_some()
             // HTTP/2 says the connection's I/O failed or the peer went away (its
@@ -578,12 +580,7 @@ fn connection_broke(e: &DataFusionError) -> bool {
                         | ErrorKind::UnexpectedEof
                 )
             })
-        {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
+    })
 }
 
 /// How long a distributed query's answer waits for its workers' metrics once it is
