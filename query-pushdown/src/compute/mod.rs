@@ -24,3 +24,4 @@ pub(crate) mod typed_footers;
 #[cfg(feature = "wasm")]
 pub(crate) mod wasm;
 pub(crate) mod window_down;
+pub(crate) mod worker_failure;

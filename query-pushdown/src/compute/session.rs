@@ -29,6 +29,7 @@ use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::compute::replicas;
 use crate::compute::scan::{CsdScanExec, EndpointRun};
 use crate::compute::semijoin_down::SemiJoinDown;
+use crate::compute::worker_failure::on_workers;
 use crate::error::to_datafusion;
 use crate::eval::scan;
 use crate::options::CsdOptions;
@@ -450,12 +451,6 @@ impl CsdSession {
         &self.workers
     }
 
-    /// `e`, saying which workers the query ran on, and that a connection to one of
-    /// them broke when that is what happened.
-    fn on_workers(&self, e: DataFusionError) -> DataFusionError {
-        on_workers(&self.workers, e)
-    }
-
     /// Whether this session pushes work down.
     pub fn pushdown(&self) -> bool {
         self.pushdown
@@ -467,9 +462,10 @@ impl CsdSession {
         let before = self.ranges.bytes_read();
         let df = self.ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
-        let batches = collect(plan.clone(), self.ctx.task_ctx())
-            .await
-            .map_err(|e| self.on_workers(e))?;
+        let batches = match collect(plan.clone(), self.ctx.task_ctx()).await {
+            Ok(b) => b,
+            Err(e) => return Err(on_workers(&self.workers, e).await),
+        };
         let elapsed = started.elapsed();
         let schema = plan.schema();
         let node_runs = scans_of(&plan);
@@ -526,61 +522,24 @@ impl CsdSession {
         let df = self.ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
         let schema = plan.schema();
-        let stream = execute_stream(plan, self.ctx.task_ctx()).map_err(|e| self.on_workers(e))?;
-        let workers = self.workers.clone();
+        let stream = match execute_stream(plan, self.ctx.task_ctx()) {
+            Ok(s) => s,
+            Err(e) => return Err(on_workers(&self.workers, e).await),
+        };
+        let workers: Arc<[String]> = self.workers.clone().into();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
-            stream.map(move |b| b.map_err(|e| on_workers(&workers, e))),
+            stream.then(move |b| {
+                let workers = workers.clone();
+                async move {
+                    match b {
+                        Ok(b) => Ok(b),
+                        Err(e) => Err(on_workers(&workers, e).await),
+                    }
+                }
+            }),
         )))
     }
-}
-
-/// `e`, saying which of `workers` the query ran on (none: `e` as it is), and that a
-/// connection to one of them broke when that is what happened.
-fn on_workers(workers: &[String], e: DataFusionError) -> DataFusionError {
-    if workers.is_empty() {
-        return e;
-    }
-    let what = if connection_broke(&e) {
-        "a worker stopped answering (the query failed; run it again once the workers are up)"
-    } else {
-        "the query failed on the workers"
-    };
-    DataFusionError::Context(
-        format!("{what} [workers: {}]", workers.join(", ")),
-        Box::new(e),
-    )
-}
-
-/// Whether `e` came from a connection that broke or could not be made: a status of
-/// `Unavailable` (tonic's for a refused connection), a transport error, an HTTP/2
-/// I/O failure or going away (a lost connection), or an I/O error of a
-/// connection's kinds anywhere in its chain of causes.
-fn connection_broke(e: &DataFusionError) -> bool {
-    use std::io::ErrorKind;
-    std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |c| {
-        c.source()
-    })
-    .any(|c| {
-        c.downcast_ref::<tonic::Status>()
-            .is_some_and(|s| s.code() == tonic::Code::Unavailable)
-            || c.downcast_ref::<tonic::transport::Error>().is_some()
-            // HTTP/2 says the connection's I/O failed or the peer went away (its
-            // errors name no source: the I/O error is inside).
-            || c.downcast_ref::<h2::Error>()
-                .is_some_and(|h| h.is_io() || h.is_go_away())
-            || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
-                matches!(
-                    io.kind(),
-                    ErrorKind::BrokenPipe
-                        | ErrorKind::ConnectionRefused
-                        | ErrorKind::ConnectionReset
-                        | ErrorKind::ConnectionAborted
-                        | ErrorKind::NotConnected
-                        | ErrorKind::UnexpectedEof
-                )
-            })
-    })
 }
 
 /// How long a distributed query's answer waits for its workers' metrics once it is

@@ -187,8 +187,10 @@ async fn a_worker_lost_mid_query_fails_the_query_clearly() {
         .expect_err("a query whose worker went away fails")
         .to_string();
     println!("the error: {e}");
+    // The lost worker is named, though the failure reached this process as text
+    // relayed by the worker that read from it.
     assert!(
-        e.contains("a worker stopped answering") && e.contains(&link_url),
+        e.starts_with(&format!("a worker stopped answering: {link_url} ")),
         "the error says what broke: {e}"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
