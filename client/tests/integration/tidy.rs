@@ -172,25 +172,26 @@ fn ident(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
-/// Every `crate::`/`super::`/`self::` path in `code`, with its byte offset.
-fn paths(code: &str) -> Vec<(Vec<String>, usize)> {
+/// Every `crate::`/`super::`/`self::` path in `code`, and every path that starts
+/// with one of `children` (the file's own child modules, named bare: `child::x`),
+/// with its byte offset.
+fn paths(code: &str, children: &[String]) -> Vec<(Vec<String>, usize)> {
     let b = code.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        let at_word = i == 0 || !(ident(b[i - 1]) || b[i - 1] == b':');
+        let at_word = i == 0 || !(ident(b[i - 1]) || b[i - 1] == b':' || b[i - 1] == b'.');
         let kw = ["crate", "super", "self"]
             .into_iter()
-            .find(|k| b[i..].starts_with(k.as_bytes()));
+            .chain(children.iter().map(String::as_str))
+            .find(|k| {
+                b[i..].starts_with(k.as_bytes())
+                    && code[i + k.len()..].trim_start().starts_with("::")
+            });
         let Some(kw) = kw.filter(|_| at_word) else {
             i += 1;
             continue;
         };
-        let rest = &code[i + kw.len()..];
-        if !rest.trim_start().starts_with("::") {
-            i += kw.len();
-            continue;
-        }
         // The whole path, a `use` tree's braces included.
         let (mut depth, mut end) = (0i32, i);
         for (j, c) in code[i..].char_indices() {
@@ -295,7 +296,13 @@ fn imports(src: &Path) -> (BTreeSet<Module>, Vec<Import>) {
             }
             inline.push((open, j));
         }
-        for (path, at) in paths(&code) {
+        // Its child modules, which it may name bare (`child::x`).
+        let children: Vec<String> = modules
+            .iter()
+            .filter(|m| m.len() == me.len() + 1 && m.starts_with(&me))
+            .map(|m| m[me.len()].clone())
+            .collect();
+        for (path, at) in paths(&code, &children) {
             let mut nested = inline.iter().filter(|(a, b)| *a <= at && at < *b).count();
             let (mut base, mut rest): (Module, &[String]) = match path[0].as_str() {
                 "crate" => (Vec::new(), &path[1..]),
@@ -398,8 +405,8 @@ fn circles(modules: &BTreeSet<Module>, imports: &[Import]) -> Vec<Vec<Module>> {
 }
 
 /// What is wrong with the crate at `src` against `order`: modules no layer covers,
-/// imports upward, circles.
-fn violations(src: &Path, order: &Order) -> Vec<String> {
+/// imports upward, circles (but those within one of `known`'s sets of modules).
+fn violations(src: &Path, order: &Order, known: &[&[&str]]) -> Vec<String> {
     let (modules, imports) = imports(src);
     let name = |m: &Module| {
         if m.is_empty() {
@@ -437,6 +444,12 @@ fn violations(src: &Path, order: &Order) -> Vec<String> {
     }
     for c in circles(&modules, &imports) {
         let names: Vec<String> = c.iter().map(name).collect();
+        if known
+            .iter()
+            .any(|k| names.iter().all(|n| k.contains(&n.as_str())))
+        {
+            continue;
+        }
         let inside: Vec<String> = imports
             .iter()
             .filter(|i| c.contains(&i.from) && c.contains(&i.to))
@@ -466,6 +479,103 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// The circles between a folder's `mod.rs` and its children (the parent re-exports
+/// or calls a child, the child uses what the parent defines) that were there when
+/// the check began to see a child named bare (`child::x`). Each may shrink and
+/// leave this list; none may grow, and a new one fails.
+const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
+    (
+        "csd-runtime",
+        &[
+            "admission",
+            "admission::ask",
+            "admission::config",
+            "admission::controller",
+            "admission::costs",
+            "admission::permit",
+            "admission::reads",
+            "admission::tenants",
+        ],
+    ),
+    (
+        "csd-runtime",
+        &[
+            "device",
+            "device::emulated",
+            "device::faulty",
+            "device::nvme",
+            "device::ring",
+            "device::spdk",
+            "device::uring",
+        ],
+    ),
+    (
+        "csd-runtime",
+        &["store", "store::read", "store::scrub", "store::write"],
+    ),
+    (
+        "csd-runtime",
+        &[
+            "auth",
+            "auth::principal",
+            "auth::tenants",
+            "auth::ticket_key",
+        ],
+    ),
+    (
+        "csd-runtime",
+        &["sandbox", "sandbox::cache", "sandbox::instance"],
+    ),
+    (
+        "csd-runtime/protocol",
+        &["actions", "actions::leases", "actions::refs"],
+    ),
+    (
+        "csd-runtime/protocol",
+        &[
+            "node_client",
+            "node_client::copies",
+            "node_client::leases",
+            "node_client::refs",
+        ],
+    ),
+    ("query-pushdown", &["node", "node::sql", "node::wasm"]),
+    (
+        "query-pushdown",
+        &["compute::scan", "compute::scan::stream"],
+    ),
+    (
+        "query-pushdown",
+        &[
+            "compute::gateway",
+            "compute::gateway::server",
+            "compute::gateway::service",
+        ],
+    ),
+    (
+        "ml-pushdown",
+        &[
+            "model",
+            "model::bert",
+            "model::efficientnet",
+            "model::exported",
+            "model::onnx",
+            "model::resnet",
+        ],
+    ),
+    (
+        "testbed",
+        &[
+            "scenario",
+            "scenario::nodes",
+            "scenario::policy",
+            "scenario::sweep",
+            "scenario::workload",
+        ],
+    ),
+    ("testbed", &["report", "report::plots"]),
+];
+
 #[test]
 fn every_crate_imports_only_down_its_declared_layers() {
     let root = workspace();
@@ -486,7 +596,12 @@ fn every_crate_imports_only_down_its_declared_layers() {
             problems.push(format!("ARCHITECTURE.md declares no layers for {member}"));
             continue;
         };
-        problems.extend(violations(&root.join(member).join("src"), order));
+        let known: Vec<&[&str]> = KNOWN_CIRCLES
+            .iter()
+            .filter(|(m, _)| *m == member)
+            .map(|(_, c)| *c)
+            .collect();
+        problems.extend(violations(&root.join(member).join("src"), order, &known));
     }
     assert!(
         problems.is_empty(),
@@ -521,11 +636,11 @@ fn the_layer_check_catches_what_it_should() {
         "use crate::{low::Thing, mid};\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
     );
     let order = Order::parse("low < mid < high");
-    assert_eq!(violations(&src, &order), Vec::<String>::new());
+    assert_eq!(violations(&src, &order, &[]), Vec::<String>::new());
 
     // An import up a layer.
     write("low.rs", "pub struct Thing;\nfn f() { crate::mid::g(); }\n");
-    let v = violations(&src, &order);
+    let v = violations(&src, &order, &[]);
     assert!(
         v.iter()
             .any(|p| p.contains("low.rs:2") && p.contains("imports mid")),
@@ -544,16 +659,33 @@ fn the_layer_check_catches_what_it_should() {
         "high/mod.rs",
         "mod part;\npub struct Other;\nuse self::part::x;\n",
     );
-    let v = violations(&src, &order);
+    let v = violations(&src, &order, &[]);
     assert!(
         v.iter()
             .any(|p| p.contains("a circle of imports: high, high::part")),
         "{v:?}"
     );
+    // …and when the parent names its child bare (`pub use part::X`).
+    write(
+        "high/mod.rs",
+        "mod part;\npub struct Other;\npub use part::x;\n",
+    );
+    let v = violations(&src, &order, &[]);
+    assert!(
+        v.iter()
+            .any(|p| p.contains("a circle of imports: high, high::part")),
+        "{v:?}"
+    );
+    // A method of that name is no path (`it.part::<T>()`).
+    write(
+        "high/mod.rs",
+        "mod part;\npub struct Other;\nfn f() { it.part::<u8>(); }\n",
+    );
+    assert_eq!(violations(&src, &order, &[]), Vec::<String>::new());
     // A module no layer covers.
     write("high/mod.rs", "mod part;\n");
     std::fs::write(src.join("stray.rs"), "").unwrap();
-    let v = violations(&src, &order);
+    let v = violations(&src, &order, &[]);
     assert!(
         v.iter()
             .any(|p| p.contains("module stray is in no declared layer")),
@@ -603,12 +735,25 @@ fn a_program_that_only_queries_builds_without_the_node() {
     }
 }
 
-/// ARCHITECTURE.md's code map names every source file: under each crate's
-/// heading (`` ### `FOLDER` ``), every file's name and every folder it sits in.
+/// ARCHITECTURE.md's code map names every Rust file of the repository (tests,
+/// build scripts, fuzz targets, benches, examples and the guest SDK included):
+/// each in the section of the folder that holds it (`` ### `FOLDER` ``, the
+/// longest), by its name and every folder between (a crate's `src/` aside); a file
+/// under no section's folder, anywhere in the document.
 #[test]
 fn the_code_map_names_every_source_file() {
     let root = workspace();
     let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let missing = unnamed_files(&root, &architecture);
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's code map does not name: {}",
+        missing.join(", ")
+    );
+}
+
+/// The code map's sections: folder → its text.
+fn code_map_sections(architecture: &str) -> BTreeMap<String, String> {
     let mut sections: BTreeMap<String, String> = BTreeMap::new();
     let mut current: Option<String> = None;
     for line in architecture.lines() {
@@ -625,40 +770,102 @@ fn the_code_map_names_every_source_file() {
             s.push('\n');
         }
     }
-    let mut missing = Vec::new();
-    for member in [
-        "csd-runtime",
-        "csd-runtime/protocol",
-        "query-pushdown",
-        "ml-pushdown",
-        "client",
-        "client/python",
-        "testbed",
-        "benches",
-    ] {
-        let section = sections.get(member).map(String::as_str).unwrap_or("");
-        let src = root.join(member).join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files);
-        for f in files {
-            let rel = f.strip_prefix(&src).unwrap().to_path_buf();
-            let name = rel.file_name().unwrap().to_string_lossy().into_owned();
-            let dirs: Vec<String> = rel
-                .parent()
-                .into_iter()
-                .flat_map(|p| p.components())
-                .map(|c| format!("{}/", c.as_os_str().to_string_lossy()))
-                .collect();
-            let named = (name == "mod.rs" || section.contains(&name))
-                && dirs.iter().all(|d| section.contains(d.as_str()));
-            if !named {
-                missing.push(format!("{member}/src/{}", rel.display()));
+    sections
+}
+
+/// Every `.rs` file under `dir`, build output (`target/`) and hidden folders aside.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                source_files(&p, out);
             }
+        } else if name.ends_with(".rs") {
+            out.push(p);
         }
     }
-    assert!(
-        missing.is_empty(),
-        "ARCHITECTURE.md's code map does not name: {}",
-        missing.join(", ")
+}
+
+/// The Rust files under `root` that `architecture`'s code map does not name.
+fn unnamed_files(root: &Path, architecture: &str) -> Vec<String> {
+    let sections = code_map_sections(architecture);
+    let mut files = Vec::new();
+    source_files(root, &mut files);
+    files.sort();
+    let mut missing = Vec::new();
+    for f in files {
+        let rel: Vec<String> = f
+            .strip_prefix(root)
+            .unwrap()
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let section = sections
+            .iter()
+            .filter_map(|(folder, text)| {
+                let depth = folder.split('/').count();
+                let inside = rel.len() > depth
+                    && rel[..depth]
+                        .iter()
+                        .map(String::as_str)
+                        .eq(folder.split('/'));
+                inside.then_some((depth, text.as_str()))
+            })
+            .max_by_key(|(depth, _)| *depth);
+        let (text, inside) = match section {
+            Some((depth, text)) => (text, &rel[depth..]),
+            None => (architecture, &rel[..]),
+        };
+        let parts: Vec<&str> = inside
+            .iter()
+            .map(String::as_str)
+            .filter(|p| *p != "src")
+            .collect();
+        let Some((name, dirs)) = parts.split_last() else {
+            continue;
+        };
+        let named = (*name == "mod.rs" || text.contains(name))
+            && dirs.iter().all(|d| text.contains(&format!("{d}/")));
+        if !named {
+            missing.push(rel.join("/"));
+        }
+    }
+    missing
+}
+
+/// The code map check on a tree made for it: a test file, a build script and a
+/// file outside every crate's section each fail until named.
+#[test]
+fn the_code_map_check_catches_what_it_should() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |f: &str| {
+        let p = dir.path().join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "").unwrap();
+    };
+    write("crate-a/src/lib.rs");
+    write("crate-a/src/part/mod.rs");
+    write("crate-a/src/part/piece.rs");
+    write("target/debug/build/out.rs");
+    let map = "## Code map\n### `crate-a`\n`lib.rs`, `part/` (`piece.rs`)\n## Next\n";
+    assert_eq!(unnamed_files(dir.path(), map), Vec::<String>::new());
+    write("crate-a/tests/it.rs");
+    write("crate-a/build.rs");
+    write("docs/examples/x/src/main.rs");
+    assert_eq!(
+        unnamed_files(dir.path(), map),
+        [
+            "crate-a/build.rs",
+            "crate-a/tests/it.rs",
+            "docs/examples/x/src/main.rs"
+        ]
     );
+    let map = "## Code map\n### `crate-a`\n`lib.rs`, `build.rs`, `part/` (`piece.rs`), \
+               `tests/` (`it.rs`)\n## Examples\n`docs/examples/x/` (`main.rs`)\n";
+    assert_eq!(unnamed_files(dir.path(), map), Vec::<String>::new());
 }
