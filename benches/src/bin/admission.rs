@@ -609,7 +609,7 @@ fn plot(path: &std::path::Path, levels: &[Level]) -> Result<(), csd_testbed::Err
             (p.to_string(), pts)
         })
         .collect();
-    csd_testbed::report::line_chart(
+    csd_testbed::report::plots::line_chart(
         path,
         "Goodput against offered load (one node, --cpus 1)",
         "offered load (x node capacity)",

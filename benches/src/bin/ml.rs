@@ -601,7 +601,7 @@ fn plot_splits(path: &Path, rows: &[SplitRow]) -> Result<(), csd_testbed::Error>
             vec![(chosen.round(), r.auto_s)],
         ));
     }
-    csd_testbed::report::line_chart(
+    csd_testbed::report::plots::line_chart(
         path,
         "EfficientNet-Lite0 epoch time by split (median of rounds)",
         "split: stages at the node (0 = compute-only, last = full)",

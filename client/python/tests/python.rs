@@ -4,7 +4,9 @@
 //! two nodes holding TPC-H SF 0.01; then pytest (`client/python/tests/test_*.py`)
 //! with the tests' Python (scripts/setup-ml.sh: pyarrow, pandas, polars, numpy,
 //! pytest). Without that Python it says so and passes, unless `CSD_REQUIRE_PYTHON` is
-//! set.
+//! set. With `CSD_PYTHON=PATH` the tests run on that interpreter's own installed
+//! package instead (e.g. a venv after `pip install ./client/python`): nothing is
+//! laid out.
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,9 +20,14 @@ fn build_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// `CSD_PYTHON`: an interpreter whose installed package the tests run on.
+fn installed() -> Option<PathBuf> {
+    std::env::var_os("CSD_PYTHON").map(PathBuf::from)
+}
+
 /// The tests' Python, or `None` (said) where it is not installed.
 fn python() -> Option<PathBuf> {
-    let py = csd_ml_pushdown::assets_dir().join("venv/bin/python");
+    let py = installed().unwrap_or_else(|| csd_ml_pushdown::assets_dir().join("venv/bin/python"));
     let ok = py.is_file()
         && Command::new(&py)
             .args(["-c", "import pyarrow, numpy, pytest, pandas"])
@@ -114,15 +121,17 @@ async fn the_python_package_against_two_nodes() {
         );
     }
     let tmp = tempfile::tempdir().unwrap();
-    // The package as pip would install it.
-    let pkg = tmp.path().join("site/csd");
-    std::fs::create_dir_all(&pkg).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for e in std::fs::read_dir(src.join("python/csd")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), pkg.join(e.file_name())).unwrap();
+    // The package as pip would install it (unless the interpreter has its own).
+    if installed().is_none() {
+        let pkg = tmp.path().join("site/csd");
+        std::fs::create_dir_all(&pkg).unwrap();
+        for e in std::fs::read_dir(src.join("python/csd")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), pkg.join(e.file_name())).unwrap();
+        }
+        std::fs::copy(&native, pkg.join("_native.abi3.so")).unwrap();
     }
-    std::fs::copy(&native, pkg.join("_native.abi3.so")).unwrap();
     // Two nodes with TPC-H SF 0.01, two partitions each; a folder of images.
     let (a, url_a) = serve(&csd, &[]);
     let (b, url_b) = serve(&csd, &[]);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::PushBack;
+use csd_protocol::messages::PushBack;
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Policy;
+use csd_protocol::stats::Policy;
 
 /// A tenant's weight and reserved slots.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

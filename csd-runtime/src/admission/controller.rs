@@ -8,12 +8,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use super::ask::{Ask, Kept, Offer, Reject, Waiting};
+use super::config::AdmissionConfig;
 use super::costs::{Costs, shape_key};
 use super::queueing::{DelayScale, predict};
 use super::reads::Reads;
 use super::tenants::Tenants;
-use super::{AdmissionConfig, AdmissionStats, Counters, Policy, PushBack, TenantStats};
 use csd_protocol::PushBackCause;
+use csd_protocol::messages::PushBack;
+use csd_protocol::stats::{AdmissionStats, Counters, Policy, TenantStats};
 
 /// What the last [`Controller::offer`] decided beyond its [`Offer`].
 #[derive(Debug, Clone, Copy, Default)]

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::ask::Ask;
-use super::{AdmissionConfig, CostModel};
+use super::config::AdmissionConfig;
+use csd_protocol::stats::CostModel;
 
 /// Request shapes whose costs are kept at most.
 pub(super) const MAX_SHAPES: usize = 1024;

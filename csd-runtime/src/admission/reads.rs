@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::AdmissionConfig;
 use super::ask::Reject;
+use super::config::AdmissionConfig;
 
 /// Raw reads in flight and waiting.
 #[derive(Debug)]

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::AdmissionConfig;
 use super::ask::Waiting;
+use super::config::AdmissionConfig;
 
 /// One tenant's queue and figures.
 #[derive(Debug, Default)]

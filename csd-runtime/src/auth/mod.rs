@@ -29,16 +29,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::admission::TenantShare;
 use crate::error::{Error, Result};
 
+mod permission;
 mod principal;
 mod tenants;
 #[cfg(test)]
@@ -46,52 +46,13 @@ mod tests;
 mod ticket_key;
 
 pub use csd_protocol::credential::{Credential, parse_authorization};
+pub use permission::{AuthCounters, Permission};
 pub use principal::{Principal, RequestSlot};
 pub use tenants::{Tenant, TenantSpec, new_token, parse_tenants, token_digest};
 pub use ticket_key::{TICKET_KEY_OBJECT, TicketKey};
 
 /// The metadata key of a request's credentials.
 pub use csd_protocol::AUTHORIZATION;
-
-/// What a tenant may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Permission {
-    /// List, describe, scan, run operators over, and range-read a table.
-    Read,
-    /// Store objects in a table.
-    Write,
-    /// Delete a table or its partitions.
-    Delete,
-    /// Ship code to run at the node.
-    Code,
-    /// Node figures, the object list, raw ranges of any table's objects.
-    Admin,
-}
-
-impl Permission {
-    /// Its name in the tenants file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Permission::Read => "read",
-            Permission::Write => "write",
-            Permission::Delete => "delete",
-            Permission::Code => "code",
-            Permission::Admin => "admin",
-        }
-    }
-}
-
-/// Refusals counted for the metrics.
-#[derive(Debug, Default)]
-pub struct AuthCounters {
-    /// Requests that proved no tenant.
-    pub unauthenticated: AtomicU64,
-    /// Requests refused for a missing permission or someone else's ticket.
-    pub permission_denied: AtomicU64,
-    /// Requests refused by a quota.
-    pub quota_refused: AtomicU64,
-}
 
 /// The node's tenants (or none: auth off), reloadable.
 pub struct Auth {

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{AuthCounters, Permission, Tenant};
+use super::permission::{AuthCounters, Permission};
+use super::tenants::Tenant;
 use crate::error::{Error, Result, truncated};
 use csd_protocol::ByteSize;
 

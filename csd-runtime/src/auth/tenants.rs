@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::Permission;
+use super::permission::Permission;
 use crate::admission::TenantShare;
 use crate::error::{Error, Result, truncated};
 use csd_protocol::ByteSize;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hmac::{KeyInit, Mac};
 use sha2::Sha256;
 
-use super::Principal;
+use super::principal::Principal;
 use crate::error::{Error, Result, truncated};
 
 /// The key that seals tickets (HMAC-SHA256).

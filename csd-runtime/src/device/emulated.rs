@@ -19,8 +19,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::{BlockDevice, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command};
+use super::block::{BlockDevice, DeviceCounters, DmaBuf, check_command};
 use crate::error::{Error, Result, StatusCode};
+use csd_protocol::stats::{DeviceStats, Geometry};
 
 /// Timing of an emulated NVMe device. Bandwidths are in MB/s (10^6 bytes); 0 means
 /// unlimited. All zero latency and bandwidth make an untimed device.

@@ -28,8 +28,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{BlockDevice, DeviceStats, DmaBuf, Geometry, check_command};
+use super::block::{BlockDevice, DmaBuf, check_command};
 use crate::error::{Error, Result};
+use csd_protocol::stats::{DeviceStats, Geometry};
 
 /// How often each fault happens: probabilities per command (per block read for
 /// `rot`), 0 for never.

@@ -16,7 +16,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use tokio::sync::oneshot;
 
-use super::DmaBuf;
+use super::block::DmaBuf;
 use super::mailbox::Mailbox;
 use crate::error::{Error, Result};
 

@@ -22,11 +22,10 @@ use async_trait::async_trait;
 use csd_spdk_sys as sys;
 use tokio::sync::oneshot;
 
+use super::block::{BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DmaBuf, check_command};
 use super::mailbox::Mailbox;
-use super::{
-    BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command,
-};
 use crate::error::{Error, Result};
+use csd_protocol::stats::{DeviceStats, Geometry};
 
 /// What the bdev is.
 #[derive(Debug, Clone, PartialEq)]

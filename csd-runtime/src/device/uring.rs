@@ -11,11 +11,10 @@ use std::path::Path;
 use async_trait::async_trait;
 use io_uring::{cqueue, opcode, squeue, types};
 
+use super::block::{BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DmaBuf, check_command};
 use super::ring::{Commands, Op, Ring};
-use super::{
-    BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command,
-};
 use crate::error::{Error, Result};
+use csd_protocol::stats::{DeviceStats, Geometry};
 
 /// Plain file I/O on the ring.
 struct FileCommands {

@@ -22,8 +22,8 @@ use datafusion_substrait::substrait::proto::Plan;
 use futures::StreamExt;
 
 use super::guard::guarded;
+use super::operator::{SqlOperator, objects_of};
 use super::table::{NODE_URL, NodeTable, as_planned, with_views};
-use super::{SqlOperator, objects_of};
 use crate::error::to_runtime;
 use crate::eval::keyfilter::filter_stream;
 use crate::eval::wasm::CancelOnDrop;

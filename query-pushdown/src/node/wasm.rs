@@ -10,8 +10,8 @@ use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorRequest
 use csd_runtime::sandbox::{GuestKind, GuestReader, NodeObjectReader};
 use futures::StreamExt;
 
+use super::operator::{SqlOperator, objects_in, objects_of};
 use super::sql::SqlRequest;
-use super::{SqlOperator, objects_in, objects_of};
 use crate::eval::wasm::{GuestFigures, guest_args, peek_schema, run_guest, run_guest_here};
 use crate::wire::details::{WasmDetails, WasmKind};
 use crate::wire::wasm::{OPERATOR_NAME, WasmInput, WasmRequest};

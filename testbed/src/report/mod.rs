@@ -2,7 +2,7 @@
 //! `report.md` (tables, the headline ratio, the plots) and SVG plots.
 
 mod markdown;
-mod plots;
+pub mod plots;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::scenario::{Point, PolicyName, Scenario, WorkloadSpec, label};
 use crate::{Error, Result};
-pub use plots::{line_chart, tick};
 
 /// Busy fraction of each node's CPU workers at one moment.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]

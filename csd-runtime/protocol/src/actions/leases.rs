@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ActionRequest;
+use super::request::ActionRequest;
 
 /// `lease`: CPU slots for a while, to invoke shipped functions on without queueing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

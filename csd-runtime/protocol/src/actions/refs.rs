@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ActionRequest;
+use super::request::ActionRequest;
 use crate::error::Result;
 use crate::refs::{RefInfo, Reference, decode_ticket, rfc3339};
 

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use super::Error;
+use super::error::Error;
 use crate::messages::{PushBack, PushBackCause};
 
 /// Why a copy's node did not run (or finish) the work it was asked to.

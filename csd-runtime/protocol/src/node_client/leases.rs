@@ -7,7 +7,7 @@ use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use futures::TryStreamExt;
 
-use super::NodeClient;
+use super::client::NodeClient;
 use super::error::{Error, Result};
 use crate::actions::{
     INVOKE, InvokeAnswer, InvokeRequest, LeaseInfo, LeaseRequest, ReleaseLeaseRequest, Start,

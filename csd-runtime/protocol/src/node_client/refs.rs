@@ -9,7 +9,7 @@ use arrow_flight::error::FlightError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
-use super::NodeClient;
+use super::client::NodeClient;
 use super::error::{Error, Result};
 use super::reply::{OperatorReply, reply_of};
 use crate::actions::{GrantRequest, RefDescription, RefsRequest, ReleaseRequest};
@@ -50,7 +50,7 @@ impl NodeClient {
             .first()
             .ok_or_else(|| Error::Protocol("a kept result came back without an endpoint".into()))?;
         Ok(Kept {
-            reference: Reference::of_endpoint(endpoint, &self.url)
+            reference: Reference::of_endpoint(endpoint, self.url())
                 .map_err(|e| Error::Protocol(e.to_string()))?,
             rows: u64::try_from(info.total_records).unwrap_or(0),
             bytes: u64::try_from(info.total_bytes).unwrap_or(0),
@@ -95,7 +95,7 @@ impl NodeClient {
                 endpoint: Some(endpoint),
             })
             .await?;
-        Reference::of_endpoint(&renewed, &self.url).map_err(|e| Error::Protocol(e.to_string()))
+        Reference::of_endpoint(&renewed, self.url()).map_err(|e| Error::Protocol(e.to_string()))
     }
 
     /// Frees a kept result now.

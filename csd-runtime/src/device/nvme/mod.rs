@@ -26,11 +26,10 @@ use io_uring::{cqueue, opcode, squeue, types};
 use self::command::{DSM_MAX_RANGES, DSM_RANGE_BYTES, NvmeCmd, URING_CMD_IO};
 use self::identify::{ControllerInfo, NamespaceInfo};
 use self::status::NvmeStatus;
+use super::block::{BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DmaBuf, check_command};
 use super::ring::{Commands, Op, Ring};
-use super::{
-    BlockDevice, DEFAULT_BLOCK_SIZE, DeviceCounters, DeviceStats, DmaBuf, Geometry, check_command,
-};
 use crate::error::{Error, Result};
+use csd_protocol::stats::{DeviceStats, Geometry};
 
 /// Largest transfer sent as one command when the controller sets no limit.
 const DEFAULT_MAX_TRANSFER: usize = 1 << 20;

@@ -8,8 +8,8 @@
 //! replica answers any step. Answers stream batch by batch from the nodes to the
 //! client; cancelling or going away stops the nodes' work (`running.rs`).
 //!
-//! Inside: `handle`, `params`, `auth`, `stats`, `running`, `sessions` < `metadata`
-//! < `service` < `server` < this module.
+//! Inside: `handle`, `params`, `auth`, `stats`, `running`, `sessions` < `state` <
+//! `metadata` < `service` < `server` < this module.
 
 mod auth;
 mod handle;
@@ -19,6 +19,7 @@ mod running;
 mod server;
 mod service;
 mod sessions;
+mod state;
 mod stats;
 
 use std::sync::Arc;
@@ -27,12 +28,8 @@ use csd_protocol::Error;
 use csd_protocol::node_client::{Credentials, NodeClient};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::compute::session::{Cluster, CsdSession, SessionOptions};
-use crate::error::to_runtime;
-use auth::Caller;
-use running::Running;
-use sessions::Sessions;
-use stats::{Counters, bump};
+use crate::compute::session::SessionOptions;
+use state::Gateway;
 
 /// The gateway port's TLS: its certificate and key, and the CA client certificates
 /// must chain to (mutual TLS) if any.
@@ -58,60 +55,6 @@ pub struct GatewayOptions {
     pub session: SessionOptions,
     /// TLS on the gateway's own port.
     pub tls: Option<GatewayTls>,
-}
-
-/// The Flight SQL service over a cluster.
-pub(crate) struct Gateway {
-    /// One connection per node, shared by all callers (each asks with its token).
-    nodes: Vec<NodeClient>,
-    session: SessionOptions,
-    counters: Arc<Counters>,
-    running: Arc<Running>,
-    sessions: Sessions,
-}
-
-impl Gateway {
-    /// The caller of a request, counted; a malformed `authorization` is refused.
-    pub(crate) fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Error> {
-        let caller = Caller::of(metadata).inspect_err(|_| bump(&self.counters.unauthenticated))?;
-        self.counters.seen(caller.digest());
-        Ok(caller)
-    }
-
-    /// A session over the cluster asking the nodes as `caller` (the nodes check its
-    /// token against their tenants); one made in the last moments is reused.
-    pub(crate) async fn session(&self, caller: &Caller) -> Result<Arc<CsdSession>, Error> {
-        match self.sessions.get(&caller.digest()) {
-            Some(s) => Ok(s),
-            None => self.new_session(caller).await,
-        }
-    }
-
-    /// A new session for `caller` (its tables listed by the nodes now, its token
-    /// checked by them), kept for its next calls.
-    pub(crate) async fn new_session(&self, caller: &Caller) -> Result<Arc<CsdSession>, Error> {
-        let session = Arc::new(self.listed(caller).await?);
-        self.sessions.put(caller.digest(), session.clone());
-        Ok(session)
-    }
-
-    async fn listed(&self, caller: &Caller) -> Result<CsdSession, Error> {
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|n| n.clone().with_token(caller.token.as_deref()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::external(e.status_code(), "the caller's token", e))?;
-        Cluster::from_clients(nodes)
-            .session(self.session)
-            .await
-            .map_err(to_runtime)
-            .inspect_err(|e| {
-                if e.status_code() == csd_protocol::StatusCode::Unauthenticated {
-                    bump(&self.counters.unauthenticated);
-                }
-            })
-    }
 }
 
 fn tls_config(tls: &GatewayTls) -> ServerTlsConfig {
@@ -146,13 +89,7 @@ pub async fn serve_gateway_on(
                 .map_err(|e| Error::external(e.status_code(), "connecting to a node", e))?,
         );
     }
-    let gateway = Gateway {
-        nodes,
-        session: options.session,
-        counters: Arc::default(),
-        running: Arc::default(),
-        sessions: Sessions::default(),
-    };
+    let gateway = Gateway::new(nodes, options.session);
     let incoming = csd_protocol::tcp::incoming(listener);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &options.tls {

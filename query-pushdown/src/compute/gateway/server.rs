@@ -16,8 +16,8 @@ use csd_protocol::Error;
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Gateway;
 use super::service::schema_of;
+use super::state::Gateway;
 
 /// The service (see the module docs).
 #[derive(Clone)]

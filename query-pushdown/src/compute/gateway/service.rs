@@ -33,11 +33,11 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Gateway;
 use super::auth::Caller;
 use super::handle::Statement;
 use super::metadata;
 use super::params;
+use super::state::Gateway;
 use super::stats::bump;
 use crate::compute::session::CsdSession;
 use crate::error::to_runtime;

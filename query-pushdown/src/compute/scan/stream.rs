@@ -28,9 +28,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 
-use super::EndpointRun;
 use super::metrics::ScanMetrics;
 use super::opener::{EndpointOpener, Opened};
+use super::run::EndpointRun;
 use crate::compute::endpoints::Endpoint;
 use crate::compute::range_read::counting_reads;
 use crate::error::{node_lost, to_datafusion};
