@@ -611,30 +611,22 @@ fn the_layer_check_catches_what_it_should() {
             .any(|p| p.contains("a circle of imports: low, mid")),
         "{v:?}"
     );
-    // A circle within one layer.
+    // A circle within one layer, whether the parent names its child through
+    // `self::` or bare (`pub use part::x`).
     write("low.rs", "pub struct Thing;\n");
     write("high/part.rs", "use super::super::high::Other;\n");
-    write(
-        "high/mod.rs",
-        "mod part;\npub struct Other;\nuse self::part::x;\n",
-    );
-    let v = violations(&src, &order, &[]);
-    assert!(
-        v.iter()
-            .any(|p| p.contains("a circle of imports: high, high::part")),
-        "{v:?}"
-    );
-    // …and when the parent names its child bare (`pub use part::X`).
-    write(
-        "high/mod.rs",
-        "mod part;\npub struct Other;\npub use part::x;\n",
-    );
-    let v = violations(&src, &order, &[]);
-    assert!(
-        v.iter()
-            .any(|p| p.contains("a circle of imports: high, high::part")),
-        "{v:?}"
-    );
+    for parent in ["use self::part::x;", "pub use part::x;"] {
+        write(
+            "high/mod.rs",
+            &format!("mod part;\npub struct Other;\n{parent}\n"),
+        );
+        let v = violations(&src, &order, &[]);
+        assert!(
+            v.iter()
+                .any(|p| p.contains("a circle of imports: high, high::part")),
+            "{parent}: {v:?}"
+        );
+    }
     // A method of that name is no path (`it.part::<T>()`).
     write(
         "high/mod.rs",

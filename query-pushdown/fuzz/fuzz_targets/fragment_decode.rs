@@ -12,8 +12,9 @@ fuzz_target!(|data: &[u8]| {
     let allowed = |f: &str| {
         matches!(f, "equal" | "lt" | "gt" | "and" | "or" | "not" | "add" | "multiply" | "like" | "upper")
     };
-    let checked = SqlFragment::decode_checked(data).and_then(|(frag, _mode, plan)| {
-        validate(&plan, &frag.table, &allowed)?;
+    let checked = SqlFragment::decode_checked(data).and_then(|checked| {
+        let frag = &checked.frag;
+        validate(&checked.plan, &frag.table, &allowed)?;
         // As the node checks filters against the plan's output: two columns here.
         let output = [DataType::Int64, DataType::Utf8];
         for f in &frag.key_filters {

@@ -82,12 +82,14 @@ mod here {
         crate::eval::wasm_fn::is_wasm_function(f)
     }
 
-    /// Registers on `session` the Wasm SQL functions a fragment declares, from
-    /// this process's sandbox (compiled from `known`'s bytes when it lacks them).
+    /// Registers on `session` the Wasm SQL functions a fragment declares (checked
+    /// with it: `digests`), from this process's sandbox (compiled from `known`'s
+    /// bytes when it lacks them).
     pub(crate) async fn register_here(
         session: &SessionContext,
         known: &[Arc<ShippedFunction>],
         declared: &[WasmFunctionMsg],
+        digests: &[ModuleDigest],
     ) -> Result<FunctionsGuard> {
         let external = |e: csd_protocol::Error| DataFusionError::External(Box::new(e));
         let sandbox = local_sandbox()?;
@@ -98,7 +100,7 @@ mod here {
                 .map_err(external)?;
         }
         let flag = Arc::new(AtomicBool::new(false));
-        register_functions(session, &sandbox, declared, &flag)
+        register_functions(session, &sandbox, declared, digests, &flag)
             .await
             .map_err(external)?;
         Ok(FunctionsGuard(CancelOnDrop(flag)))
@@ -148,6 +150,7 @@ mod here {
 mod here {
     use std::sync::Arc;
 
+    use csd_protocol::ModuleDigest;
     use datafusion::common::{DataFusionError, Result};
     use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
     use datafusion::physical_plan::SendableRecordBatchStream;
@@ -177,6 +180,7 @@ mod here {
         _: &SessionContext,
         _: &[Arc<ShippedFunction>],
         _: &[WasmFunctionMsg],
+        _: &[ModuleDigest],
     ) -> Result<FunctionsGuard> {
         Err(not_built(
             "a handed-back fragment that calls Wasm SQL functions",

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
+use csd_protocol::ModuleDigest;
 use csd_runtime::sandbox::{CompiledModule, GuestInstance, Sandbox};
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
@@ -234,18 +235,19 @@ impl ScalarUDFImpl for WasmScalarUdf {
     }
 }
 
-/// Registers on `session` the Wasm SQL functions a fragment declares: each module
-/// from `sandbox` (its cache, its device, or the bytes riding in the fragment; else
-/// the sandbox's `NOT_FOUND` naming the digest). Returns their names.
+/// Registers on `session` the Wasm SQL functions a fragment declares, checked with
+/// it (`digests`: their modules', in order): each module from `sandbox` (its cache,
+/// its device, or the bytes riding in the fragment; else the sandbox's `NOT_FOUND`
+/// naming the digest). Returns their names.
 pub(crate) async fn register_functions(
     session: &SessionContext,
     sandbox: &Arc<Sandbox>,
     functions: &[WasmFunctionMsg],
+    digests: &[ModuleDigest],
     cancel: &Arc<AtomicBool>,
 ) -> csd_protocol::Result<Vec<String>> {
-    let digests = crate::wire::shipped::check_functions(functions)?;
     let mut names = Vec::with_capacity(functions.len());
-    for (f, digest) in functions.iter().zip(digests) {
+    for (f, digest) in functions.iter().zip(digests.iter().copied()) {
         let module = sandbox.module(&digest, f.module.as_deref()).await?;
         let udf = WasmScalarUdf::load(
             sandbox.clone(),

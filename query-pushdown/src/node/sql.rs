@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use csd_protocol::{Error, PushBack, PushBackCause, Result};
+use csd_protocol::{Error, ModuleDigest, PushBack, PushBackCause, Result};
 use csd_runtime::attachments::Attachments;
 use csd_runtime::operator::{Estimate, OperatorContext, OperatorRequest, OperatorStream};
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -30,7 +30,7 @@ use crate::eval::wasm::CancelOnDrop;
 use crate::eval::wasm_fn::register_functions;
 use crate::eval::{fragment_session, key_filtered, plan_fragment};
 use crate::wire::details::SqlDetails;
-use crate::wire::fragment::{Mode, SqlFragment};
+use crate::wire::fragment::{CheckedFragment, Mode, SqlFragment};
 use crate::wire::keyfilter::{self, KeyFilter};
 
 /// A `"sql"` request, decoded and checked once.
@@ -39,28 +39,30 @@ pub(crate) struct SqlRequest {
     frag: SqlFragment,
     mode: Mode,
     plan: Plan,
-    /// Fragments with Wasm SQL functions learn their cost apart, by their modules.
-    cost_key: Option<String>,
+    /// The modules of its Wasm SQL functions, checked with the fragment.
+    digests: Vec<ModuleDigest>,
 }
 
 impl SqlRequest {
     /// `args` of `op`, decoded and checked.
     pub(super) fn parse(op: Arc<SqlOperator>, args: &[u8]) -> Result<Self> {
-        let (frag, mode, plan) = SqlFragment::decode_checked(args)?;
-        Ok(Self::of(op, frag, mode, plan))
+        Ok(Self::of(op, SqlFragment::decode_checked(args)?))
     }
 
     /// A fragment decoded and checked already (a `"wasm"` request's input).
-    pub(super) fn of(op: Arc<SqlOperator>, frag: SqlFragment, mode: Mode, plan: Plan) -> Self {
-        let cost_key = crate::wire::shipped::check_functions(&frag.functions)
-            .ok()
-            .and_then(|d| d.first().map(|first| format!("sql+wasm:{}", first.short())));
+    pub(super) fn of(op: Arc<SqlOperator>, checked: CheckedFragment) -> Self {
+        let CheckedFragment {
+            frag,
+            mode,
+            plan,
+            digests,
+        } = checked;
         SqlRequest {
             op,
             frag,
             mode,
             plan,
-            cost_key,
+            digests,
         }
     }
 
@@ -81,8 +83,12 @@ impl OperatorRequest for SqlRequest {
         !self.frag.functions.is_empty()
     }
 
+    /// Fragments with Wasm SQL functions learn their cost apart, by their first
+    /// module.
     fn cost_key(&self) -> Option<String> {
-        self.cost_key.clone()
+        self.digests
+            .first()
+            .map(|first| format!("sql+wasm:{}", first.short()))
     }
 
     /// Bytes: the compressed column chunks of the columns the fragment reads, in
@@ -130,7 +136,7 @@ impl OperatorRequest for SqlRequest {
             frag,
             mode,
             plan,
-            ..
+            digests,
         } = *self;
         let frag = with_attachments(frag, &ctx.node.attachments)?;
         let (schema, objects) = objects_of(&ctx, &frag)?;
@@ -172,8 +178,14 @@ impl OperatorRequest for SqlRequest {
                 op.options.shrink_probe_rows.max(1);
         }
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let shipped =
-            register_functions(&session, &ctx.node.sandbox, &frag.functions, &cancel).await?;
+        let shipped = register_functions(
+            &session,
+            &ctx.node.sandbox,
+            &frag.functions,
+            &digests,
+            &cancel,
+        )
+        .await?;
         let on_drop = CancelOnDrop(cancel);
         let runs = |f: &str| op.runs(f) || shipped.iter().any(|s| s == f);
         let physical = plan_fragment(&session, &frag.table, &plan, mode, &runs).await?;

@@ -40,8 +40,7 @@ impl Operator for WasmOperator {
             partition,
             scan,
         } = input;
-        let scan =
-            scan.map(|(frag, mode, plan)| SqlRequest::of(self.sql.clone(), frag, mode, plan));
+        let scan = scan.map(|checked| SqlRequest::of(self.sql.clone(), checked));
         Ok(Box::new(WasmCall {
             request,
             digest,

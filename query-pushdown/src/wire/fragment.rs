@@ -81,9 +81,9 @@
 
 use std::collections::HashSet;
 
-use csd_protocol::Error;
 /// The node's error type (re-exported for the fuzz target).
 pub use csd_protocol::Error as NodeError;
+use csd_protocol::{Error, ModuleDigest};
 use datafusion_substrait::substrait::proto::{
     self, Expression, FunctionArgument, Plan, Rel, expression::RexType,
     extensions::simple_extension_declaration::MappingType, function_argument::ArgType, plan_rel,
@@ -210,8 +210,9 @@ impl SqlFragment {
             })
     }
 
-    /// Decodes untrusted bytes and the plan inside (sizes checked first).
-    pub fn decode_checked(bytes: &[u8]) -> Result<(SqlFragment, Mode, Plan), Error> {
+    /// Decodes untrusted bytes and the plan inside (sizes checked first), once:
+    /// what it carries, checked, for whoever runs it.
+    pub fn decode_checked(bytes: &[u8]) -> Result<CheckedFragment, Error> {
         if bytes.len()
             > MAX_PLAN_BYTES + MAX_FILTERS * MAX_FILTER_BYTES + MAX_INLINE_MODULE + (64 << 10)
         {
@@ -267,7 +268,7 @@ impl SqlFragment {
                 return Err(invalid("SQL fragment names a partition twice"));
             }
         }
-        check_functions(&f.functions)?;
+        let digests = check_functions(&f.functions)?;
         let mode = Mode::try_from(f.mode)
             .map_err(|_| invalid(format!("unknown fragment mode {}", f.mode)))?;
         if f.plan.len() > MAX_PLAN_BYTES {
@@ -286,8 +287,26 @@ impl SqlFragment {
                 invalid(format!("malformed Substrait plan: {}", short(&e)))
             }
         })?;
-        Ok((f, mode, plan))
+        Ok(CheckedFragment {
+            frag: f,
+            mode,
+            plan,
+            digests,
+        })
     }
+}
+
+/// A fragment decoded and checked once ([`SqlFragment::decode_checked`]).
+#[derive(Debug, Clone)]
+pub struct CheckedFragment {
+    /// The fragment.
+    pub frag: SqlFragment,
+    /// What it returns.
+    pub mode: Mode,
+    /// Its Substrait plan, decoded.
+    pub plan: Plan,
+    /// The digests of its Wasm SQL functions' modules, in `frag.functions`' order.
+    pub digests: Vec<ModuleDigest>,
 }
 
 /// Checks `plan` against the supported subset. `functions_ok` says whether a scalar

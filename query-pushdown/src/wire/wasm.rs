@@ -30,9 +30,7 @@ use csd_protocol::ModuleDigest;
 use csd_protocol::error::truncated;
 use prost::Message;
 
-use datafusion_substrait::substrait::proto::Plan;
-
-use crate::wire::fragment::{Mode, SqlFragment};
+use crate::wire::fragment::{CheckedFragment, SqlFragment};
 
 /// Name of the operator in tickets.
 pub const OPERATOR_NAME: &str = "wasm";
@@ -73,7 +71,7 @@ pub struct WasmInput {
     pub partition: Option<String>,
     /// The scan whose rows the guest receives, decoded and checked (the fragment,
     /// what it returns, its plan); `None`: no rows.
-    pub scan: Option<(SqlFragment, Mode, Plan)>,
+    pub scan: Option<CheckedFragment>,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -121,18 +119,18 @@ impl WasmRequest {
             };
             return Ok((r, digest, input));
         }
-        let (frag, mode, plan) = SqlFragment::decode_checked(&r.input)?;
-        if !r.table.is_empty() && r.table != frag.table {
+        let checked = SqlFragment::decode_checked(&r.input)?;
+        if !r.table.is_empty() && r.table != checked.frag.table {
             return Err(invalid(format!(
                 "a wasm request names table {:?} but its input reads {:?}",
                 truncated(&r.table),
-                frag.table
+                checked.frag.table
             )));
         }
         let input = WasmInput {
-            table: frag.table.clone(),
-            partition: frag.partition.clone(),
-            scan: Some((frag, mode, plan)),
+            table: checked.frag.table.clone(),
+            partition: checked.frag.partition.clone(),
+            scan: Some(checked),
         };
         Ok((r, digest, input))
     }

@@ -536,8 +536,8 @@ fn fuzz_seeds_are_valid_fragments() {
     let mut n = 0;
     for e in std::fs::read_dir(seeds()).unwrap() {
         let bytes = std::fs::read(e.unwrap().path()).unwrap();
-        let (f, _, plan) = SqlFragment::decode_checked(&bytes).unwrap();
-        csd_query_pushdown::wire::fragment::validate(&plan, &f.table, &|_| true).unwrap();
+        let c = SqlFragment::decode_checked(&bytes).unwrap();
+        csd_query_pushdown::wire::fragment::validate(&c.plan, &c.frag.table, &|_| true).unwrap();
         n += 1;
     }
     assert!(n >= 5);

@@ -21,7 +21,7 @@ use crate::compute::sandbox::{guarded, register_here};
 use crate::error::to_datafusion;
 use crate::eval::keyfilter::filter_stream;
 use crate::eval::{Parallelism, fragment_session, key_filtered, plan_fragment};
-use crate::wire::fragment::{OPERATOR_NAME, SqlFragment};
+use crate::wire::fragment::{CheckedFragment, OPERATOR_NAME, SqlFragment};
 use crate::wire::keyfilter::MAX_RANGES;
 use crate::wire::shipped::ShippedFunction;
 use csd_protocol::ModuleDigest;
@@ -269,7 +269,12 @@ impl EndpointOpener {
         gated: bool,
     ) -> Result<SendableRecordBatchStream> {
         let external = |e: csd_protocol::Error| DataFusionError::External(Box::new(e));
-        let (frag, mode, plan) = SqlFragment::decode_checked(args).map_err(external)?;
+        let CheckedFragment {
+            frag,
+            mode,
+            plan,
+            digests,
+        } = SqlFragment::decode_checked(args).map_err(external)?;
         let provider = Arc::new(self.table.range_table(std::slice::from_ref(&self.endpoint)));
         // A fragment over one partition runs in one stream (the scan's other
         // partitions take the other cores); one standing for a node's several
@@ -285,7 +290,9 @@ impl EndpointOpener {
         // compiled them when they were registered).
         let guard = match frag.functions.is_empty() {
             true => None,
-            false => Some(register_here(&session, &self.functions, &frag.functions).await?),
+            false => {
+                Some(register_here(&session, &self.functions, &frag.functions, &digests).await?)
+            }
         };
         // Here the compute tier's own registry decides: a function a node refused
         // runs here if DataFusion has it.
