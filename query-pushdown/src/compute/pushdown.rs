@@ -25,6 +25,10 @@
 //!   results. The fragment names the objects the ranges came from, and the node
 //!   refuses it if the partition has changed since.
 //!
+//! * an `Aggregate` with medians of one value beside `sum`/`count`/`min`/`max`: the
+//!   nodes group by the keys and the value and count (`holistic_down.rs`), and the
+//!   medians are taken here from the counted values, when those pairs shrink;
+//!
 //! An aggregate that would not shrink at the nodes (`shrink.rs`: its groups, from
 //! the nodes' distinct-count sketches, more than `csd.max_group_fraction` of their
 //! rows) is kept here, over the Parquet read by byte range, and EXPLAIN says so.
@@ -50,6 +54,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
+use crate::compute::holistic_down::split;
 use crate::compute::provider::{CsdTable, describe, session_state};
 use crate::compute::pushable::{pushable, pushable_aggregate};
 use crate::compute::scan::CsdScanExec;
@@ -240,6 +245,25 @@ fn top_k_shrinks(table: &CsdTable, ranked: &RankedFilter<'_>, max_fraction: f64)
     }
 }
 
+/// `a` with its medians computed from (value, count) pairs the nodes group, when
+/// `a` can be split so (`holistic_down.rs`) and the nodes' sketches say the pairs
+/// shrink; `None` otherwise.
+fn median_by_counts(a: &Aggregate, max_fraction: f64) -> Result<Option<LogicalPlan>> {
+    let Some(table) = csd_source(&a.input) else {
+        return Ok(None);
+    };
+    let Some(split) = split(a)? else {
+        return Ok(None);
+    };
+    match judged(&table, &split.inner, max_fraction) {
+        kind @ PushKind::PartialAggregate { groups: Some(_) } => {
+            let pushed = wrap(kind, LogicalPlan::Aggregate(split.inner.clone()), None);
+            split.assemble(pushed).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The aggregate under `plan`'s projections, if nothing else (no HAVING) is above it.
 fn bare_aggregate(plan: &LogicalPlan) -> Option<&Aggregate> {
     match plan {
@@ -337,7 +361,10 @@ impl OptimizerRule for PushdownRule {
                             TreeNodeRecursion::Jump,
                         ))
                     }
-                    None => Ok(Transformed::no(p)),
+                    None => Ok(median_by_counts(a, max_fraction)?.map_or_else(
+                        || Transformed::no(p),
+                        |plan| Transformed::new(plan, true, TreeNodeRecursion::Jump),
+                    )),
                 },
                 LogicalPlan::Sort(s)
                     if s.fetch.is_some() && s.expr.iter().all(|e| pushable(&e.expr)) =>

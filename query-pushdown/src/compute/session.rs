@@ -23,6 +23,7 @@ use crate::compute::endpoints::{Endpoint, TableEndpoints};
 use crate::compute::gate::LocalGate;
 use crate::compute::key_filter_rule::KeyFilterRule;
 use crate::compute::lost::{LostTable, UnknownSchemas};
+use crate::compute::median_weighted::median_weighted_udaf;
 use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
@@ -340,6 +341,8 @@ impl Cluster {
             builder = w.configure(builder, csd_options)?;
         }
         let ctx = SessionContext::new_with_state(builder.build());
+        // The final step of medians split by `holistic_down.rs` (and callable in SQL).
+        ctx.register_udaf(median_weighted_udaf().as_ref().clone());
         let local = opts
             .local_slots
             .map_or_else(LocalGate::per_core, LocalGate::new);

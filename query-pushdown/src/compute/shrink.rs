@@ -40,6 +40,29 @@ pub(crate) fn base_column(plan: &LogicalPlan, c: &Column) -> Option<String> {
     }
 }
 
+/// The table columns that the column `c` of `plan`'s output is computed from,
+/// through projections and filters: a group key of an expression (deterministic,
+/// as what is pushed is) has at most the product of their distinct values.
+fn source_columns(plan: &LogicalPlan, c: &Column) -> Option<Vec<String>> {
+    match plan {
+        LogicalPlan::Projection(p) => {
+            let i = p.schema.index_of_column(c).ok()?;
+            let e = p.expr.get(i)?.clone().unalias();
+            let mut columns = Vec::new();
+            for inner in e.column_refs() {
+                columns.extend(source_columns(&p.input, inner)?);
+            }
+            Some(columns)
+        }
+        LogicalPlan::Filter(f) => source_columns(&f.input, c),
+        LogicalPlan::TableScan(s) => {
+            s.projected_schema.index_of_column(c).ok()?;
+            Some(vec![c.name.clone()])
+        }
+        _ => None,
+    }
+}
+
 /// What the nodes would answer for an aggregate, from their sketches.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct GroupEstimate {
@@ -80,10 +103,11 @@ pub(crate) fn groups_of(
     let mut keys: Vec<usize> = Vec::new();
     for g in keys_of {
         for c in g.column_refs() {
-            let name = base_column(input, c)?;
-            let i = schema.index_of(&name).ok()?;
-            if !keys.contains(&i) {
-                keys.push(i);
+            for name in source_columns(input, c)? {
+                let i = schema.index_of(&name).ok()?;
+                if !keys.contains(&i) {
+                    keys.push(i);
+                }
             }
         }
     }

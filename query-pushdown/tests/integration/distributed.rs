@@ -31,7 +31,7 @@ pub(crate) async fn workers(n: usize) -> (Vec<String>, Vec<oneshot::Sender<()>>)
     (urls, stops)
 }
 
-async fn session_on(nodes: &[RunningNode], workers: &[String]) -> CsdSession {
+pub(crate) async fn session_on(nodes: &[RunningNode], workers: &[String]) -> CsdSession {
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     Cluster::connect(&urls)
         .await

@@ -324,7 +324,7 @@ async fn without_sketches_the_nodes_judge_while_running() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mergeable_aggregates_are_pushed_holistic_ones_are_not() {
+async fn mergeable_aggregates_are_pushed() {
     let (_nodes, on, off, local) = setup().await;
     for sql in [
         "SELECT k, stddev(v) AS a, stddev_pop(v) AS b, var(m) AS c, var_pop(m) AS d FROM g GROUP BY k",
@@ -336,7 +336,59 @@ async fn mergeable_aggregates_are_pushed_holistic_ones_are_not() {
         assert_same(&local, &on, sql).await;
         assert_same(&local, &off, sql).await;
     }
-    let sql = "SELECT k, median(v) AS m FROM g GROUP BY k";
-    assert!(!explain(&on, sql).await.contains("partial aggregate at"));
-    assert_same(&local, &on, sql).await;
+}
+
+/// A median's partial state is every value; over a value of few distinct values the
+/// nodes send (value, count) pairs instead (`v`: 40 values and NULL; `n`: 50 and
+/// NULL), and the median is taken here from them: the same answer, from at most a
+/// pair per key and value and partition. A median over a value of many values per
+/// group (`m`) is read here as before, as are medians of two values or beside an
+/// aggregate that does not merge over finer groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn medians_of_few_values_come_from_counted_values() {
+    let (nodes, on, off, local) = setup().await;
+    let pushed = [
+        "SELECT k, median(v) AS m FROM g GROUP BY k",
+        "SELECT n, median(v) AS md, count(*) AS c, count(v) AS cv, sum(m) AS s, \
+         sum(v) AS sv, min(s) AS lo, max(v) AS hi FROM g GROUP BY n",
+        "SELECT k, median(n) AS m, median(n) * 2 AS twice FROM g WHERE id % 3 <> 0 GROUP BY k",
+        "SELECT k, median(CAST(v AS DECIMAL(10, 2))) AS m, sum(CAST(v AS DECIMAL(10, 2))) AS s \
+         FROM g GROUP BY k",
+        "SELECT k FROM g GROUP BY k HAVING median(v) > 19",
+        "SELECT median(v) AS m, count(*) AS c FROM g",
+        "SELECT median(v) AS m, count(*) AS c, sum(m) AS s FROM g WHERE id < 0",
+    ];
+    for sql in pushed {
+        let plan = explain(&on, sql).await;
+        assert!(
+            plan.contains("partial aggregate at") && plan.contains("median_weighted"),
+            "{sql}\n{plan}"
+        );
+        assert_same(&local, &on, sql).await;
+        assert_same(&local, &off, sql).await;
+    }
+    let run = on.run(pushed[0]).await.unwrap();
+    let returned: u64 = run.node_runs.iter().map(|e| e.report.rows_returned).sum();
+    assert!(
+        returned > 0 && returned <= 4 * 7 * 41,
+        "{returned} rows came from the nodes\n{}",
+        run.plan_with_metrics()
+    );
+    for sql in [
+        // 7 keys × 3,000 values: more pairs than rows.
+        "SELECT k, median(m) AS md FROM g GROUP BY k",
+        "SELECT k, median(v) AS a, median(n) AS b FROM g GROUP BY k",
+        "SELECT k, median(v) AS a, avg(v) AS b FROM g GROUP BY k",
+        "SELECT k, median(DISTINCT v) AS a FROM g GROUP BY k",
+    ] {
+        let plan = explain(&on, sql).await;
+        assert!(!plan.contains("median_weighted"), "{sql}\n{plan}");
+        assert_same(&local, &on, sql).await;
+    }
+    // On workers, whose sessions have the final step's function too.
+    let (urls, _stop) = crate::distributed::workers(2).await;
+    let on_workers = crate::distributed::session_on(&nodes, &urls).await;
+    for sql in &pushed[..3] {
+        assert_same(&local, &on_workers, sql).await;
+    }
 }

@@ -20,7 +20,7 @@ pub(crate) const TABLES: [&str; 2] = ["dims", "facts"];
 pub(crate) const ONE_FILE: [&str; 1] = ["dims"];
 
 /// Queries `q1.sql` … `qN.sql`.
-pub(crate) const QUERIES: u32 = 16;
+pub(crate) const QUERIES: u32 = 17;
 
 /// Rows of `facts` at `scale`.
 pub(crate) fn rows(scale: f64) -> usize {

@@ -44,7 +44,7 @@ use workload::Workload;
 #[derive(Parser)]
 struct Args {
     /// What runs: `tpch`, `tpch-shuffled` (rows in random order across each table's
-    /// files, plain strings) or `groups` (keys of 10 to 10^7 values; 16 queries).
+    /// files, plain strings) or `groups` (keys of 10 to 10^7 values; 17 queries).
     #[arg(long, default_value = "tpch")]
     workload: Workload,
     /// Scale: TPC-H's scale factor; for `groups`, `facts` has 10M rows × scale.

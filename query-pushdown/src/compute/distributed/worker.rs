@@ -14,6 +14,7 @@ use super::codec::CsdCodec;
 use super::env::WorkerEnv;
 use super::scope::DecodeScope;
 use super::service::WorkerActions;
+use crate::compute::median_weighted::median_weighted_udaf;
 use crate::compute::sandbox::worker_function;
 use crate::eval::scan;
 use crate::options::CsdOptions;
@@ -60,6 +61,7 @@ impl WorkerSessionBuilder for WorkerSessions {
             scan::configure(config).with_extension(Arc::new(DecodeScope::new(self.env.clone())));
         *b.config() = Some(config);
         let mut state = b.build();
+        state.register_udaf(median_weighted_udaf())?;
         for f in functions.split(';').filter(|f| !f.is_empty()) {
             state.register_udf(Arc::new(worker_function(f).await?))?;
         }
