@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         // As the node checks filters against the plan's output: two columns here.
         let output = [DataType::Int64, DataType::Utf8];
         for f in &frag.key_filters {
-            KeyFilter::from_msg(f, &output).map_err(NodeError::InvalidArgument)?;
+            KeyFilter::from_msg(f, &output).map_err(NodeError::from)?;
         }
         Ok(())
     });

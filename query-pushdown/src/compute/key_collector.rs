@@ -278,7 +278,7 @@ impl KeyCollector {
                     .map_err(|e| e.to_string())
             })
             .collect::<std::result::Result<_, _>>()?;
-        let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
+        let (hashes, valid) = hash_rows(&cols, batch.num_rows()).map_err(|e| e.to_string())?;
         let values = match &cols[..] {
             [c] => int_values(c),
             _ => None,

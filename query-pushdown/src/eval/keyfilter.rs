@@ -23,7 +23,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::wire::keyfilter::{KeyFilter, mask_all};
+use crate::wire::keyfilter::{KeyFilter, KeyFilterError, mask_all};
 /// Rows per batch of a filtered stream: DataFusion's default batch size.
 pub(crate) const BATCH_ROWS: usize = 8192;
 
@@ -42,7 +42,8 @@ pub(crate) fn filter_stream(
     // Batches that keep at least half their rows go on as they are, uncopied.
     let coalescer = BatchCoalescer::new(schema.clone(), BATCH_ROWS)
         .with_biggest_coalesce_batch_size(Some(BATCH_ROWS / 2));
-    let err = |e: String| DataFusionError::Execution(format!("join-key filter: {e}"));
+    // Of its kind (`error::status_code` finds the node error among the causes).
+    let err = |e: KeyFilterError| DataFusionError::External(Box::new(csd_protocol::Error::from(e)));
     let state = (input, coalescer, filters, false);
     let out = futures::stream::unfold(
         state,
@@ -80,9 +81,9 @@ pub(crate) fn filter_stream(
 pub(crate) fn apply_all(
     filters: &[KeyFilter],
     batch: arrow::array::RecordBatch,
-) -> Result<arrow::array::RecordBatch, String> {
+) -> Result<arrow::array::RecordBatch, KeyFilterError> {
     let mask = mask_all(filters, &batch)?;
-    arrow::compute::filter_record_batch(&batch, &mask).map_err(|e| e.to_string())
+    arrow::compute::filter_record_batch(&batch, &mask).map_err(KeyFilterError::Arrow)
 }
 
 /// Moves `filters` (over the output of `plan`, a planned fragment) below its

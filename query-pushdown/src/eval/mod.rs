@@ -194,7 +194,7 @@ pub(crate) fn key_filtered(
     let filters = frag
         .key_filters
         .iter()
-        .map(|m| KeyFilter::from_msg(m, &types).map_err(Error::InvalidArgument))
+        .map(|m| KeyFilter::from_msg(m, &types).map_err(Error::from))
         .collect::<Result<Vec<_>>>()?;
     below_aggregate(physical, filters).map_err(to_runtime)
 }

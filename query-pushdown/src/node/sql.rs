@@ -235,7 +235,7 @@ impl OperatorRequest for SqlRequest {
 /// send again.
 fn with_attachments(mut frag: SqlFragment, attachments: &Attachments) -> Result<SqlFragment> {
     for k in &mut frag.key_filters {
-        if let Some(d) = k.attached().map_err(Error::InvalidArgument)? {
+        if let Some(d) = k.attached()? {
             k.blocks = attachments.get(&d)?.to_vec();
             k.attachment = None;
         }
@@ -271,9 +271,7 @@ async fn judged(
         let Some(b) = stream.next().await else { break };
         let b = b.map_err(to_runtime)?;
         seen += b.num_rows();
-        kept += keyfilter::mask_all(&filters, &b)
-            .map_err(Error::Internal)?
-            .true_count();
+        kept += keyfilter::mask_all(&filters, &b)?.true_count();
         head.push(Ok(b));
     }
     if seen > 0 && kept as f64 > f64::from(most) * seen as f64 {

@@ -236,7 +236,7 @@ impl SqlFragment {
             )));
         }
         for k in &f.key_filters {
-            k.attached().map_err(invalid)?;
+            k.attached()?;
         }
         for (name, fraction) in [
             ("direct_above", f.direct_above),

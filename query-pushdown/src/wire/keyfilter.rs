@@ -50,10 +50,56 @@ use arrow::compute::filter_record_batch;
 use std::sync::Arc;
 
 use arrow::datatypes::DataType;
-use csd_protocol::ModuleDigest;
+use csd_protocol::{Error, ModuleDigest};
 
 /// Largest bit array accepted on the wire and built here (2 MiB: 16 Mbit).
 pub const MAX_FILTER_BYTES: usize = 2 << 20;
+
+/// Why a key filter cannot be read or applied.
+#[derive(Debug)]
+pub enum KeyFilterError {
+    /// The filter as sent is malformed or does not fit the fragment: the asker's.
+    Invalid(String),
+    /// A join key of a type the filter cannot hash.
+    Unhashable(DataType),
+    /// A batch the filter does not fit (a key column missing or of another length).
+    Batch(String),
+    /// Arrow failed applying the filter.
+    Arrow(arrow::error::ArrowError),
+}
+
+impl std::fmt::Display for KeyFilterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyFilterError::Invalid(why) | KeyFilterError::Batch(why) => f.write_str(why),
+            KeyFilterError::Unhashable(t) => write!(f, "join keys of type {t} cannot be filtered"),
+            KeyFilterError::Arrow(e) => write!(f, "applying a key filter: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for KeyFilterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KeyFilterError::Arrow(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A node's error of the filter's kind: one sent wrong (or over keys it cannot
+/// hash) is the asker's, `INVALID_ARGUMENT`; one that does not fit the batches the
+/// node's own plan made is the node's, `INTERNAL`.
+impl From<KeyFilterError> for Error {
+    fn from(e: KeyFilterError) -> Self {
+        match e {
+            KeyFilterError::Invalid(_) | KeyFilterError::Unhashable(_) => {
+                Error::InvalidArgument(e.to_string())
+            }
+            KeyFilterError::Batch(_) | KeyFilterError::Arrow(_) => Error::Internal(e.to_string()),
+        }
+    }
+}
 /// Most key columns in one filter.
 pub const MAX_KEY_COLUMNS: usize = 8;
 /// Most `[lo, hi]` ranges of a cut filter.
@@ -122,15 +168,18 @@ fn fold(acc: &mut u64, v: u64) {
 
 /// One stable 64-bit hash per row of `columns` (hashed together, in order), and
 /// whether each row's key is free of NULLs. An unsupported type is an error.
-pub fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<(Vec<u64>, Vec<bool>), String> {
+pub fn hash_rows(
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<(Vec<u64>, Vec<bool>), KeyFilterError> {
     let mut hashes = vec![0x5EED_u64; rows];
     let mut valid = vec![true; rows];
     for col in columns {
         if col.len() != rows {
-            return Err(format!(
+            return Err(KeyFilterError::Batch(format!(
                 "key column has {} rows, expected {rows}",
                 col.len()
-            ));
+            )));
         }
         if let Some(n) = col.logical_nulls() {
             for (v, ok) in valid.iter_mut().zip(n.iter()) {
@@ -142,7 +191,7 @@ pub fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<(Vec<u64>, Vec<boo
     Ok((hashes, valid))
 }
 
-fn hash_column(col: &ArrayRef, out: &mut [u64]) -> Result<(), String> {
+fn hash_column(col: &ArrayRef, out: &mut [u64]) -> Result<(), KeyFilterError> {
     macro_rules! ints {
         ($t:ty) => {{
             let a = col.as_primitive::<$t>();
@@ -187,7 +236,7 @@ fn hash_column(col: &ArrayRef, out: &mut [u64]) -> Result<(), String> {
         DataType::Binary => strings!(col.as_binary::<i32>()),
         DataType::LargeBinary => strings!(col.as_binary::<i64>()),
         DataType::BinaryView => strings!(col.as_binary_view()),
-        other => return Err(format!("join keys of type {other} cannot be filtered")),
+        other => return Err(KeyFilterError::Unhashable(other.clone())),
     }
     Ok(())
 }
@@ -354,13 +403,13 @@ impl Bloom {
 
 impl Bloom {
     /// A filter from its blocks' wire form ([`KeyFilterMsg::blocks`]), checked.
-    pub(crate) fn from_blocks(bytes: &[u8]) -> Result<Bloom, String> {
+    pub(crate) fn from_blocks(bytes: &[u8]) -> Result<Bloom, KeyFilterError> {
         let n = bytes.len();
         if n == 0 || n > MAX_FILTER_BYTES || !n.is_multiple_of(32) {
-            return Err(format!(
+            return Err(KeyFilterError::Invalid(format!(
                 "key filter of {n} bytes: its blocks must be whole 32-byte blocks, 1 to {} of them",
                 MAX_FILTER_BYTES / 32
-            ));
+            )));
         }
         let blocks = bytes
             .chunks_exact(32)
@@ -406,16 +455,16 @@ impl KeyFilterMsg {
 
     /// The attachment the filter names instead of carrying its blocks (checked:
     /// one or the other, and a well-formed digest), if any.
-    pub fn attached(&self) -> Result<Option<ModuleDigest>, String> {
+    pub fn attached(&self) -> Result<Option<ModuleDigest>, KeyFilterError> {
         match &self.attachment {
             None => Ok(None),
-            Some(_) if !self.blocks.is_empty() => Err(
+            Some(_) if !self.blocks.is_empty() => Err(KeyFilterError::Invalid(
                 "a key filter carries its blocks and names an attachment: send one or the other"
                     .into(),
-            ),
+            )),
             Some(d) => ModuleDigest::parse(d)
                 .map(Some)
-                .map_err(|e| format!("key filter attachment: {e}")),
+                .map_err(|e| KeyFilterError::Invalid(format!("key filter attachment: {e}"))),
         }
     }
 }
@@ -427,6 +476,11 @@ pub struct KeyFilter {
     pub(crate) bloom: Bloom,
     /// A cut filter's key ranges: rows whose key lies outside them pass.
     pub(crate) within: Option<Arc<Vec<[i64; 2]>>>,
+}
+
+/// The filter as sent does not fit: why.
+fn invalid(why: impl Into<String>) -> KeyFilterError {
+    KeyFilterError::Invalid(why.into())
 }
 
 impl KeyFilter {
@@ -448,82 +502,81 @@ impl KeyFilter {
     }
 
     /// Checks an untrusted filter against the fragment's output types.
-    pub fn from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, String> {
+    pub fn from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, KeyFilterError> {
         if m.within_column.is_some() || !m.within.is_empty() {
             return KeyFilter::cut_from_msg(m, output);
         }
         if m.columns.is_empty() || m.columns.len() > MAX_KEY_COLUMNS {
-            return Err(format!(
+            return Err(invalid(format!(
                 "a key filter needs 1 to {MAX_KEY_COLUMNS} key columns, it names {}",
                 m.columns.len()
-            ));
+            )));
         }
         let mut columns = Vec::with_capacity(m.columns.len());
         for &c in &m.columns {
             let dt = output.get(c as usize).ok_or_else(|| {
-                format!(
+                invalid(format!(
                     "key filter names output column {c}, the fragment returns {} columns",
                     output.len()
-                )
+                ))
             })?;
             if !supported(dt) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "key filter on column {c} of type {dt}, which cannot be hashed"
-                ));
+                )));
             }
             columns.push(c as usize);
         }
         if m.blocks.is_empty() {
-            return Err(
+            return Err(invalid(
                 "key filter without split-block bloom blocks (field 4) or an attachment \
                  (field 5): a client of an earlier build sends a filter this node cannot \
-                 read; use a client of the node's version"
-                    .into(),
-            );
+                 read; use a client of the node's version",
+            ));
         }
         Ok(KeyFilter::new(columns, Bloom::from_blocks(&m.blocks)?))
     }
 
     /// [`from_msg`](Self::from_msg) for a cut filter (fields 6 and 7).
-    fn cut_from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, String> {
+    fn cut_from_msg(m: &KeyFilterMsg, output: &[DataType]) -> Result<KeyFilter, KeyFilterError> {
         let (Some(c), true) = (m.within_column, m.columns.is_empty()) else {
-            return Err(
-                "a cut key filter names its one column in field 7 and none in field 1".into(),
-            );
+            return Err(invalid(
+                "a cut key filter names its one column in field 7 and none in field 1",
+            ));
         };
         let dt = output.get(c as usize).ok_or_else(|| {
-            format!(
+            invalid(format!(
                 "key filter names output column {c}, the fragment returns {} columns",
                 output.len()
-            )
+            ))
         })?;
         if !matches!(
             dt,
             DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32
         ) {
-            return Err(format!(
+            return Err(invalid(format!(
                 "a cut key filter's column must be a signed integer or date, column {c} is {dt}"
-            ));
+            )));
         }
         if m.within.is_empty()
             || !m.within.len().is_multiple_of(2)
             || m.within.len() > 2 * MAX_RANGES
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "a cut key filter needs 1 to {MAX_RANGES} [lo, hi] pairs, it has {} values",
                 m.within.len()
-            ));
+            )));
         }
         let ranges: Vec<[i64; 2]> = m.within.chunks_exact(2).map(|p| [p[0], p[1]]).collect();
         if ranges.iter().any(|[lo, hi]| lo > hi) || ranges.windows(2).any(|w| w[0][1] >= w[1][0]) {
-            return Err(
-                "a cut key filter's ranges must be [lo <= hi] pairs, sorted and disjoint".into(),
-            );
+            return Err(invalid(
+                "a cut key filter's ranges must be [lo <= hi] pairs, sorted and disjoint",
+            ));
         }
         if m.blocks.is_empty() {
-            return Err(
-                "key filter without bloom blocks (field 4) or an attachment (field 5)".into(),
-            );
+            return Err(invalid(
+                "key filter without bloom blocks (field 4) or an attachment (field 5)",
+            ));
         }
         Ok(KeyFilter {
             columns: vec![c as usize],
@@ -533,16 +586,14 @@ impl KeyFilter {
     }
 
     /// Which rows of `batch` may match (every row with a NULL in its key does).
-    pub fn mask(&self, batch: &RecordBatch) -> Result<BooleanArray, String> {
+    pub fn mask(&self, batch: &RecordBatch) -> Result<BooleanArray, KeyFilterError> {
         let cols: Vec<ArrayRef> = self
             .columns
             .iter()
             .map(|&c| {
-                batch
-                    .columns()
-                    .get(c)
-                    .cloned()
-                    .ok_or_else(|| format!("key column {c} is not in the batch"))
+                batch.columns().get(c).cloned().ok_or_else(|| {
+                    KeyFilterError::Batch(format!("key column {c} is not in the batch"))
+                })
             })
             .collect::<Result<_, _>>()?;
         let (hashes, valid) = hash_rows(&cols, batch.num_rows())?;
@@ -552,7 +603,10 @@ impl KeyFilter {
         }
         if let (Some(ranges), [col]) = (&self.within, &cols[..]) {
             let values = int_values(col).ok_or_else(|| {
-                format!("a cut key filter over a column of type {}", col.data_type())
+                KeyFilterError::Batch(format!(
+                    "a cut key filter over a column of type {}",
+                    col.data_type()
+                ))
             })?;
             for (k, v) in keep.iter_mut().zip(values) {
                 if !*k {
@@ -565,22 +619,25 @@ impl KeyFilter {
     }
 
     /// `batch` without the rows that cannot match.
-    pub fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, String> {
+    pub fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, KeyFilterError> {
         let mask = self.mask(batch)?;
         if mask.true_count() == batch.num_rows() {
             return Ok(batch.clone());
         }
-        filter_record_batch(batch, &mask).map_err(|e| e.to_string())
+        filter_record_batch(batch, &mask).map_err(KeyFilterError::Arrow)
     }
 }
 
 /// Which rows of `batch` every filter of `filters` keeps.
-pub(crate) fn mask_all(filters: &[KeyFilter], batch: &RecordBatch) -> Result<BooleanArray, String> {
+pub(crate) fn mask_all(
+    filters: &[KeyFilter],
+    batch: &RecordBatch,
+) -> Result<BooleanArray, KeyFilterError> {
     let mut mask: Option<BooleanArray> = None;
     for f in filters {
         let m = f.mask(batch)?;
         mask = Some(match mask {
-            Some(a) => arrow::compute::and(&a, &m).map_err(|e| e.to_string())?,
+            Some(a) => arrow::compute::and(&a, &m).map_err(KeyFilterError::Arrow)?,
             None => m,
         });
     }
@@ -663,7 +720,9 @@ mod tests {
         let types = [DataType::Int32, DataType::Utf8];
         assert!(KeyFilter::from_msg(&good, &types).is_ok());
         let refused = |m: KeyFilterMsg, types: &[DataType]| {
-            KeyFilter::from_msg(&m, types).expect_err("refused")
+            KeyFilter::from_msg(&m, types)
+                .expect_err("refused")
+                .to_string()
         };
         let mut m = good.clone();
         m.columns = vec![0];
@@ -755,6 +814,7 @@ mod tests {
         assert!(
             KeyFilter::from_msg(&bad, &types)
                 .unwrap_err()
+                .to_string()
                 .contains("column 3")
         );
         let mut bad = good.clone();
@@ -765,6 +825,7 @@ mod tests {
         assert!(
             KeyFilter::from_msg(&bad, &types)
                 .unwrap_err()
+                .to_string()
                 .contains("earlier build")
         );
         let mut bad = good;

@@ -334,7 +334,9 @@ impl KeyMeeting for FlightKeyBoard {
         if let Some(why) = k.none {
             return Err(why);
         }
-        Ok((Bloom::from_blocks(&k.blocks)?, k.keys as usize))
+        let bloom =
+            Bloom::from_blocks(&k.blocks).map_err(|e| format!("worker {}: {e}", at.home))?;
+        Ok((bloom, k.keys as usize))
     }
 }
 
