@@ -23,38 +23,33 @@ use crate::compute::provider::CsdTable;
 /// The table column `c` of `plan`'s output is, when it is one, passed unchanged
 /// through projections and filters.
 pub(crate) fn base_column(plan: &LogicalPlan, c: &Column) -> Option<String> {
-    match plan {
-        LogicalPlan::Projection(p) => {
-            let i = p.schema.index_of_column(c).ok()?;
-            match p.expr.get(i)?.clone().unalias() {
-                Expr::Column(inner) => base_column(&p.input, &inner),
-                _ => None,
-            }
-        }
-        LogicalPlan::Filter(f) => base_column(&f.input, c),
-        LogicalPlan::TableScan(s) => {
-            s.projected_schema.index_of_column(c).ok()?;
-            Some(c.name.clone())
-        }
-        _ => None,
-    }
+    traced(plan, c, false)?.pop()
 }
 
 /// The table columns that the column `c` of `plan`'s output is computed from,
 /// through projections and filters: a group key of an expression (deterministic,
 /// as what is pushed is) has at most the product of their distinct values.
 fn source_columns(plan: &LogicalPlan, c: &Column) -> Option<Vec<String>> {
+    traced(plan, c, true)
+}
+
+/// The table columns `c` comes from, through projections and filters; through
+/// computed expressions only when `computed` (else only a column passed unchanged).
+fn traced(plan: &LogicalPlan, c: &Column, computed: bool) -> Option<Vec<String>> {
     match plan {
         LogicalPlan::Projection(p) => {
             let i = p.schema.index_of_column(c).ok()?;
             let e = p.expr.get(i)?.clone().unalias();
+            if !computed && !matches!(e, Expr::Column(_)) {
+                return None;
+            }
             let mut columns = Vec::new();
             for inner in e.column_refs() {
-                columns.extend(source_columns(&p.input, inner)?);
+                columns.extend(traced(&p.input, inner, computed)?);
             }
             Some(columns)
         }
-        LogicalPlan::Filter(f) => source_columns(&f.input, c),
+        LogicalPlan::Filter(f) => traced(&f.input, c, computed),
         LogicalPlan::TableScan(s) => {
             s.projected_schema.index_of_column(c).ok()?;
             Some(vec![c.name.clone()])
