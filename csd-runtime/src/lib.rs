@@ -32,7 +32,6 @@ mod deleted;
 pub mod device;
 mod flags;
 pub mod lease;
-pub mod memory;
 mod metrics;
 pub mod node;
 pub mod operator;
@@ -50,3 +49,4 @@ pub mod tls;
 
 pub use csd_protocol as protocol;
 pub use csd_protocol::{Error, Result, StatusCode, error, link, node_client};
+pub use csd_sandbox::memory;

@@ -109,14 +109,8 @@ pub struct OperatorContext {
     pub cancelled: Arc<AtomicBool>,
 }
 
-/// Sets its flag when dropped: held by whoever still waits for an answer.
-pub struct CancelOnDrop(pub Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
+pub use crate::admission::CostKey;
+pub use csd_sandbox::CancelOnDrop;
 
 /// A kind of pushed-down work.
 pub trait Operator: Send + Sync + 'static {

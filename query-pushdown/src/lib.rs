@@ -6,9 +6,10 @@
 //! |---|---|---|
 //! | `compute` | the compute tier | the DataFusion session over a cluster, the table provider, the optimizer rules that choose what to push, [`CsdScanExec`], join-key collection, the local gate, the no-pushdown baseline |
 //! | `node` | the storage node | [`SqlOperator`]: the `"sql"` operator a node serves |
-//! | `compute::distributed` | the compute tier's workers | running pushdown plans on `datafusion-distributed` workers (`csd worker`): the codec of our plan nodes, placing scan tasks beside their nodes, the worker's session ([`Cluster::distributed_session`], [`WorkerEnv`]) |
+//! | `compute::distributed` | the compute tier's coordinator | running pushdown plans on `datafusion-distributed` workers (`csd worker`): the codec of our plan nodes, placing scan tasks beside their nodes ([`Cluster::distributed_session`], [`WorkerEnv`]) |
+//! | `worker` | the compute tier's workers (`csd worker`) | the worker's session ([`worker_sessions`]) and server ([`serve_worker_on`]), its key board and modules |
 //! | `eval` | both | planning and running one fragment (the node always; the compute tier for a fragment handed back), join-key filtering, the Parquet scan both share |
-//! | `compute::gateway` | the compute tier (`csd gateway`) | an Arrow Flight SQL server over the cluster ([`serve_gateway_on`]): ADBC, JDBC and BI tools query with the same pushdown |
+//! | `gateway` | the compute tier (`csd gateway`) | an Arrow Flight SQL server over the cluster ([`serve_gateway_on`]): ADBC, JDBC and BI tools query with the same pushdown |
 //! | [`wire`] | both (the protocol) | the fragment message and its limits, the join-key filter as it travels, the functions a node may evaluate |
 //!
 //! **Compute side.** [`Cluster::session`] gives a DataFusion session whose tables live
@@ -43,18 +44,17 @@
 mod compute;
 pub mod error;
 mod eval;
+mod gateway;
 #[cfg(feature = "node")]
 mod node;
 mod options;
 pub mod wire;
+mod worker;
 
-pub use compute::distributed::{
-    CsdCodec, Placement, WorkerEnv, WorkerSessions, Workers, serve_worker_on, worker_sessions,
-};
+pub use compute::distributed::{CsdCodec, Placement, WorkerEnv, Workers};
 pub use compute::gate::LocalGate;
-pub use compute::gateway::{GatewayOptions, GatewayTls, serve_gateway_on};
 pub use compute::provider::CsdTable;
-pub use compute::provider::Encoded;
+pub use compute::provider::{Encoded, Unsendable};
 pub use compute::pushable::pushable;
 #[cfg(feature = "wasm")]
 pub use compute::sandbox::local_sandbox;
@@ -65,11 +65,13 @@ pub use compute::wasm::{WasmEndpointRun, WasmJob, WasmRun};
 pub use eval::Parallelism;
 #[cfg(feature = "wasm")]
 pub use eval::wasm_fn::{WasmScalarUdf, parse_signature};
+pub use gateway::{GatewayOptions, GatewayTls, serve_gateway_on};
 #[cfg(feature = "node")]
 pub use node::{SqlNodeOptions, SqlOperator, WasmOperator};
 pub use options::CsdOptions;
 pub use wire::fragment::{Mode, SqlFragment};
 pub use wire::shipped::ShippedFunction;
+pub use worker::{WorkerSessions, serve_worker_on, worker_sessions};
 
 #[cfg(feature = "node")]
 use std::sync::Arc;

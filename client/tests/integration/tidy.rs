@@ -490,10 +490,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
         &["store", "store::read", "store::scrub", "store::write"],
     ),
     (
-        "csd-runtime",
-        &["sandbox", "sandbox::cache", "sandbox::instance"],
-    ),
-    (
         "ml-pushdown",
         &[
             "model",
@@ -524,6 +520,7 @@ fn every_crate_imports_only_down_its_declared_layers() {
     let members = [
         "csd-runtime",
         "csd-runtime/protocol",
+        "csd-runtime/sandbox",
         "query-pushdown",
         "ml-pushdown",
         "client",
@@ -647,43 +644,59 @@ fn the_layer_check_catches_what_it_should() {
 /// A program that only queries nodes (a service using `CsdSession`, a training loop
 /// reading features) builds without the node: the protocol crate and the library
 /// crates without their default features pull in neither the node nor what only
-/// the node needs.
+/// the node needs. One that also runs shipped code at the compute tier (the
+/// `wasm` feature) gets the sandbox, wasmtime, and still not the node.
 #[test]
 fn a_program_that_only_queries_builds_without_the_node() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     for (package, features) in [
         ("csd-protocol", ""),
         ("csd-query-pushdown", "--no-default-features"),
         ("csd-ml-pushdown", "--no-default-features"),
     ] {
-        let mut cmd = std::process::Command::new(&cargo);
-        cmd.current_dir(workspace()).args([
-            "tree",
-            "--offline",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "-p",
-            package,
-        ]);
-        if !features.is_empty() {
-            cmd.arg(features);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "cargo tree -p {package}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let tree = String::from_utf8_lossy(&out.stdout);
-        for heavy in ["csd-runtime ", "wasmtime ", "io-uring "] {
+        let tree = dependency_tree(package, features);
+        for heavy in ["csd-runtime ", "csd-sandbox ", "wasmtime ", "io-uring "] {
             assert!(
                 !tree.lines().any(|l| l.starts_with(heavy)),
                 "{package} {features} depends on {heavy}:\n{tree}"
             );
         }
     }
+    let features = "--no-default-features --features wasm";
+    let tree = dependency_tree("csd-query-pushdown", features);
+    assert!(
+        tree.lines().any(|l| l.starts_with("wasmtime ")),
+        "csd-query-pushdown {features} has no wasmtime:\n{tree}"
+    );
+    for heavy in ["csd-runtime ", "io-uring "] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(heavy)),
+            "csd-query-pushdown {features} depends on {heavy}:\n{tree}"
+        );
+    }
+}
+
+/// `cargo tree` of `package`'s normal dependencies with `features`, a crate per line.
+fn dependency_tree(package: &str, features: &str) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(&cargo);
+    cmd.current_dir(workspace()).args([
+        "tree",
+        "--offline",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "-p",
+        package,
+    ]);
+    cmd.args(features.split_whitespace());
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} {features}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// ARCHITECTURE.md's code map names every Rust file of the repository (tests,

@@ -5,7 +5,6 @@ pub(crate) mod dimension_join_down;
 pub(crate) mod distributed;
 pub(crate) mod endpoints;
 pub(crate) mod gate;
-pub(crate) mod gateway;
 pub(crate) mod holistic_down;
 pub(crate) mod keep;
 pub(crate) mod key_collector;

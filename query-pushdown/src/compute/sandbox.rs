@@ -11,8 +11,8 @@ mod here {
     use std::sync::{Arc, Mutex};
 
     use csd_protocol::ModuleDigest;
-    use csd_runtime::memory::MemoryLedger;
-    use csd_runtime::sandbox::{ModuleStore, Sandbox, SandboxLimits};
+    use csd_sandbox::memory::MemoryLedger;
+    use csd_sandbox::{ModuleStore, Sandbox, SandboxLimits};
     use datafusion::common::{DataFusionError, Result};
     use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
     use datafusion::physical_plan::SendableRecordBatchStream;
@@ -37,7 +37,7 @@ mod here {
         let limits = SandboxLimits::default();
         let ledger = MemoryLedger::new(4 * limits.memory);
         let s = Arc::new(
-            Sandbox::with_store(limits, ledger, module_cache_dir())
+            Sandbox::new(limits, ledger, module_cache_dir())
                 .map_err(|e| DataFusionError::External(Box::new(e)))?,
         );
         *g = Some(s.clone());

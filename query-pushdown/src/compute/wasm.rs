@@ -18,7 +18,7 @@ use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use csd_protocol::node_client::{Copies, Declined, Error as ClientError, Next, NodeClient, Tried};
 use csd_protocol::{ModuleDigest, OperatorReport};
-use csd_runtime::sandbox::{GuestKind, GuestReader};
+use csd_sandbox::{GuestKind, GuestReader};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};

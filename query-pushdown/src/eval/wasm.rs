@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use csd_protocol::{Error, Result};
-use csd_runtime::sandbox::{CompiledModule, GuestKind, GuestReader, Sandbox};
+use csd_sandbox::{CompiledModule, GuestKind, GuestReader, Sandbox};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
@@ -215,7 +215,7 @@ impl GuestRun<'_> {
 }
 
 /// Stops a guest (within an epoch tick) once its answer's stream is dropped.
-pub(crate) use csd_runtime::operator::CancelOnDrop;
+pub(crate) use csd_sandbox::CancelOnDrop;
 
 /// `stream`, which sets `cancel`'s flag when it is dropped (its Wasm SQL functions
 /// then stop within an epoch tick).

@@ -1,5 +1,5 @@
 //! Wasm SQL functions: a scalar function a tenant ships as a WebAssembly module
-//! (the ABI's SQL functions, see `csd_runtime::sandbox`), registered on the compute
+//! (the ABI's SQL functions, see `csd_sandbox`), registered on the compute
 //! session and, through the fragments that call it, on the node's fragment sessions.
 //! Both sides run the same module under the same sandbox, so a fragment the node
 //! hands back gives the same answer here.
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
 use csd_protocol::ModuleDigest;
-use csd_runtime::sandbox::{CompiledModule, GuestInstance, Sandbox};
+use csd_sandbox::{CompiledModule, GuestInstance, Sandbox};
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,

@@ -14,7 +14,7 @@
 //!
 //! The node runs `input` as it runs any `"sql"` fragment (so its Parquet pruning and
 //! its checks apply), feeds the batches to the module through the guest ABI
-//! (`csd_runtime::sandbox`) and streams the module's outputs. A request without
+//! (`csd_sandbox`) and streams the module's outputs. A request without
 //! `input` runs the module over no rows (`csd_init`, then `csd_finish`): a guest that
 //! only reads objects of `table` (a traversal, a pointer chase) skips planning and
 //! scanning altogether. A node that lacks the

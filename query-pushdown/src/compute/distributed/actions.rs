@@ -30,7 +30,7 @@ pub(crate) const MAX_MESSAGE: usize = MAX_FILTER_BYTES * 8 * 8 + (1 << 20);
 const CALL_SLACK: Duration = Duration::from_secs(10);
 
 /// A client of the worker at `home` (one channel per worker, made lazily, shared).
-pub(super) fn client(home: &str) -> Result<FlightServiceClient<Channel>, Error> {
+pub(crate) fn client(home: &str) -> Result<FlightServiceClient<Channel>, Error> {
     static CHANNELS: OnceLock<Mutex<HashMap<String, Channel>>> = OnceLock::new();
     let mut channels = CHANNELS
         .get_or_init(Default::default)

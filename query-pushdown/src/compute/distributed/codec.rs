@@ -28,7 +28,7 @@ use crate::compute::scan::codec::ScanMsg;
 
 /// Encodes and decodes the plan nodes of this crate for distributed execution.
 /// Register it on the coordinating session and on every worker (both done by
-/// [`super::Workers`] and [`super::worker_sessions`]).
+/// [`super::Workers`] and [`crate::worker_sessions`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CsdCodec;
 

@@ -24,8 +24,8 @@ pub struct WorkerEnv {
     nodes: Mutex<HashMap<String, (NodeClient, usize)>>,
     ranges: Arc<NodeRangeStore>,
     local: Arc<LocalGate>,
-    pub(super) runtime: Arc<RuntimeEnv>,
-    pub(super) board: Arc<KeyBoard>,
+    pub(crate) runtime: Arc<RuntimeEnv>,
+    pub(crate) board: Arc<KeyBoard>,
 }
 
 impl std::fmt::Debug for WorkerEnv {

@@ -15,6 +15,11 @@
 //! shuffle, publishes its keys to a board on one worker, from which the scan's tasks
 //! fetch them: [`keys`]).
 //!
+//! This is the coordinator's side (and what both sides share: the codec, the
+//! worker's environment, the decoding scope, the key board's messages); the
+//! worker's own session and server are `crate::worker`, which uses this and is
+//! never used by it.
+//!
 //! Credentials never travel in a plan: a worker reaches the storage nodes with its
 //! own (`csd worker --token/--tls-*`, as every client), so it must hold a token the
 //! nodes accept for the tables its tasks read.
@@ -23,13 +28,11 @@
 
 pub(crate) mod actions;
 pub(crate) mod codec;
-mod env;
+pub(crate) mod env;
 pub(crate) mod keys;
 mod lift;
 pub(crate) mod placement;
-mod scope;
-mod service;
-mod worker;
+pub(crate) mod scope;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,7 +45,6 @@ use url::Url;
 pub use codec::CsdCodec;
 pub use env::WorkerEnv;
 pub use placement::Placement;
-pub use worker::{WorkerSessions, serve_worker_on, worker_sessions};
 
 use crate::options::CsdOptions;
 

@@ -12,8 +12,8 @@ use wasmtime::{
 };
 
 use super::{CompiledModule, MAX_HOST_READ, ModuleDigest, Sandbox};
-use crate::error::{Error, Result};
 use crate::memory::MemoryLedger;
+use csd_protocol::{Error, Result};
 
 /// Where a guest's host `read`s go: the objects of the tables its tenant may read.
 pub trait GuestReader: Send + Sync {

@@ -10,8 +10,7 @@ use wasmtime::{Engine, InstancePre, Linker, Module};
 
 use super::instance::GuestState;
 use super::{MODULE_PREFIX, ModuleDigest};
-use crate::error::{Error, Result};
-use crate::store::ObjectStore;
+use csd_protocol::{Error, Result};
 
 /// A module compiled for this engine, linked against the host functions.
 pub struct CompiledModule {
@@ -77,11 +76,25 @@ type Lru = (
     VecDeque<ModuleDigest>,
 );
 
+/// A device that keeps compiled modules (a node's object store, under
+/// [`MODULE_PREFIX`]: tenants can neither read nor write there), by object name.
+#[async_trait::async_trait]
+pub trait DeviceModules: Send + Sync {
+    /// Whether `name` is kept.
+    fn has(&self, name: &str) -> bool;
+    /// All of `name`'s bytes, checksums verified (a damaged copy is
+    /// [`Error::Corrupt`]).
+    async fn read(&self, name: &str) -> Result<Vec<u8>>;
+    /// Keeps `bytes` as `name`.
+    async fn write(&self, name: &str, bytes: &[u8]) -> Result<()>;
+    /// Removes `name`.
+    async fn remove(&self, name: &str) -> Result<()>;
+}
+
 /// Where compiled modules last beyond the process.
 pub enum ModuleStore {
-    /// A node's device (`.csd/wasm/`: tenants can neither read nor write it; the
-    /// object store checksums every read).
-    Device(ObjectStore),
+    /// A node's device.
+    Device(Arc<dyn DeviceModules>),
     /// A directory of this user's (mode 0700): the compute side's cache, so that a
     /// `csd sql --wasm-fn` does not compile the module again at every run. Compiled
     /// files carry the SHA-256 of their contents, and module bytes are checked
@@ -105,16 +118,16 @@ impl ModuleStore {
 
     fn has(&self, name: &str) -> bool {
         match self {
-            ModuleStore::Device(d) => d.get(name).is_some(),
+            ModuleStore::Device(d) => d.has(name),
             ModuleStore::Dir(dir) => Self::path(dir, name).is_file(),
         }
     }
 
     async fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
         match self {
-            ModuleStore::Device(d) => match d.get(name) {
-                Some(_) => Ok(Some(d.get_all(name).await?.to_vec())),
-                None => Ok(None),
+            ModuleStore::Device(d) => match d.has(name) {
+                true => Ok(Some(d.read(name).await?)),
+                false => Ok(None),
             },
             ModuleStore::Dir(dir) => match std::fs::read(Self::path(dir, name)) {
                 Ok(b) => {
@@ -148,7 +161,7 @@ impl ModuleStore {
 
     async fn remove(&self, name: &str) {
         let r = match self {
-            ModuleStore::Device(d) => d.delete(name).await.map(drop),
+            ModuleStore::Device(d) => d.remove(name).await,
             ModuleStore::Dir(dir) => std::fs::remove_file(Self::path(dir, name))
                 .map_err(|e| Error::io(format!("removing module {name}"), e)),
         };
@@ -159,7 +172,7 @@ impl ModuleStore {
 
     async fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
         match self {
-            ModuleStore::Device(d) => d.put(name, bytes).await.map(|_| ()),
+            ModuleStore::Device(d) => d.write(name, bytes).await,
             ModuleStore::Dir(dir) => {
                 let path = Self::path(dir, name);
                 let tmp = path.with_extension(format!("tmp{}", std::process::id()));

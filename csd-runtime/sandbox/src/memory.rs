@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use csd_protocol::{ByteSize, Error, Result};
 
 /// How stale the resident-memory sample may be.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(5);
@@ -220,9 +220,9 @@ impl MemoryLedger {
         if n > self.usable() {
             return Err(Error::ResourcesExhausted(format!(
                 "{what} needs {} of memory, more than this node's whole budget leaves ({} of --memory {})",
-                crate::protocol::ByteSize(n),
-                crate::protocol::ByteSize(self.usable()),
-                crate::protocol::ByteSize(self.budget)
+                ByteSize(n),
+                ByteSize(self.usable()),
+                ByteSize(self.budget)
             )));
         }
         let deadline = tokio::time::Instant::now() + patience;
@@ -251,12 +251,12 @@ impl MemoryLedger {
                 return Err(Error::Busy {
                     reason: format!(
                         "{what} needs {} of memory and the node's budget (--memory {}) has been in use for {:.1} s: operators hold {}, uploads, reads and the read cache {}, the rest of the process {}",
-                        crate::protocol::ByteSize(n),
-                        crate::protocol::ByteSize(self.budget),
+                        ByteSize(n),
+                        ByteSize(self.budget),
                         patience.as_secs_f64(),
-                        crate::protocol::ByteSize(self.pooled()),
-                        crate::protocol::ByteSize(self.held()),
-                        crate::protocol::ByteSize(self.outside())
+                        ByteSize(self.pooled()),
+                        ByteSize(self.held()),
+                        ByteSize(self.outside())
                     ),
                     retry_after: Duration::from_secs(1),
                 });

@@ -1,6 +1,12 @@
 //! A `datafusion-distributed` worker that runs csd plans: the session every task it
 //! runs gets ([`worker_sessions`]: our codec, the coordinator's options, its
-//! [`WorkerEnv`] for decoding scans), and the server ([`serve_worker_on`]).
+//! [`WorkerEnv`] for decoding scans), and the server ([`serve_worker_on`]) with its
+//! own Flight service beside it (`service.rs`: the key board, modules sent to it).
+//!
+//! The worker's side only: it uses the planner (`compute`), and nothing there
+//! imports it; the coordinator's side of the workers is `compute::distributed`.
+
+mod service;
 
 use std::sync::Arc;
 
@@ -10,14 +16,14 @@ use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 
-use super::codec::CsdCodec;
-use super::env::WorkerEnv;
-use super::scope::DecodeScope;
-use super::service::WorkerActions;
+use crate::compute::distributed::codec::CsdCodec;
+use crate::compute::distributed::env::WorkerEnv;
+use crate::compute::distributed::scope::DecodeScope;
 use crate::compute::median_weighted::median_weighted_udaf;
 use crate::compute::sandbox::worker_function;
 use crate::eval::scan;
 use crate::options::CsdOptions;
+use service::WorkerActions;
 
 impl WorkerEnv {
     /// The worker service (a tonic service to serve).

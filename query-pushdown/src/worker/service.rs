@@ -25,8 +25,8 @@ use futures::stream::BoxStream;
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::actions::{FETCH, MAX_MESSAGE, PUBLISH, PUT_MODULE};
-use super::keys::{FetchMsg, KeyBoard, PublishMsg};
+use crate::compute::distributed::actions::{FETCH, MAX_MESSAGE, PUBLISH, PUT_MODULE};
+use crate::compute::distributed::keys::{FetchMsg, KeyBoard, PublishMsg};
 
 /// The service (see the module docs).
 #[derive(Debug, Clone)]
@@ -265,7 +265,7 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("stopped before its end"), "{e}");
 
-        let mut c = super::super::actions::client(&home).unwrap();
+        let mut c = crate::compute::distributed::actions::client(&home).unwrap();
         let e = c
             .do_get(arrow_flight::Ticket::new("x"))
             .await

@@ -1,4 +1,7 @@
-//! Shipped code: WebAssembly modules a tenant sends run here, sandboxed.
+//! Shipped code: WebAssembly modules a tenant sends run here, sandboxed — at a
+//! node (`csd-runtime`) or at the compute tier (`csd-query-pushdown`'s `wasm`
+//! feature), which is why this crate holds no part of the node: a module store is
+//! whatever implements [`DeviceModules`] (the node's object store does).
 //!
 //! A [`Sandbox`] holds one wasmtime [`Engine`] (Cranelift; epoch interruption on;
 //! no WASI: a guest reaches nothing but the two host functions below), a bounded
@@ -60,8 +63,11 @@
 //! behind a trait over `RecordBatch`; any language that compiles to
 //! `wasm32-unknown-unknown` can implement it.
 
+#![warn(unreachable_pub)]
+
 mod cache;
 mod instance;
+pub mod memory;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -74,13 +80,13 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, Linker, OptLevel, PoolingAllocationConfig,
 };
 
-use crate::error::{Error, Result};
+use csd_protocol::{Error, Result};
+
 use crate::memory::MemoryLedger;
-use crate::store::ObjectStore;
 pub use csd_protocol::digest::ModuleDigest;
 pub use csd_protocol::stats::SandboxStats;
 
-pub use cache::{CompiledModule, ModuleStore};
+pub use cache::{CompiledModule, DeviceModules, ModuleStore};
 pub use instance::{GuestInstance, GuestKind, GuestReader};
 
 /// How often the engine's epoch advances: the resolution of CPU-time limits.
@@ -201,17 +207,8 @@ fn setup_error(what: impl fmt::Display, e: wasmtime::Error) -> Error {
 
 impl Sandbox {
     /// A sandbox whose instances draw memory from `memory`, keeping compiled modules
-    /// on `device` too when given (a node's object store).
+    /// in `store` too when given (see [`ModuleStore`]).
     pub fn new(
-        limits: SandboxLimits,
-        memory: Arc<MemoryLedger>,
-        device: Option<ObjectStore>,
-    ) -> Result<Self> {
-        Self::with_store(limits, memory, device.map(ModuleStore::Device))
-    }
-
-    /// A sandbox keeping compiled modules in `store` (see [`ModuleStore`]).
-    pub fn with_store(
         limits: SandboxLimits,
         memory: Arc<MemoryLedger>,
         store: Option<ModuleStore>,
@@ -379,35 +376,13 @@ impl Sandbox {
     }
 }
 
-/// A node's [`GuestReader`]: objects of the tables the request's tenant may read,
-/// from the node's own store (checksums verified), counted as the request's reads.
-///
-/// Guests run on blocking threads (never on a runtime's workers): a read waits for
-/// the device there.
-pub struct NodeObjectReader {
-    /// The node's objects.
-    pub store: ObjectStore,
-    /// Who asked.
-    pub principal: crate::auth::Principal,
-    /// The request's bytes read.
-    pub bytes_read: Arc<AtomicU64>,
-}
+/// Sets its flag when dropped: held by whoever still waits for an answer, so that
+/// a guest running on its thread stops (within an [`EPOCH_TICK`]) once nobody does.
+pub struct CancelOnDrop(pub Arc<AtomicBool>);
 
-impl GuestReader for NodeObjectReader {
-    fn read(&self, object: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.principal.check_object_read(object)?;
-        let info = self.store.get(object).ok_or_else(|| {
-            Error::NotFound(format!("object {}", crate::error::truncated(object)))
-        })?;
-        let len = (len as u64).min(info.len.saturating_sub(offset));
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::Internal("a guest's read ran outside the node's runtime".into()))?;
-        let bytes = handle.block_on(self.store.read_range(object, offset, len))?;
-        self.bytes_read.fetch_add(len, Ordering::Relaxed);
-        Ok(bytes.to_vec())
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -434,7 +409,7 @@ mod tests {
 
     fn dir_sandbox(dir: &std::path::Path) -> Arc<Sandbox> {
         Arc::new(
-            Sandbox::with_store(
+            Sandbox::new(
                 SandboxLimits::default(),
                 MemoryLedger::new(1 << 30),
                 Some(ModuleStore::Dir(dir.to_path_buf())),
