@@ -286,7 +286,7 @@ impl NodeConfig {
             ));
         }
         for t in &self.tenants {
-            let (name, share) = parse_tenant(t).map_err(Error::InvalidArgument)?;
+            let (name, share) = parse_tenant(t)?;
             a.tenants.insert(name, share);
         }
         let reserved: usize = a.tenants.values().map(|t| t.reserve).sum();

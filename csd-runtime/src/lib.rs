@@ -40,6 +40,7 @@ pub mod refs;
 pub mod sandbox;
 mod scrubber;
 mod service;
+pub mod settings;
 pub mod sketch;
 mod state;
 pub mod store;

@@ -18,7 +18,7 @@ use crate::state::NodeState;
 
 /// Binds `addr` and serves `/metrics` until the returned task is aborted.
 pub(crate) async fn serve(
-    addr: &str,
+    addr: SocketAddr,
     state: Arc<NodeState>,
 ) -> Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)

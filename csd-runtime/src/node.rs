@@ -8,17 +8,16 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::admission::Admission;
 use crate::auth::{Auth, TICKET_KEY_OBJECT, TicketKey};
 use crate::config::NodeConfig;
-use crate::device::DeviceSpec;
 use crate::error::{Error, Result, StatusCode};
 use crate::operator::OperatorRegistry;
 use crate::pool::CpuPool;
 use crate::protocol::{CONNECTION_WINDOW, MAX_MESSAGE_BYTES, STREAM_WINDOW};
 use crate::service::FlightNode;
-use crate::state::NodeState;
-use crate::store::{FormatMode, ObjectStore, StoreOptions};
+use crate::settings::{NodeSettings, TlsFiles};
+use crate::state::{NodeParts, NodeState};
+use crate::store::{ObjectStore, StoreOptions};
 use crate::table::TableStore;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
@@ -83,17 +82,18 @@ impl RunningNode {
 
 fn reload(state: &NodeState) -> Result<usize> {
     let n = state.auth.reload()?;
-    state
-        .admission
-        .set_tenants(state.auth.shares())
-        .map_err(Error::InvalidArgument)?;
+    state.admission.set_tenants(state.auth.shares())?;
     Ok(n)
 }
 
 /// The node's ticket key: from `--ticket-key`, else (with tenants) kept on the device,
 /// made once; a node without tenants seals nothing and keeps a key in memory only.
-async fn ticket_key(config: &NodeConfig, store: &ObjectStore, auth: &Auth) -> Result<TicketKey> {
-    if let Some(path) = &config.ticket_key {
+async fn ticket_key(
+    settings: &NodeSettings,
+    store: &ObjectStore,
+    auth: &Auth,
+) -> Result<TicketKey> {
+    if let Some(path) = &settings.ticket_key {
         return TicketKey::from_file(path);
     }
     if !auth.enabled() {
@@ -111,39 +111,16 @@ fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(format!("reading the {what} {}", path.display()), e))
 }
 
-/// The Flight port's TLS settings, if it has any.
-fn tls_config(config: &NodeConfig) -> Result<Option<ServerTlsConfig>> {
-    let (cert, key) = match (&config.tls_cert, &config.tls_key) {
-        (Some(c), Some(k)) => (c, k),
-        (None, None) if config.tls_client_ca.is_some() => {
-            return Err(Error::InvalidArgument(
-                "--tls-client-ca needs --tls-cert and --tls-key".into(),
-            ));
-        }
-        (None, None) => return Ok(None),
-        _ => {
-            return Err(Error::InvalidArgument(
-                "--tls-cert and --tls-key go together".into(),
-            ));
-        }
-    };
+/// The Flight port's TLS from its files.
+fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig> {
     let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
-        read_pem(cert, "TLS certificate")?,
-        read_pem(key, "TLS key")?,
+        read_pem(&files.cert, "TLS certificate")?,
+        read_pem(&files.key, "TLS key")?,
     ));
-    if let Some(ca) = &config.tls_client_ca {
+    if let Some(ca) = &files.client_ca {
         tls = tls.client_ca_root(Certificate::from_pem(read_pem(ca, "client CA")?));
     }
-    Ok(Some(tls))
-}
-
-fn is_loopback(addr: &str) -> bool {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    Ok(tls)
 }
 
 /// Opens device, store and tables, binds the listener and starts serving (raw scans
@@ -154,45 +131,33 @@ pub async fn start(config: &NodeConfig) -> Result<RunningNode> {
 
 /// [`start`], serving `operators` too.
 pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Result<RunningNode> {
-    let spec: DeviceSpec = config.device.parse()?;
-    let capacity = Some(config.capacity.bytes());
-    let memory_budget = config.memory.bytes();
-    let admission = config.admission()?;
+    let settings = config.settings()?;
     let dev = tokio::task::spawn_blocking({
-        let spec = spec.clone();
-        move || spec.open(capacity)
+        let (spec, capacity) = (settings.device.clone(), settings.capacity);
+        move || spec.open(Some(capacity))
     })
     .await
     .map_err(|e| Error::external(StatusCode::Internal, "opening the device", e))??;
     let opts = StoreOptions {
-        format: if config.format {
-            FormatMode::Force
-        } else {
-            FormatMode::IfBlank
-        },
+        format: settings.format,
         ..Default::default()
     };
     let store = ObjectStore::open(dev, opts).await?;
-    let tls = tls_config(config)?;
-    let auth = Arc::new(match &config.auth {
+    let tls = settings.tls.as_ref().map(tls_config).transpose()?;
+    let auth = Arc::new(match &settings.auth {
         Some(path) => Auth::from_file(path)?,
         None => Auth::open(),
     });
-    let key = ticket_key(config, &store, &auth).await?;
-    let tables = TableStore::open(store, &config.parquet).await?;
-    let cores = config
-        .cpu_set
-        .as_deref()
-        .map(crate::pool::parse_core_list)
-        .transpose()?;
-    let pool = CpuPool::pinned(config.cpus, cores)?;
-    let listener = TcpListener::bind(&config.listen)
+    let key = ticket_key(&settings, &store, &auth).await?;
+    let tables = TableStore::open(store, &settings.parquet).await?;
+    let pool = CpuPool::pinned(settings.cpus, settings.cores.clone())?;
+    let listener = TcpListener::bind(settings.listen)
         .await
-        .map_err(|e| Error::io(format!("binding {}", config.listen), e))?;
+        .map_err(|e| Error::io(format!("binding {}", settings.listen), e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("reading the bound address", e))?;
-    let url = config.advertise.clone().unwrap_or_else(|| {
+    let url = settings.advertise.clone().unwrap_or_else(|| {
         if tls.is_some() {
             format!("grpc+tls://{addr}")
         } else {
@@ -213,60 +178,40 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
         tracing::warn!("listening on {addr} {missing}");
         eprintln!("csd: WARNING: listening on {addr} {missing}");
     }
-    if let Some(m) = &config.metrics_listen
-        && (tls.is_some() || auth.enabled())
-        && !is_loopback(m)
-        && !config.metrics_public
-    {
-        return Err(Error::InvalidArgument(format!(
-            "metrics would be served in clear to anyone on {m} while the Flight port is protected: bind them to 127.0.0.1, or pass --metrics-public"
-        )));
-    }
-    let refs = crate::refs::RefStore::open(
-        &tables,
-        std::time::Duration::from_secs(config.ref_max_ttl_s.max(1)),
-    )
-    .await?;
-    let state = Arc::new(
-        NodeState::new(
+    let refs = crate::refs::RefStore::open(&tables, settings.ref_max_ttl).await?;
+    let state = Arc::new(NodeState::new(
+        &settings,
+        NodeParts {
             tables,
             pool,
-            url.clone(),
-            memory_budget,
-            config.sandbox_limits(),
+            location: url.clone(),
             refs,
-        )?
-        .with_operators(operators)
-        .with_admission(Admission::new(admission))
-        .with_wire(config.range_chunk.bytes(), config.wire_piece.bytes())
-        .with_lease_max(std::time::Duration::from_secs(config.lease_max_s.max(1)))
-        .with_auth(
-            auth.clone(),
-            key,
-            std::time::Duration::from_secs(config.ticket_ttl_s.max(1)),
-        ),
-    );
+            operators,
+            auth: auth.clone(),
+            ticket_key: key,
+        },
+    )?);
     // The read cache keeps ranges inside the memory budget.
     state
         .store()
-        .set_read_cache(config.read_cache_bytes(), Some(state.node.memory.clone()));
+        .set_read_cache(settings.read_cache, Some(state.node.memory.clone()));
     let sweep_task = tokio::spawn(crate::state::sweep_every(
         Arc::downgrade(&state),
         std::time::Duration::from_secs(1),
     ));
-    let scrub_task = config.scrub_rate.filter(|r| r.bytes() > 0).map(|r| {
-        tokio::spawn(crate::scrubber::scrub_every(
-            Arc::downgrade(&state),
-            r.bytes(),
-        ))
-    });
+    let scrub_task = settings
+        .scrub_rate
+        .map(|r| tokio::spawn(crate::scrubber::scrub_every(Arc::downgrade(&state), r)));
     if auth.enabled() {
         state
             .admission
             .set_tenants(auth.shares())
-            .map_err(|e| Error::InvalidArgument(format!("tenants file: {e}")))?;
+            .map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("tenants file: {m}")),
+                e => e,
+            })?;
     }
-    let reload_task = config.auth.as_ref().map(|path| {
+    let reload_task = settings.auth.as_ref().map(|path| {
         let (state, path) = (state.clone(), path.clone());
         tokio::spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
@@ -282,7 +227,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             }
         })
     });
-    let (metrics_addr, metrics_task) = match &config.metrics_listen {
+    let (metrics_addr, metrics_task) = match settings.metrics_listen {
         Some(addr) => {
             let (a, t) = crate::metrics::serve(addr, state.clone()).await?;
             (Some(a), Some(t))
@@ -312,7 +257,7 @@ pub async fn start_with(config: &NodeConfig, operators: OperatorRegistry) -> Res
             .await
             .map_err(|e| Error::external(StatusCode::Internal, "gRPC server", e))
     });
-    tracing::info!(%url, device = %spec, tenants = auth.enabled(), "storage node serving");
+    tracing::info!(%url, device = %settings.device, tenants = auth.enabled(), "storage node serving");
     Ok(RunningNode {
         addr,
         url,

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::admission::{Admission, AdmissionConfig};
+use crate::admission::Admission;
 use crate::memory::{MemoryLedger, peak_resident_bytes, resident_bytes};
 use crate::operator::{NodeResources, OperatorRegistry};
 use crate::pool::CpuPool;
 use crate::protocol::stats::{DeviceReport, NodeStats, RequestReport};
+use crate::settings::NodeSettings;
 use crate::store::ObjectStore;
 use crate::table::TableStore;
 
@@ -60,30 +61,52 @@ pub struct NodeState {
     started: Instant,
 }
 
+/// What start-up opened and made for a node's state, beside its settings.
+pub struct NodeParts {
+    /// The tables on the node's store.
+    pub tables: TableStore,
+    /// The CPU workers.
+    pub pool: CpuPool,
+    /// The URL clients use.
+    pub location: String,
+    /// Results kept by reference.
+    pub refs: Arc<crate::refs::RefStore>,
+    /// The operators the node serves.
+    pub operators: OperatorRegistry,
+    /// Tenants and their permissions.
+    pub auth: Arc<crate::auth::Auth>,
+    /// Seals the tickets the node hands out.
+    pub ticket_key: crate::auth::TicketKey,
+}
+
 impl NodeState {
-    /// Assembles a node's state.
-    pub fn new(
-        tables: TableStore,
-        pool: CpuPool,
-        location: String,
-        memory_budget: u64,
-        sandbox: crate::sandbox::SandboxLimits,
-        refs: Arc<crate::refs::RefStore>,
-    ) -> crate::Result<Self> {
+    /// Assembles a node's state from `parts` under `settings` (every figure it
+    /// keeps comes from them: it has no defaults of its own).
+    pub fn new(settings: &NodeSettings, parts: NodeParts) -> crate::Result<Self> {
+        let NodeParts {
+            tables,
+            pool,
+            location,
+            refs,
+            operators,
+            auth,
+            ticket_key,
+        } = parts;
+        let memory_budget = settings.memory;
         let memory = MemoryLedger::new(memory_budget);
         // Idle DMA buffers are resident too: at most 1/32 of the budget of them.
         crate::device::limit_idle_buffers(
             usize::try_from(memory_budget / 32).unwrap_or(usize::MAX),
         );
-        let sandbox = Arc::new(crate::sandbox::Sandbox::new(
-            sandbox,
+        let sandbox = Arc::new(crate::sandbox::on_device(
+            settings.sandbox,
             memory.clone(),
-            Some(tables.object_store().clone()),
+            tables.object_store().clone(),
         )?);
         let attachments = Arc::new(crate::attachments::Attachments::new(memory.clone()));
         let host = workers_host(&pool);
         Ok(NodeState {
-            admission: Admission::new(AdmissionConfig::new(pool.threads(), memory_budget)),
+            admission: Admission::new(settings.admission.clone()),
             node: Arc::new(NodeResources {
                 tables,
                 pool,
@@ -94,58 +117,19 @@ impl NodeState {
             }),
             location,
             counters: ServiceCounters::default(),
-            operators: OperatorRegistry::new(),
-            range_chunk: 1 << 20,
-            wire_piece: 2 << 20,
+            operators,
+            range_chunk: settings.range_chunk,
+            wire_piece: settings.wire_piece,
             links: crate::link::LinkMeters::default(),
             host,
-            auth: Arc::new(crate::auth::Auth::open()),
-            ticket_key: crate::auth::TicketKey::random(),
-            ticket_ttl: std::time::Duration::from_secs(3600),
+            auth,
+            ticket_key,
+            ticket_ttl: settings.ticket_ttl,
             refs,
             leases: crate::lease::Leases::default(),
-            lease_max: std::time::Duration::from_secs(3600),
+            lease_max: settings.lease_max,
             started: Instant::now(),
         })
-    }
-
-    /// Checks requests against `auth`, sealing tickets with `key` for `ttl`.
-    pub(crate) fn with_auth(
-        mut self,
-        auth: Arc<crate::auth::Auth>,
-        key: crate::auth::TicketKey,
-        ttl: std::time::Duration,
-    ) -> Self {
-        self.auth = auth;
-        self.ticket_key = key;
-        self.ticket_ttl = ttl;
-        self
-    }
-
-    /// Leases last at most `max`.
-    pub(crate) fn with_lease_max(mut self, max: std::time::Duration) -> Self {
-        self.lease_max = max;
-        self
-    }
-
-    /// Uses `admission` (built from the node's flags) instead of the defaults.
-    pub(crate) fn with_admission(mut self, admission: Arc<Admission>) -> Self {
-        self.admission = admission;
-        self
-    }
-
-    /// Sends raw ranges in `range_chunk`-byte messages and operator answers in
-    /// pieces of about `wire_piece` bytes.
-    pub(crate) fn with_wire(mut self, range_chunk: u64, wire_piece: u64) -> Self {
-        self.range_chunk = range_chunk.max(4096);
-        self.wire_piece = wire_piece.max(64 << 10);
-        self
-    }
-
-    /// Serves `operators` too.
-    pub(crate) fn with_operators(mut self, operators: OperatorRegistry) -> Self {
-        self.operators = operators;
-        self
     }
 
     pub(crate) fn store(&self) -> &ObjectStore {

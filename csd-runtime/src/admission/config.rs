@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use csd_protocol::stats::Policy;
+use csd_protocol::{Error, Result};
 
 /// A tenant's weight and reserved slots.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -27,10 +28,11 @@ impl Default for TenantShare {
 }
 
 /// Parses `name=weight[:reserve]`.
-pub(crate) fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
+pub(crate) fn parse_tenant(s: &str) -> Result<(String, TenantShare)> {
+    let bad = |why: String| Error::InvalidArgument(why);
     let (name, rest) = s
         .split_once('=')
-        .ok_or_else(|| format!("tenant {s:?}: expected name=weight[:reserve]"))?;
+        .ok_or_else(|| bad(format!("tenant {s:?}: expected name=weight[:reserve]")))?;
     let (w, r) = match rest.split_once(':') {
         Some((w, r)) => (w, Some(r)),
         None => (rest, None),
@@ -39,15 +41,19 @@ pub(crate) fn parse_tenant(s: &str) -> Result<(String, TenantShare), String> {
         .parse()
         .ok()
         .filter(|w: &f64| w.is_finite() && *w > 0.0)
-        .ok_or_else(|| format!("tenant {name}: weight {w:?} must be a positive number"))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "tenant {name}: weight {w:?} must be a positive number"
+            ))
+        })?;
     let reserve = match r {
         Some(r) => r
             .parse()
-            .map_err(|_| format!("tenant {name}: reserve {r:?} must be a slot count"))?,
+            .map_err(|_| bad(format!("tenant {name}: reserve {r:?} must be a slot count")))?,
         None => 0,
     };
     if name.is_empty() {
-        return Err(format!("tenant {s:?}: empty name"));
+        return Err(bad(format!("tenant {s:?}: empty name")));
     }
     Ok((name.to_string(), TenantShare { weight, reserve }))
 }

@@ -7,12 +7,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::ask::{Ask, Kept, Offer, Reject, Waiting};
+use super::ask::{Ask, CostKey, Kept, Offer, Reject, Waiting};
 use super::config::AdmissionConfig;
 use super::costs::{Costs, shape_key};
 use super::queueing::{DelayScale, predict};
 use super::reads::Reads;
-use super::tenants::Tenants;
+use super::tenants::{LeaseRefused, Tenants};
 use csd_protocol::PushBackCause;
 use csd_protocol::messages::PushBack;
 use csd_protocol::stats::{AdmissionStats, Counters, Policy, TenantStats};
@@ -137,7 +137,12 @@ impl Controller {
     }
 
     /// Leases `n` slots and `memory` bytes to `tenant` if the node can spare them.
-    pub(super) fn lease(&mut self, tenant: &str, n: usize, memory: u64) -> Result<(), String> {
+    pub(super) fn lease(
+        &mut self,
+        tenant: &str,
+        n: usize,
+        memory: u64,
+    ) -> Result<(), LeaseRefused> {
         let (running, reserved) = (self.running.len(), self.memory_reserved);
         self.tenants
             .lease(&self.cfg, tenant, n, memory, running, reserved)

@@ -111,6 +111,7 @@ pub use csd_protocol::messages::PushBack;
 pub use csd_protocol::stats::{AdmissionStats, CostModel, Counters, Policy, TenantStats};
 use permit::QueueGuard;
 pub use permit::{Permit, ReadPermit};
+pub use tenants::LeaseRefused;
 
 /// The service's admission control: a `Controller` on the real clock, with
 /// queued requests woken when a slot frees.
@@ -159,7 +160,7 @@ impl Admission {
     /// Leases `n` slots and `memory` bytes to `tenant` (see `Controller::lease`):
     /// they are taken from what admitted work may use until [`Self::unlease`].
     /// Refused, with why, when the node cannot spare them now.
-    pub fn lease(&self, tenant: &str, n: usize, memory: u64) -> Result<(), String> {
+    pub fn lease(&self, tenant: &str, n: usize, memory: u64) -> Result<(), LeaseRefused> {
         self.ctl().lease(tenant, n, memory)
     }
 
@@ -198,14 +199,14 @@ impl Admission {
 
     /// Replaces the tenants' shares (a reloaded tenants file); refused, keeping the
     /// old ones, when their reserves exceed the slots.
-    pub fn set_tenants(&self, tenants: BTreeMap<String, TenantShare>) -> Result<(), String> {
+    pub fn set_tenants(&self, tenants: BTreeMap<String, TenantShare>) -> csd_protocol::Result<()> {
         let mut ctl = self.ctl();
         let reserved: usize = tenants.values().map(|t| t.reserve).sum();
         if reserved > ctl.cfg.slots {
-            return Err(format!(
+            return Err(csd_protocol::Error::InvalidArgument(format!(
                 "tenants reserve {reserved} slots but the node has {} CPU workers",
                 ctl.cfg.slots
-            ));
+            )));
         }
         ctl.cfg.tenants = tenants;
         Ok(())

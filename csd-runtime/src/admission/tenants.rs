@@ -118,7 +118,7 @@ impl Tenants {
         memory: u64,
         running: usize,
         reserved: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), LeaseRefused> {
         let reserves: usize = cfg
             .tenants
             .iter()
@@ -128,26 +128,30 @@ impl Tenants {
         let keep = reserves.max(1);
         let idle = cfg.slots.saturating_sub(self.leased + running);
         if n == 0 {
-            return Err("a lease needs at least one slot".into());
+            return Err(LeaseRefused::NoSlots);
         }
         if cfg.slots < self.leased + n + keep {
-            return Err(format!(
-                "the node has {} CPU workers, {} leased and {keep} kept for other work (the other tenants' reserves, at least one): {n} more cannot be leased",
-                cfg.slots, self.leased
-            ));
+            return Err(LeaseRefused::KeptForOthers {
+                slots: cfg.slots,
+                leased: self.leased,
+                keep,
+                asked: n,
+            });
         }
         if n > idle {
-            return Err(format!(
-                "only {idle} of the node's {} CPU workers are idle now ({running} run requests, {} are leased)",
-                cfg.slots, self.leased
-            ));
+            return Err(LeaseRefused::Busy {
+                idle,
+                slots: cfg.slots,
+                running,
+                leased: self.leased,
+            });
         }
         if memory > 0 && reserved + self.leased_memory + memory > cfg.memory {
-            return Err(format!(
-                "{memory} bytes of memory are not free now ({} of {} held by running requests and leases)",
-                reserved + self.leased_memory,
-                cfg.memory
-            ));
+            return Err(LeaseRefused::Memory {
+                asked: memory,
+                held: reserved + self.leased_memory,
+                budget: cfg.memory,
+            });
         }
         self.leased += n;
         *self.leased_by.entry(tenant.to_string()).or_default() += n;
@@ -165,5 +169,77 @@ impl Tenants {
             }
         }
         self.leased_memory = self.leased_memory.saturating_sub(memory);
+    }
+}
+
+/// Why a lease was refused (the node cannot spare what it asks now).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseRefused {
+    /// It asked for no slot.
+    NoSlots,
+    /// Granting it would leave too few slots for other work.
+    KeptForOthers {
+        /// The node's CPU workers.
+        slots: usize,
+        /// Slots leased already.
+        leased: usize,
+        /// Slots kept for other work: the other tenants' reserves, at least one.
+        keep: usize,
+        /// Slots asked.
+        asked: usize,
+    },
+    /// Too few slots are idle now.
+    Busy {
+        /// Idle slots.
+        idle: usize,
+        /// The node's CPU workers.
+        slots: usize,
+        /// Requests running.
+        running: usize,
+        /// Slots leased already.
+        leased: usize,
+    },
+    /// The memory it asks is not free now.
+    Memory {
+        /// Bytes asked.
+        asked: u64,
+        /// Bytes held by running requests and leases.
+        held: u64,
+        /// The node's budget.
+        budget: u64,
+    },
+}
+
+impl std::fmt::Display for LeaseRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseRefused::NoSlots => f.write_str("a lease needs at least one slot"),
+            LeaseRefused::KeptForOthers {
+                slots,
+                leased,
+                keep,
+                asked,
+            } => write!(
+                f,
+                "the node has {slots} CPU workers, {leased} leased and {keep} kept for other work (the other tenants' reserves, at least one): {asked} more cannot be leased"
+            ),
+            LeaseRefused::Busy {
+                idle,
+                slots,
+                running,
+                leased,
+            } => write!(
+                f,
+                "only {idle} of the node's {slots} CPU workers are idle now ({running} run requests, {leased} are leased)"
+            ),
+            LeaseRefused::Memory {
+                asked,
+                held,
+                budget,
+            } => write!(
+                f,
+                "{asked} bytes of memory are not free now ({held} of {budget} held by running requests and leases)"
+            ),
+        }
     }
 }
