@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::admission::Admission;
 use crate::error::{Error, Result, truncated};
 use crate::sandbox::{GuestInstance, ModuleDigest, Sandbox};
-pub use csd_protocol::actions::{LeaseInfo, Start};
+pub use csd_protocol::actions::{LeaseIds, LeaseInfo, Start};
 use csd_protocol::refs::now_unix_ms;
 pub use csd_protocol::stats::LeaseStats;
 
@@ -202,12 +202,12 @@ impl Leases {
     pub async fn run_on(
         &self,
         admission: &Arc<Admission>,
-        ids: &str,
+        ids: &LeaseIds,
         tenant: Option<&str>,
         memory: u64,
     ) -> Result<Option<LeaseRun>> {
         let mut held = None;
-        for id in ids.split(',').map(str::trim) {
+        for id in ids.iter() {
             match self.get(id, tenant) {
                 Ok(l) => {
                     held = Some(l);

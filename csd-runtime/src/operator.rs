@@ -143,9 +143,9 @@ pub trait OperatorRequest: Send + Sync + 'static {
         false
     }
 
-    /// The key admission learns its per-byte cost under (default: the operator's
-    /// name; the `wasm` operator keys by module).
-    fn cost_key(&self) -> Option<String> {
+    /// What admission learns its per-byte cost under (`None`: the operator's
+    /// name; a request running a shipped module names the module).
+    fn cost_key(&self) -> Option<CostKey> {
         None
     }
 

@@ -5,9 +5,13 @@
 //!
 //! [`Cluster::session`]: crate::Cluster::session
 
+use std::fmt;
 use std::time::Duration;
 
-use datafusion::config::{ConfigExtension, ConfigOptions};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::config::{ConfigExtension, ConfigField, ConfigOptions, Visit};
+
+use crate::wire::shipped::{ShippedFunction, WasmFunctionMsg, check_functions};
 
 datafusion::common::extensions_options! {
     /// Tuning of the compute tier's side of pushdown (`csd.*`).
@@ -37,10 +41,11 @@ datafusion::common::extensions_options! {
         /// the rows they hold; otherwise the Parquet is read here and aggregated
         /// here. 1 pushes every aggregate.
         pub max_group_fraction: f64, default = 0.5
-        /// The session's Wasm SQL functions, as `NAME=DIGEST:EXPORT` entries joined
-        /// by `;` (set by `register_wasm_udf` on a session with workers: how a
-        /// worker's task session finds them; the modules were sent to the workers).
-        pub(crate) wasm_functions: String, default = String::new()
+        /// The session's Wasm SQL functions (set by `register_wasm_udf` on a
+        /// session with workers: how a worker's task session finds them; the
+        /// modules were sent to the workers). Written `NAME=DIGEST:EXPORT` entries
+        /// joined by `;`, checked when set.
+        pub(crate) wasm_functions: WasmFunctions, default = WasmFunctions::default()
     }
 }
 
@@ -62,5 +67,131 @@ impl CsdOptions {
     /// default).
     pub(crate) fn key_wait(&self) -> Duration {
         Duration::try_from_secs_f64(self.key_wait_secs).unwrap_or(Duration::from_secs(30))
+    }
+}
+
+/// A session's Wasm SQL functions as its workers find them ([`CsdOptions`]): each
+/// its name, module and export, checked as a fragment's declared functions are
+/// (`NAME=DIGEST:EXPORT;…` only where the option travels as text, between a
+/// coordinator and its workers).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WasmFunctions(Vec<ShippedFunction>);
+
+impl WasmFunctions {
+    /// Adds `f` (its bytes are not kept: the workers have the module).
+    pub(crate) fn push(&mut self, f: &ShippedFunction) {
+        self.0.push(ShippedFunction {
+            bytes: None,
+            ..f.clone()
+        });
+    }
+
+    /// The functions, in the order registered.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &ShippedFunction> {
+        self.0.iter()
+    }
+
+    /// Parses `NAME=DIGEST:EXPORT;…` (empty: none).
+    fn parse(text: &str) -> Result<Self> {
+        let mut msgs = Vec::new();
+        for entry in text.split(';').filter(|e| !e.trim().is_empty()) {
+            let bad = || {
+                DataFusionError::Configuration(format!(
+                    "csd.wasm_functions entry {:?}: write NAME=DIGEST:EXPORT",
+                    csd_protocol::error::truncated(entry)
+                ))
+            };
+            let (name, rest) = entry.trim().split_once('=').ok_or_else(bad)?;
+            let (digest, export) = rest.split_once(':').ok_or_else(bad)?;
+            msgs.push(WasmFunctionMsg {
+                name: name.to_string(),
+                module_digest: digest.as_bytes().to_vec(),
+                export: export.to_string(),
+                module: None,
+            });
+        }
+        let digests = check_functions(&msgs)
+            .map_err(|e| DataFusionError::Configuration(format!("csd.wasm_functions: {e}")))?;
+        Ok(WasmFunctions(
+            msgs.into_iter()
+                .zip(digests)
+                .map(|(m, digest)| ShippedFunction {
+                    name: m.name,
+                    export: m.export,
+                    digest,
+                    bytes: None,
+                })
+                .collect(),
+        ))
+    }
+}
+
+/// `NAME=DIGEST:EXPORT` entries joined by `;`, as [`WasmFunctions::parse`] reads them.
+impl fmt::Display for WasmFunctions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ";" };
+            write!(f, "{sep}{}={}:{}", s.name, s.digest.hex(), s.export)?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigField for WasmFunctions {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _: &str, value: &str) -> Result<()> {
+        *self = WasmFunctions::parse(value)?;
+        Ok(())
+    }
+
+    fn reset(&mut self, _: &str) -> Result<()> {
+        *self = WasmFunctions::default();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::config::ExtensionOptions;
+
+    use super::*;
+
+    const DIGEST: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// What a coordinator writes, a worker reads back whole; what is not an entry
+    /// is refused when set, saying which.
+    #[test]
+    fn wasm_functions_are_checked_once_when_set() {
+        let mut o = CsdOptions::default();
+        let text = format!("f={DIGEST}:plus_one;g={DIGEST}:twice");
+        ExtensionOptions::set(&mut o, "wasm_functions", &text).unwrap();
+        let names: Vec<_> = o
+            .wasm_functions
+            .iter()
+            .map(|f| (f.name.as_str(), f.export.as_str(), f.digest.hex()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("f", "plus_one", DIGEST.to_string()),
+                ("g", "twice", DIGEST.to_string())
+            ]
+        );
+        assert_eq!(o.wasm_functions.to_string(), text);
+        ExtensionOptions::set(&mut o, "wasm_functions", "").unwrap();
+        assert_eq!(o.wasm_functions.iter().count(), 0);
+        for bad in [
+            "f".to_string(),
+            format!("f={DIGEST}"),
+            "f=abc:plus_one".to_string(),
+            format!("f={DIGEST}:plus one"),
+            format!("f={DIGEST}:x;f={DIGEST}:y"),
+        ] {
+            let e = ExtensionOptions::set(&mut o, "wasm_functions", &bad).unwrap_err();
+            assert!(e.to_string().contains("csd.wasm_functions"), "{bad}: {e}");
+        }
     }
 }

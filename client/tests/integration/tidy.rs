@@ -833,3 +833,126 @@ fn the_code_map_check_catches_what_it_should() {
                `tests/` (`it.rs`)\n## Examples\n`docs/examples/x/` (`main.rs`)\n";
     assert_eq!(unnamed_files(dir.path(), map), Vec::<String>::new());
 }
+
+/// The files whose code still returns errors as strings (`Result<_, String>`), with
+/// how many: each may shrink and leave this list; none may grow, and a new one
+/// fails. What is left: clap's value parsers (`client`), the benches' and testbed's
+/// own tools, and the reasons that travel between compute-side workers as text.
+const KNOWN_STRING_ERRORS: &[(&str, usize)] = &[
+    ("benches/src/bin/mixed.rs", 1),
+    ("benches/src/bin/shaped/layout.rs", 1),
+    ("benches/src/bin/shaped/workload.rs", 1),
+    ("benches/src/bin/store-flight.rs", 1),
+    ("benches/src/lib.rs", 1),
+    ("client/src/commands/features.rs", 1),
+    ("client/src/commands/mod.rs", 1),
+    ("client/src/placement.rs", 1),
+    ("csd-runtime/protocol/src/bodies.rs", 1),
+    ("csd-runtime/protocol/src/stats.rs", 1),
+    ("csd-runtime/spdk-sys/src/lib.rs", 1),
+    ("csd-runtime/src/device/spdk.rs", 3),
+    ("query-pushdown/src/compute/distributed/keys.rs", 4),
+    ("query-pushdown/src/compute/key_collector.rs", 4),
+    ("query-pushdown/src/eval/wasm_fn.rs", 1),
+    ("query-pushdown/src/gateway/metadata.rs", 3),
+    ("testbed/src/scenario/policy.rs", 1),
+];
+
+/// How many `Result<…, String>` types `code` (comments and strings blanked) names.
+fn string_errors(code: &str) -> usize {
+    let b = code.as_bytes();
+    let mut n = 0;
+    let mut at = 0;
+    while let Some(p) = code[at..].find("Result<") {
+        let start = at + p;
+        at = start + "Result<".len();
+        if start > 0 && ident(b[start - 1]) {
+            continue;
+        }
+        // The type's arguments, split at its own top-level commas.
+        let (mut depth, mut j, mut last) = (1, at, at);
+        while j < b.len() && depth > 0 {
+            match b[j] {
+                b'<' | b'(' | b'[' => depth += 1,
+                b'>' | b')' | b']' => depth -= 1,
+                b',' if depth == 1 => last = j + 1,
+                _ => {}
+            }
+            j += 1;
+        }
+        if last > at && code[last..j.saturating_sub(1)].trim() == "String" {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The workspace's library, binary and build code (`src/` of every crate), as
+/// workspace-relative paths, with their `Result<_, String>` counts where not 0.
+fn string_error_counts(root: &Path) -> BTreeMap<String, usize> {
+    let mut files = Vec::new();
+    source_files(root, &mut files);
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(root).ok()?.to_string_lossy().into_owned();
+            if !rel.contains("/src/") || rel.contains("/guest/") || rel.contains("fuzz/") {
+                return None;
+            }
+            let n = string_errors(&code_only(&std::fs::read_to_string(&f).ok()?));
+            (n > 0).then_some((rel, n))
+        })
+        .collect()
+}
+
+/// Errors are types: a new `Result<_, String>` in the libraries fails here, naming
+/// the file, and one taken away must be taken off [`KNOWN_STRING_ERRORS`].
+#[test]
+fn string_errors_only_shrink() {
+    let now = string_error_counts(&workspace());
+    let known: BTreeMap<String, usize> = KNOWN_STRING_ERRORS
+        .iter()
+        .map(|(f, n)| (f.to_string(), *n))
+        .collect();
+    let mut problems = Vec::new();
+    for (file, &n) in &now {
+        match known.get(file) {
+            None => problems.push(format!(
+                "{file} returns errors as strings ({n} Result<_, String>): give them a type"
+            )),
+            Some(&k) if n > k => problems.push(format!(
+                "{file} has {n} Result<_, String>, {k} before: give the new ones a type"
+            )),
+            _ => {}
+        }
+    }
+    for (file, &k) in &known {
+        let n = now.get(file).copied().unwrap_or(0);
+        if n < k {
+            problems.push(format!(
+                "{file} has {n} Result<_, String> now, KNOWN_STRING_ERRORS says {k}: shrink the entry"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The counter itself: the error type is the last top-level argument.
+#[test]
+fn the_string_error_count_reads_types() {
+    assert_eq!(string_errors("fn f() -> Result<(), String> {}"), 1);
+    assert_eq!(
+        string_errors("fn f() -> std::result::Result<Vec<(u8, String)>, String> {}"),
+        1
+    );
+    assert_eq!(string_errors("fn f() -> Result<String, Error> {}"), 0);
+    assert_eq!(string_errors("fn f() -> Result<String> {}"), 0);
+    assert_eq!(string_errors("type R = LazyLock<Result<Data, String>>;"), 1);
+    assert_eq!(string_errors("fn f() -> MyResult<(), String> {}"), 0);
+    assert_eq!(
+        string_errors(&code_only(
+            "// Result<(), String>\nconst S: &str = \"Result<(), String>\";"
+        )),
+        0
+    );
+}

@@ -49,7 +49,7 @@ pub mod ticket;
 
 pub use actions::{
     ActionRequest, DeleteRequest, DeleteResponse, GatewayStatsRequest, INVOKE, InvokeAnswer,
-    InvokeRequest, LeaseInfo, LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE,
+    InvokeRequest, LeaseIds, LeaseInfo, LeaseRequest, LeasesRequest, ObjectsRequest, PUT_MODULE,
     PutModuleResponse, RefDescription, RefsRequest, ReleaseLeaseRequest, ReleaseRequest,
     ScrubRequest, StatsRequest, TouchLeaseRequest,
 };

@@ -1,15 +1,48 @@
 //! What a request asks of admission ([`Ask`], with its asker's side, [`Asker`]), what
 //! admission answers ([`Offer`], [`Reject`]), and a request waiting in the queue.
 
+use std::fmt;
 use std::time::Duration;
 
+use csd_protocol::ModuleDigest;
 use csd_protocol::messages::PushBack;
+
+/// What admission learns a request's per-byte cost under.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CostKey {
+    /// Every request of an operator (by its name).
+    Operator(String),
+    /// The requests of an operator that run a shipped module, apart from its
+    /// others: a module costs what its code costs, whatever the operator around it.
+    Module {
+        /// The operator's name.
+        operator: String,
+        /// The module (a SQL fragment's first, when it calls several).
+        module: ModuleDigest,
+    },
+}
+
+/// As node figures show it: `sql`, or `sql:0123abcd` (the module's short digest).
+impl fmt::Display for CostKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CostKey::Operator(name) => f.write_str(name),
+            CostKey::Module { operator, module } => write!(f, "{operator}:{}", module.short()),
+        }
+    }
+}
+
+impl From<&str> for CostKey {
+    fn from(operator: &str) -> Self {
+        CostKey::Operator(operator.to_string())
+    }
+}
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ask {
-    /// Operator name (costs are learned per operator).
-    pub operator: String,
+    /// What its cost is learned under.
+    pub operator: CostKey,
     /// Tenant.
     pub tenant: String,
     /// Bytes it will read after pruning (the operator's estimate).

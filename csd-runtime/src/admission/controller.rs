@@ -31,7 +31,7 @@ pub(super) struct LastOffer {
 #[derive(Debug)]
 struct Running {
     tenant: String,
-    operator: String,
+    operator: CostKey,
     /// Its shape's [`shape_key`], if its operator named a shape.
     shape: Option<u64>,
     bytes: u64,
@@ -448,7 +448,7 @@ impl Controller {
             queue_delay_p50_ms: pct(0.5),
             queue_delay_p99_ms: pct(0.99),
             queue_prediction_scale: self.delay.scale(),
-            costs: self.costs.operators().clone(),
+            costs: self.costs.operators(),
             cost_shapes: self.costs.shapes(),
             tenants: self
                 .tenants

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::ask::Ask;
+use super::ask::{Ask, CostKey};
 use super::config::AdmissionConfig;
 use csd_protocol::stats::CostModel;
 
@@ -15,7 +15,7 @@ use csd_protocol::stats::CostModel;
 pub(super) const MAX_SHAPES: usize = 1024;
 
 /// The key a shape's cost is kept under: its operator's cost key and the shape.
-pub(super) fn shape_key(operator: &str, shape: Option<u64>) -> Option<u64> {
+pub(super) fn shape_key(operator: &CostKey, shape: Option<u64>) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let shape = shape?;
     let mut h = std::hash::DefaultHasher::new();
@@ -41,7 +41,7 @@ pub(super) struct Costs {
     overhead: Duration,
     /// Weight of a new sample.
     rate: f64,
-    operators: BTreeMap<String, CostModel>,
+    operators: BTreeMap<CostKey, CostModel>,
     /// Per [`shape_key`]: its own learned cost.
     shapes: HashMap<u64, ShapeCost>,
     /// Counts estimates and lessons, to find the least recently used shape.
@@ -62,7 +62,7 @@ impl Costs {
     }
 
     /// The learned cost of `operator` per byte read.
-    fn ns_per_byte(&self, operator: &str) -> f64 {
+    fn ns_per_byte(&self, operator: &CostKey) -> f64 {
         self.operators
             .get(operator)
             .map(|c| c.ns_per_byte)
@@ -71,7 +71,7 @@ impl Costs {
 
     /// Whether any request of `operator` has finished here: until one has, its cost
     /// is the configured prior, which says nothing about this node's cores.
-    pub(super) fn learned(&self, operator: &str) -> bool {
+    pub(super) fn learned(&self, operator: &CostKey) -> bool {
         self.operators.get(operator).is_some_and(|c| c.samples > 0)
     }
 
@@ -102,7 +102,7 @@ impl Costs {
     /// `bytes`, estimated at `estimate`, ran to completion in `actual`.
     pub(super) fn learn(
         &mut self,
-        operator: &str,
+        operator: &CostKey,
         shape: Option<u64>,
         bytes: u64,
         estimate: Duration,
@@ -112,11 +112,17 @@ impl Costs {
         self.learn_shape(shape, bytes, actual);
     }
 
-    fn learn_operator(&mut self, operator: &str, bytes: u64, estimate: Duration, actual: Duration) {
+    fn learn_operator(
+        &mut self,
+        operator: &CostKey,
+        bytes: u64,
+        estimate: Duration,
+        actual: Duration,
+    ) {
         let (a, prior, overhead) = (self.rate, self.prior, self.overhead);
         let m = self
             .operators
-            .entry(operator.to_string())
+            .entry(operator.clone())
             .or_insert_with(|| CostModel {
                 ns_per_byte: prior,
                 samples: 0,
@@ -173,9 +179,12 @@ impl Costs {
         );
     }
 
-    /// Learned costs per operator.
-    pub(super) fn operators(&self) -> &BTreeMap<String, CostModel> {
-        &self.operators
+    /// Learned costs per cost key, as node figures show them.
+    pub(super) fn operators(&self) -> BTreeMap<String, CostModel> {
+        self.operators
+            .iter()
+            .map(|(k, c)| (k.to_string(), c.clone()))
+            .collect()
     }
 
     /// Shapes with a cost of their own.

@@ -102,7 +102,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-pub use ask::{Ask, Asker, Kept, Offer, Reject};
+pub use ask::{Ask, Asker, CostKey, Kept, Offer, Reject};
 pub(crate) use config::parse_tenant;
 pub use config::{AdmissionConfig, DEFAULT_TENANT, TenantShare};
 pub(crate) use controller::Controller;

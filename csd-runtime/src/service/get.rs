@@ -57,7 +57,7 @@ impl FlightNode {
                     compression,
                     patient,
                     asker,
-                    lease: lease_header(request.metadata()),
+                    lease: lease_header(request.metadata())?,
                 })
                 .await?
                 .boxed(),

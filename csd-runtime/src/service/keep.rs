@@ -16,7 +16,7 @@ use super::operator::OperatorCall;
 use super::put::{UPLOAD_PATIENCE, upload_memory};
 use crate::auth::Principal;
 use crate::error::{Error, Result};
-use crate::protocol::Ticket;
+use crate::protocol::{LeaseIds, Ticket};
 
 impl FlightNode {
     /// `GetFlightInfo` with a command: runs the operator ticket in it and keeps its
@@ -26,7 +26,7 @@ impl FlightNode {
         who: Principal,
         peer: Option<IpAddr>,
         cmd: &[u8],
-        lease: Option<String>,
+        lease: Option<LeaseIds>,
     ) -> Result<FlightInfo> {
         let (ticket, seal) = Ticket::decode_sealed(cmd)?;
         if let Some(seal) = &seal {

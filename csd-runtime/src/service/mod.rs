@@ -42,8 +42,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{AUTHORIZATION, Credential, Principal};
 use crate::error::{Error, Result};
-use crate::protocol::TENANT_METADATA;
 use crate::protocol::actions::ACTIONS;
+use crate::protocol::{LeaseIds, TENANT_METADATA};
 use crate::state::NodeState;
 
 /// The Flight service.
@@ -90,12 +90,19 @@ fn tenant_of(meta: &MetadataMap) -> Result<String> {
     Ok(t.to_string())
 }
 
-/// The `csd-lease` header of a request (lease ids, comma-separated), if any.
-fn lease_header(m: &MetadataMap) -> Option<String> {
-    m.get(crate::protocol::LEASE_METADATA)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.chars().take(4096).collect::<String>())
-        .filter(|v| !v.trim().is_empty())
+/// The `csd-lease` header of a request (lease ids, comma-separated), if any,
+/// checked once: an id that is not one is `INVALID_ARGUMENT`.
+fn lease_header(m: &MetadataMap) -> Result<Option<LeaseIds>> {
+    let Some(v) = m.get(crate::protocol::LEASE_METADATA) else {
+        return Ok(None);
+    };
+    let v = v.to_str().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{} must be lease ids in ASCII, comma-separated",
+            crate::protocol::LEASE_METADATA
+        ))
+    })?;
+    LeaseIds::parse(v)
 }
 
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
@@ -162,7 +169,7 @@ impl FlightService for FlightNode {
         let who = self.who(&request)?;
         if request.get_ref().r#type == arrow_flight::flight_descriptor::DescriptorType::Cmd as i32 {
             let peer = request.remote_addr().map(|a| a.ip());
-            let lease = lease_header(request.metadata());
+            let lease = lease_header(request.metadata())?;
             let cmd = request.into_inner().cmd;
             return Ok(Response::new(self.keep(who, peer, &cmd, lease).await?));
         }

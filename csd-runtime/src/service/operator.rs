@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use super::FlightNode;
 use super::answer_codec;
 use super::stream::{ENCODER_LIMIT, TaskStream, forward};
-use crate::admission::{Ask, Asker, Kept, Permit, Refusal};
+use crate::admission::{Ask, Asker, CostKey, Kept, Permit, Refusal};
 use crate::auth::{Permission, Principal, RequestSlot};
 use crate::error::{Error, Result, truncated};
 use crate::lease::LeaseRun;
@@ -29,7 +29,7 @@ use crate::link::LinkMeter;
 use crate::operator::{
     CancelOnDrop, Estimate, OperatorContext, OperatorRequest, RequestMetrics, wire_pieces,
 };
-use crate::protocol::{AdmissionReport, AskerFigures, Compression, OperatorReport};
+use crate::protocol::{AdmissionReport, AskerFigures, Compression, LeaseIds, OperatorReport};
 
 /// One operator request as the service received it (a `DoGet` ticket, or the
 /// command of a `GetFlightInfo` that keeps its answer).
@@ -49,7 +49,7 @@ pub(super) struct OperatorCall {
     /// What handing it back would cost the asker, as it measured.
     pub(super) asker: Option<AskerFigures>,
     /// The leases it may run on (`csd-lease`).
-    pub(super) lease: Option<String>,
+    pub(super) lease: Option<LeaseIds>,
 }
 
 /// What a request runs under: admission's permit, or a lease's slot.
@@ -201,7 +201,9 @@ impl FlightNode {
         }
         let request_slot = who.request_slot()?;
         let ask = Ask {
-            operator: request.cost_key().unwrap_or_else(|| call.name.clone()),
+            operator: request
+                .cost_key()
+                .unwrap_or_else(|| CostKey::Operator(call.name.clone())),
             tenant: self.state.admission.bucket(who.name()),
             bytes: estimate.bytes,
             memory: estimate.memory,

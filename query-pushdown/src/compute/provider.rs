@@ -74,7 +74,7 @@ impl CsdTable {
         &self,
         fragment: &LogicalPlan,
         state: &SessionState,
-    ) -> Result<std::result::Result<Encoded, String>> {
+    ) -> Result<std::result::Result<Encoded, Unsendable>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
         let bare = fragment
             .clone()
@@ -223,6 +223,33 @@ impl CsdTable {
     }
 }
 
+/// Why a node would not take a fragment: the compute tier then runs it itself.
+#[derive(Debug)]
+pub enum Unsendable {
+    /// Its Substrait plan is larger than what is sent to a node.
+    TooLarge {
+        /// The plan's bytes.
+        bytes: usize,
+        /// The most sent.
+        max: usize,
+    },
+    /// A node's own check of a fragment refuses it (`wire::fragment::validate`: its
+    /// shape, its limits, a function nodes do not evaluate).
+    Refused(csd_protocol::Error),
+}
+
+impl std::fmt::Display for Unsendable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsendable::TooLarge { bytes, max } => write!(
+                f,
+                "its Substrait plan is {bytes} bytes, over the {max} bytes sent to a node"
+            ),
+            Unsendable::Refused(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// Whether a node would take `plan` (a fragment over `table`): within `max_bytes`
 /// and the node's limits, calling only functions nodes evaluate. Else why not.
 fn sendable(
@@ -230,17 +257,18 @@ fn sendable(
     table: &str,
     max_bytes: usize,
     functions: &[Arc<ShippedFunction>],
-) -> std::result::Result<(), String> {
-    let len = plan.encoded_len();
-    if len > max_bytes {
-        return Err(format!(
-            "its Substrait plan is {len} bytes, over the {max_bytes} bytes sent to a node"
-        ));
+) -> std::result::Result<(), Unsendable> {
+    let bytes = plan.encoded_len();
+    if bytes > max_bytes {
+        return Err(Unsendable::TooLarge {
+            bytes,
+            max: max_bytes,
+        });
     }
     validate(plan, table, &|f| {
         node_evaluates(f) || functions.iter().any(|s| s.name == f)
     })
-    .map_err(|e| e.to_string())
+    .map_err(Unsendable::Refused)
 }
 
 /// A fragment encoded for a node: its Substrait plan and the Wasm SQL functions it

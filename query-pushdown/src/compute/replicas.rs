@@ -10,6 +10,7 @@
 //! stand by for when that node is lost (see `scan/stream.rs` and the byte-range
 //! store's failover in `range_read.rs`).
 
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use csd_protocol::DeletedCopy;
@@ -32,23 +33,76 @@ pub(crate) fn without_deleted(copies: Vec<Endpoint>, deleted: &[DeletedCopy]) ->
         .collect()
 }
 
-/// One partition from its copies (in node order): the copy that serves it, the
-/// others as its replicas; `Err(why)` when the copies are not the same data.
+/// Copies of a partition that are not the same data.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CopiesDiffer {
+    table: String,
+    partition: String,
+    /// The nodes of the first copy and of the one that differs.
+    nodes: (String, String),
+    how: Box<Difference>,
+}
+
+impl fmt::Display for CopiesDiffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "partition {} of table {} is stored on {} and on {}, and the copies differ \
+             ({}): they are not replicas of each other; delete the wrong one (`csd rm`) \
+             or put the partition again",
+            self.partition, self.table, self.nodes.0, self.nodes.1, self.how
+        )
+    }
+}
+
+/// How two copies differ: the first difference found, object by object.
+#[derive(Debug, Clone, PartialEq)]
+enum Difference {
+    Rows(u64, u64),
+    Objects(usize, usize),
+    /// An object's name, rows and bytes in each.
+    Object((String, u64, u64), (String, u64, u64)),
+    /// An object's name and digest in each.
+    Digest((String, u32), (String, u32)),
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Difference::Rows(a, b) => write!(f, "{a} rows against {b}"),
+            Difference::Objects(a, b) => write!(f, "{a} objects against {b}"),
+            Difference::Object((x, xr, xl), (y, yr, yl)) => write!(
+                f,
+                "{x} ({xr} rows, {xl} bytes) against {y} ({yr} rows, {yl} bytes)"
+            ),
+            Difference::Digest((x, dx), (y, dy)) => {
+                write!(f, "{x} has digest {dx:08x}, {y} has {dy:08x}")
+            }
+        }
+    }
+}
+
+/// One partition from its copies (in node order, at least one): the copy that
+/// serves it, the others as its replicas; `Err` when the copies are not the same
+/// data.
 pub(crate) fn merge_copies(
     table: &str,
     mut copies: Vec<Endpoint>,
-) -> std::result::Result<Endpoint, String> {
-    let first = copies.first().ok_or("no copies")?;
+) -> std::result::Result<Option<Endpoint>, CopiesDiffer> {
+    let Some(first) = copies.first() else {
+        return Ok(None);
+    };
     for other in &copies[1..] {
         if let Err(how) = same_data(first, other) {
-            return Err(format!(
-                "partition {} of table {table} is stored on {} and on {}, and the copies \
-                 differ ({how}): they are not replicas of each other; delete the wrong \
-                 one (`csd rm`) or put the partition again",
-                first.partition,
-                first.client.url(),
-                other.client.url()
-            ));
+            return Err(CopiesDiffer {
+                table: table.to_string(),
+                partition: first.partition.clone(),
+                nodes: (
+                    first.client.url().to_string(),
+                    other.client.url().to_string(),
+                ),
+                how: Box::new(how),
+            });
         }
     }
     let mut h = DefaultHasher::new();
@@ -56,35 +110,31 @@ pub(crate) fn merge_copies(
     let serving = (h.finish() % copies.len() as u64) as usize;
     let mut primary = copies.remove(serving);
     primary.replicas = copies;
-    Ok(primary)
+    Ok(Some(primary))
 }
 
 /// How `a` and `b` differ, if they do: object by object, rows, length and digest
 /// (a digest either node does not report is not compared).
-fn same_data(a: &Endpoint, b: &Endpoint) -> std::result::Result<(), String> {
+fn same_data(a: &Endpoint, b: &Endpoint) -> std::result::Result<(), Difference> {
     if a.rows != b.rows {
-        return Err(format!("{} rows against {}", a.rows, b.rows));
+        return Err(Difference::Rows(a.rows, b.rows));
     }
     if a.objects.len() != b.objects.len() {
-        return Err(format!(
-            "{} objects against {}",
-            a.objects.len(),
-            b.objects.len()
-        ));
+        return Err(Difference::Objects(a.objects.len(), b.objects.len()));
     }
     for (x, y) in a.objects.iter().zip(&b.objects) {
         if x.rows != y.rows || x.len != y.len {
-            return Err(format!(
-                "{} ({} rows, {} bytes) against {} ({} rows, {} bytes)",
-                x.name, x.rows, x.len, y.name, y.rows, y.len
+            return Err(Difference::Object(
+                (x.name.clone(), x.rows, x.len),
+                (y.name.clone(), y.rows, y.len),
             ));
         }
         if let (Some(dx), Some(dy)) = (x.digest, y.digest)
             && dx != dy
         {
-            return Err(format!(
-                "{} has digest {dx:08x}, {} has {dy:08x}",
-                x.name, y.name
+            return Err(Difference::Digest(
+                (x.name.clone(), dx),
+                (y.name.clone(), dy),
             ));
         }
     }

@@ -114,31 +114,20 @@ mod here {
         cancel_on_drop(stream, guard.0)
     }
 
-    /// The session's Wasm function `entry` (`NAME=DIGEST:EXPORT`, see
-    /// [`CsdOptions`]), from the module the coordinator sent this worker.
-    pub(crate) async fn worker_function(entry: &str) -> Result<ScalarUDF> {
-        let bad = || {
-            DataFusionError::Plan(format!(
-                "csd.wasm_functions entry {entry:?}: write NAME=DIGEST:EXPORT"
-            ))
-        };
-        let (name, rest) = entry.split_once('=').ok_or_else(bad)?;
-        let (digest, export) = rest.split_once(':').ok_or_else(bad)?;
-        let digest = ModuleDigest::parse(digest.as_bytes()).map_err(|_| bad())?;
+    /// The session's Wasm function `f` (from its [`CsdOptions`]), from the module
+    /// the coordinator sent this worker.
+    ///
+    /// [`CsdOptions`]: crate::CsdOptions
+    pub(crate) async fn worker_function(f: &ShippedFunction) -> Result<ScalarUDF> {
         let sandbox = local_sandbox()?;
-        let module = sandbox.module(&digest, None).await.map_err(|e| {
+        let module = sandbox.module(&f.digest, None).await.map_err(|e| {
             DataFusionError::Plan(format!(
-                "wasm function {name}: this worker does not have module {digest} ({e}); \
-                 register the function on the session again to send it"
+                "wasm function {}: this worker does not have module {} ({e}); \
+                 register the function on the session again to send it",
+                f.name, f.digest
             ))
         })?;
-        let shipped = ShippedFunction {
-            name: name.to_string(),
-            export: export.to_string(),
-            digest,
-            bytes: None,
-        };
-        let udf = WasmScalarUdf::load(sandbox, module, shipped, Arc::new(AtomicBool::new(false)))
+        let udf = WasmScalarUdf::load(sandbox, module, f.clone(), Arc::new(AtomicBool::new(false)))
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ScalarUDF::new_from_impl(udf))
     }
@@ -194,8 +183,8 @@ mod here {
         stream
     }
 
-    pub(crate) async fn worker_function(entry: &str) -> Result<ScalarUDF> {
-        Err(not_built(&format!("the Wasm SQL function {entry:?}")))
+    pub(crate) async fn worker_function(f: &ShippedFunction) -> Result<ScalarUDF> {
+        Err(not_built(&format!("the Wasm SQL function {}", f.name)))
     }
 }
 

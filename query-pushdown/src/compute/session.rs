@@ -28,7 +28,7 @@ use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::compute::replicas;
-use crate::compute::scan::{CsdScanExec, EndpointRun};
+use crate::compute::scan::{CsdScanExec, EndpointRun, ScanCounter};
 use crate::compute::semijoin_down::SemiJoinDown;
 use crate::compute::worker_failure::on_workers;
 use crate::error::to_datafusion;
@@ -245,8 +245,8 @@ impl Cluster {
                     continue;
                 }
                 match replicas::merge_copies(&name, copies) {
-                    Ok(e) => entry.endpoints.push(e),
-                    Err(why) => entry.lost.push(why),
+                    Ok(e) => entry.endpoints.extend(e),
+                    Err(differ) => entry.lost.push(differ.to_string()),
                 }
             }
             // Node order, as listed before copies were merged.
@@ -498,7 +498,8 @@ impl CsdSession {
                 );
                 plan
             };
-            let bytes = metric_sum(&plan, "bytes_received") + metric_sum(&plan, "range_bytes");
+            let bytes = metric_sum(&plan, ScanCounter::BytesReceived)
+                + metric_sum(&plan, ScanCounter::RangeBytes);
             (plan, bytes, complete)
         } else {
             let bytes = node_runs.iter().map(|r| r.bytes_received).sum::<u64>()
@@ -549,19 +550,20 @@ impl CsdSession {
 /// complete (they are in this process by then, unless a task never ran).
 const WORKER_METRICS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The sum of the counter `name` over the scans of `plan`.
-fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> u64 {
-    let own = if plan.name() == "CsdScanExec" || plan.name() == "DistributedLeafExec" {
-        plan.metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .map_or(0, |v| v.as_usize() as u64)
-    } else {
-        0
-    };
+/// The sum of `counter` over the scans of `plan` (here, or on workers).
+fn metric_sum(plan: &Arc<dyn ExecutionPlan>, counter: ScanCounter) -> u64 {
+    let own =
+        if plan.downcast_ref::<CsdScanExec>().is_some() || plan.name() == "DistributedLeafExec" {
+            plan.metrics()
+                .and_then(|m| m.sum_by_name(counter.name()))
+                .map_or(0, |v| v.as_usize() as u64)
+        } else {
+            0
+        };
     own + plan
         .children()
         .into_iter()
-        .map(|c| metric_sum(c, name))
+        .map(|c| metric_sum(c, counter))
         .sum::<u64>()
 }
 

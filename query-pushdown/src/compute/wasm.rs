@@ -183,7 +183,7 @@ impl CsdSession {
             ..shipped.to_msg()
         };
         crate::wire::shipped::check_functions(std::slice::from_ref(&check)).map_err(external)?;
-        let digest = compiled.digest;
+        let listed = shipped.clone();
         let udf = WasmScalarUdf::load(
             sandbox,
             compiled,
@@ -216,12 +216,7 @@ impl CsdSession {
                 .extensions
                 .get_mut::<CsdOptions>()
                 .ok_or_else(|| DataFusionError::Internal("a session without csd options".into()))?;
-            let entry = format!("{name}={}:{export}", digest.hex());
-            options.wasm_functions = if options.wasm_functions.is_empty() {
-                entry
-            } else {
-                format!("{};{entry}", options.wasm_functions)
-            };
+            options.wasm_functions.push(&listed);
         }
         self.ctx.register_udf(ScalarUDF::new_from_impl(udf));
         Ok(())
@@ -242,7 +237,7 @@ impl CsdSession {
         let digest = digest_of(&job.module);
         let runs: Vec<_> = if job.rows {
             let plan = self.wasm_input(job).await?;
-            let scan = only_scan(&plan).map_err(DataFusionError::Plan)?;
+            let scan = only_scan(&plan).map_err(|left| DataFusionError::Plan(left.0))?;
             let task = self.ctx.task_ctx();
             scan.table()
                 .endpoints()

@@ -10,7 +10,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use csd_protocol::{Error, ModuleDigest, PushBack, PushBackCause, Result};
 use csd_runtime::attachments::Attachments;
-use csd_runtime::operator::{Estimate, OperatorContext, OperatorRequest, OperatorStream};
+use csd_runtime::operator::{CostKey, Estimate, OperatorContext, OperatorRequest, OperatorStream};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::parquet::arrow::ProjectionMask;
@@ -85,10 +85,11 @@ impl OperatorRequest for SqlRequest {
 
     /// Fragments with Wasm SQL functions learn their cost apart, by their first
     /// module.
-    fn cost_key(&self) -> Option<String> {
-        self.digests
-            .first()
-            .map(|first| format!("sql+wasm:{}", first.short()))
+    fn cost_key(&self) -> Option<CostKey> {
+        self.digests.first().map(|first| CostKey::Module {
+            operator: crate::wire::fragment::OPERATOR_NAME.to_string(),
+            module: *first,
+        })
     }
 
     /// Bytes: the compressed column chunks of the columns the fragment reads, in

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use csd_protocol::{ModuleDigest, Result};
-use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorRequest, OperatorStream};
+use csd_runtime::operator::{
+    CostKey, Estimate, Operator, OperatorContext, OperatorRequest, OperatorStream,
+};
 use csd_runtime::sandbox::{GuestKind, GuestReader, NodeObjectReader};
 use futures::StreamExt;
 
@@ -72,8 +74,11 @@ impl OperatorRequest for WasmCall {
         true
     }
 
-    fn cost_key(&self) -> Option<String> {
-        Some(format!("wasm:{}", self.digest.short()))
+    fn cost_key(&self) -> Option<CostKey> {
+        Some(CostKey::Module {
+            operator: OPERATOR_NAME.to_string(),
+            module: self.digest,
+        })
     }
 
     /// The input scan's estimate, plus the memory an instance may grow to.

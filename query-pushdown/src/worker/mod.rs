@@ -68,7 +68,7 @@ impl WorkerSessionBuilder for WorkerSessions {
         *b.config() = Some(config);
         let mut state = b.build();
         state.register_udaf(median_weighted_udaf())?;
-        for f in functions.split(';').filter(|f| !f.is_empty()) {
+        for f in functions.iter() {
             state.register_udf(Arc::new(worker_function(f).await?))?;
         }
         Ok(state)

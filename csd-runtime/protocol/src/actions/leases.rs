@@ -1,9 +1,68 @@
 //! The actions on leased slots: `lease`, `release_lease`, `touch_lease`, `leases`,
 //! and `invoke` (a shipped function called on a lease).
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use super::request::ActionRequest;
+use crate::error::{Error, Result};
+
+/// The leases an operator request may run on (the `csd-lease` header: ids
+/// comma-separated), the first one held here taking it; parsed once where the
+/// request comes in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseIds(Vec<String>);
+
+impl LeaseIds {
+    /// Most ids one request may name.
+    pub const MAX: usize = 64;
+
+    /// Checks `ids` (each as [`crate::refs::new_group`] makes them; blanks
+    /// skipped); `None` when none is left.
+    pub fn new<S: AsRef<str>>(ids: impl IntoIterator<Item = S>) -> Result<Option<Self>> {
+        let mut out = Vec::new();
+        for id in ids {
+            let id = id.as_ref().trim();
+            if id.is_empty() {
+                continue;
+            }
+            crate::refs::check_group(id).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "{}: {:?} is not a lease id (32 lowercase hex digits)",
+                    crate::LEASE_METADATA,
+                    crate::text::truncated(id)
+                ))
+            })?;
+            if out.len() == Self::MAX {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: more than {} lease ids",
+                    crate::LEASE_METADATA,
+                    Self::MAX
+                )));
+            }
+            out.push(id.to_string());
+        }
+        Ok((!out.is_empty()).then_some(LeaseIds(out)))
+    }
+
+    /// The header's value, as [`LeaseIds::new`] checks it.
+    pub fn parse(header: &str) -> Result<Option<Self>> {
+        Self::new(header.split(','))
+    }
+
+    /// The ids, in the order given.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
+/// The header's value: the ids comma-separated.
+impl fmt::Display for LeaseIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
 
 /// `lease`: CPU slots for a while, to invoke shipped functions on without queueing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -26,8 +26,8 @@ mod refs;
 mod request;
 
 pub use leases::{
-    InvokeAnswer, InvokeRequest, LeaseInfo, LeaseRequest, LeasesRequest, ReleaseLeaseRequest,
-    Start, TouchLeaseRequest,
+    InvokeAnswer, InvokeRequest, LeaseIds, LeaseInfo, LeaseRequest, LeasesRequest,
+    ReleaseLeaseRequest, Start, TouchLeaseRequest,
 };
 pub use refs::{GrantRequest, RefDescription, RefsRequest, ReleaseRequest};
 pub use request::ActionRequest;

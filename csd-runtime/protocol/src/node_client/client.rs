@@ -131,12 +131,15 @@ impl NodeClient {
         let raw = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let lease = match credentials.leases.join(",") {
-            l if l.is_empty() => None,
-            l => Some(l.parse().map_err(|_| {
-                Error::InvalidInput(format!("lease ids {l:?} are not printable ASCII"))
-            })?),
-        };
+        let lease = crate::LeaseIds::new(&credentials.leases)
+            .map_err(|e| Error::InvalidInput(e.to_string()))?
+            .map(|ids| {
+                // Checked ids are hex digits and commas: a valid header value.
+                ids.to_string().parse().map_err(|_| {
+                    Error::InvalidInput(format!("lease ids {ids} are not printable ASCII"))
+                })
+            })
+            .transpose()?;
         Ok(NodeClient {
             url: url.to_string(),
             raw,

@@ -3,6 +3,36 @@
 
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
+/// A scan's counters by name, the one place their names are written: what
+/// `EXPLAIN ANALYZE` shows and what a query's totals are summed from (on workers
+/// too, where only the names travel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScanCounter {
+    /// Bytes received from the node.
+    BytesReceived,
+    /// Bytes read here by byte range.
+    RangeBytes,
+    /// Bytes the node read from its device.
+    NodeBytesRead,
+    /// Rows the node's Parquet scans decoded.
+    NodeRowsScanned,
+    /// Fragments handed back.
+    PushedBack,
+}
+
+impl ScanCounter {
+    /// Its name among DataFusion's metrics.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            ScanCounter::BytesReceived => "bytes_received",
+            ScanCounter::RangeBytes => "range_bytes",
+            ScanCounter::NodeBytesRead => "node_bytes_read",
+            ScanCounter::NodeRowsScanned => "node_rows_scanned",
+            ScanCounter::PushedBack => "pushed_back",
+        }
+    }
+}
+
 /// Counters of one scan partition (one endpoint).
 #[derive(Debug, Clone)]
 pub(crate) struct ScanMetrics {
@@ -24,14 +54,14 @@ pub(crate) struct ScanMetrics {
 impl ScanMetrics {
     /// The counters of `partition` in `metrics`.
     pub(super) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
-        let b = || MetricBuilder::new(metrics);
+        let counter = |c: ScanCounter| MetricBuilder::new(metrics).counter(c.name(), partition);
         ScanMetrics {
-            output_rows: b().output_rows(partition),
-            bytes_received: b().counter("bytes_received", partition),
-            range_bytes: b().counter("range_bytes", partition),
-            node_bytes_read: b().counter("node_bytes_read", partition),
-            node_rows_scanned: b().counter("node_rows_scanned", partition),
-            pushed_back: b().counter("pushed_back", partition),
+            output_rows: MetricBuilder::new(metrics).output_rows(partition),
+            bytes_received: counter(ScanCounter::BytesReceived),
+            range_bytes: counter(ScanCounter::RangeBytes),
+            node_bytes_read: counter(ScanCounter::NodeBytesRead),
+            node_rows_scanned: counter(ScanCounter::NodeRowsScanned),
+            pushed_back: counter(ScanCounter::PushedBack),
         }
     }
 }

@@ -36,6 +36,7 @@ use crate::compute::key_collector::KeyCollector;
 use crate::options::CsdOptions;
 use crate::wire::fragment::{Mode, SqlFragment};
 use crate::wire::shipped::ShippedFunction;
+pub(crate) use metrics::ScanCounter;
 use metrics::ScanMetrics;
 use opener::EndpointOpener;
 pub use run::EndpointRun;
@@ -482,10 +483,11 @@ impl ExecutionPlan for CsdScanExec {
     }
 }
 
-/// The one scan under `plan`, if the plan is nothing but that scan (and renaming).
+/// The one scan under `plan`, if the plan is nothing but that scan (and renaming);
+/// else the first operator that runs at the compute tier.
 pub(crate) fn only_scan(
     plan: &Arc<dyn ExecutionPlan>,
-) -> std::result::Result<&CsdScanExec, String> {
+) -> std::result::Result<&CsdScanExec, StaysHere> {
     if let Some(scan) = plan.downcast_ref::<CsdScanExec>() {
         return Ok(scan);
     }
@@ -494,6 +496,17 @@ pub(crate) fn only_scan(
             "ProjectionExec" | "CoalesceBatchesExec" | "CooperativeExec" | "RepartitionExec",
             [child],
         ) => only_scan(child),
-        (name, _) => Err(name.to_string()),
+        (name, _) => Err(StaysHere(name.to_string())),
+    }
+}
+
+/// An operator of a plan that runs at the compute tier (by its name, as `EXPLAIN`
+/// shows it), where a plan pushed whole to the nodes was wanted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StaysHere(pub(crate) String);
+
+impl fmt::Display for StaysHere {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
