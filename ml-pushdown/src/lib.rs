@@ -32,7 +32,7 @@ pub mod weights;
 pub use compute::{job, planner, stream, train};
 pub use model::{Arch, StagedModel};
 #[cfg(feature = "node")]
-pub use node::MlOperator;
+pub use node::{MlNodeOptions, MlOperator};
 pub use request::FeatureRequest;
 
 /// Errors of the ML path.
@@ -96,6 +96,16 @@ impl From<Error> for csd_protocol::Error {
 #[cfg(feature = "node")]
 pub fn registry() -> csd_runtime::operator::OperatorRegistry {
     csd_runtime::operator::OperatorRegistry::new().with(std::sync::Arc::new(MlOperator::new()))
+}
+
+/// [`registry`], with the `ml` operator's settings from `config` (`[operators.ml]`,
+/// `--set ml.KEY=VALUE`; see [`MlNodeOptions`]).
+#[cfg(feature = "node")]
+pub fn registry_with(
+    config: &csd_runtime::config::NodeConfig,
+) -> csd_runtime::Result<csd_runtime::operator::OperatorRegistry> {
+    Ok(csd_runtime::operator::OperatorRegistry::new()
+        .with(std::sync::Arc::new(MlOperator::from_config(config)?)))
 }
 
 /// A rayon pool of `threads` threads named `{name}-{i}`, each pinned to `cores` when

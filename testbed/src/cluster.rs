@@ -224,12 +224,15 @@ impl Cluster {
                 tls_key: file("node.key"),
                 ..s.nodes.settings.clone()
             };
+            let settings = |source| Error::Cluster {
+                context: format!("the settings of node {i}"),
+                source,
+            };
             let operators = csd_query_pushdown::registry_with(&config)
-                .map_err(|source| Error::Cluster {
-                    context: format!("the settings of node {i}"),
-                    source,
-                })?
-                .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+                .map_err(settings)?
+                .with(Arc::new(
+                    csd_ml_pushdown::MlOperator::from_config(&config).map_err(settings)?,
+                ));
             let n = node::start_with(&config, operators)
                 .await
                 .map_err(|source| Error::Cluster {

@@ -21,7 +21,7 @@ pub(crate) struct ServeArgs {
 pub(crate) async fn run(args: ServeArgs, matches: &clap::ArgMatches) -> Result<()> {
     let config = NodeConfig::load(matches, args.config.as_ref())?;
     let operators = csd_query_pushdown::registry_with(&config)?
-        .with(Arc::new(csd_ml_pushdown::MlOperator::new()));
+        .with(Arc::new(csd_ml_pushdown::MlOperator::from_config(&config)?));
     let node = node::start_with(&config, operators).await?;
     announce(format_args!(
         "csd storage node listening on {} (device {})",

@@ -10,7 +10,10 @@
 //! weights (twice: the file and the tensors while loading) plus a decode reserve per
 //! worker, and `per_sample` the largest activation footprint of the prefix plus the
 //! input and output tensors. The estimate hands admission control exactly that figure,
-//! so a request whose single sample cannot fit is pushed back, never run.
+//! so a request whose single sample cannot fit is pushed back, never run. The estimate
+//! reads and loads nothing: an ONNX model's stages are known only once it is loaded,
+//! so until then its estimate is the ceiling, half the budget; it is loaded once
+//! admitted, and one whose batch of one needs more is handed back then.
 //!
 //! **CPU.** Decoding and layers run on a rayon pool with as many threads as the node
 //! has CPUs (`--cpus`), so candle's matrix products never use cores outside the budget;
@@ -45,7 +48,22 @@ use crate::{Error, Result};
 /// Memory held back per worker for decoding one image (see
 /// [`preprocess::MAX_IMAGE_ALLOC`]).
 pub(crate) const DECODE_RESERVE: u64 = 32 << 20;
-const CACHED_MODELS: usize = 4;
+
+/// The `ml` operator's settings at a node: `[operators.ml]` in its settings file,
+/// or `csd serve --set ml.KEY=VALUE`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MlNodeOptions {
+    /// Loaded models kept (each holds its weights, and an ONNX model an
+    /// onnxruntime session); the least recently used goes.
+    pub cached_models: usize,
+}
+
+impl Default for MlNodeOptions {
+    fn default() -> Self {
+        MlNodeOptions { cached_models: 4 }
+    }
+}
 
 /// The node batch size and the memory it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +115,7 @@ pub(crate) fn batch_plan(
 /// The `ml` operator.
 #[derive(Default)]
 pub struct MlOperator {
+    options: MlNodeOptions,
     models: Mutex<VecDeque<(String, Arc<dyn StagedModel>)>>,
     loading: tokio::sync::Mutex<()>,
     pool: OnceLock<Arc<rayon::ThreadPool>>,
@@ -131,6 +150,11 @@ impl Drop for MemoryGuard {
     }
 }
 
+/// What a loaded model is kept under.
+fn model_key(arch: Arch, weights: &str, pixels: Option<PixelNorm>) -> String {
+    format!("{arch}/{weights}/{pixels:?}")
+}
+
 /// The weights' length, from their content-addressed table name.
 fn weights_len(table: &str) -> Result<u64> {
     table
@@ -141,9 +165,23 @@ fn weights_len(table: &str) -> Result<u64> {
 }
 
 impl MlOperator {
-    /// A new operator (models load on first use).
+    /// A new operator with default settings (models load on first use).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The operator with `options`.
+    pub fn with_options(options: MlNodeOptions) -> Self {
+        MlOperator {
+            options,
+            ..Self::default()
+        }
+    }
+
+    /// The operator with a node's settings (`[operators.ml]`, `--set ml.KEY=VALUE`);
+    /// a bad or unknown key is an error naming it.
+    pub fn from_config(config: &csd_runtime::config::NodeConfig) -> csd_runtime::Result<Self> {
+        Ok(Self::with_options(config.operator_options(OPERATOR_NAME)?))
     }
 
     fn pool(&self, threads: usize, cores: Option<&[usize]>) -> Result<Arc<rayon::ThreadPool>> {
@@ -154,6 +192,20 @@ impl MlOperator {
         Ok(self.pool.get_or_init(|| Arc::new(p)).clone())
     }
 
+    /// The model, if it is loaded here already.
+    fn loaded(
+        &self,
+        arch: Arch,
+        weights: &str,
+        pixels: Option<PixelNorm>,
+    ) -> Option<Arc<dyn StagedModel>> {
+        let key = model_key(arch, weights, pixels);
+        self.models
+            .lock()
+            .ok()
+            .and_then(|m| m.iter().find(|(k, _)| *k == key).map(|(_, m)| m.clone()))
+    }
+
     async fn model(
         &self,
         ctx: &OperatorContext,
@@ -161,20 +213,14 @@ impl MlOperator {
         weights: &str,
         pixels: Option<PixelNorm>,
     ) -> Result<Arc<dyn StagedModel>> {
-        let key = format!("{arch}/{weights}/{pixels:?}");
-        let cached = |models: &Mutex<VecDeque<(String, Arc<dyn StagedModel>)>>| {
-            models
-                .lock()
-                .ok()
-                .and_then(|m| m.iter().find(|(k, _)| *k == key).map(|(_, m)| m.clone()))
-        };
-        if let Some(m) = cached(&self.models) {
+        if let Some(m) = self.loaded(arch, weights, pixels) {
             return Ok(m);
         }
         let _one_at_a_time = self.loading.lock().await;
-        if let Some(m) = cached(&self.models) {
+        if let Some(m) = self.loaded(arch, weights, pixels) {
             return Ok(m);
         }
+        let key = model_key(arch, weights, pixels);
         let started = std::time::Instant::now();
         let table = ctx.node.tables.table(weights).map_err(|e| match e {
             csd_protocol::Error::NotFound(_) => Error::InvalidArgument(format!(
@@ -201,7 +247,7 @@ impl MlOperator {
         );
         if let Ok(mut m) = self.models.lock() {
             m.push_front((key, model.clone()));
-            m.truncate(CACHED_MODELS);
+            m.truncate(self.options.cached_models.max(1));
         }
         Ok(model)
     }
@@ -287,14 +333,57 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// The request with its partition's objects and its batch plan. An ONNX model's
-    /// stages are known once its file is read: it is loaded (and kept) first.
-    async fn at(&self, ctx: &OperatorContext) -> Result<MlCall> {
+    /// The partition's objects at this node (from the catalog).
+    fn objects(&self, ctx: &OperatorContext) -> Result<Vec<ParquetObject>> {
         let r = &self.request;
         let t = ctx.node.tables.table(&r.dataset)?;
         dataset::check_schema(&r.dataset, &t.schema)?;
-        let objects = t.objects_of(&[r.partition.as_str()])?;
-        let (stages, input) = match r.model {
+        Ok(t.objects_of(&[r.partition.as_str()])?)
+    }
+
+    /// The batch plan for `stages` and `input`.
+    fn plan(
+        &self,
+        ctx: &OperatorContext,
+        stages: &[StageInfo],
+        input: &[usize],
+    ) -> Result<BatchPlan> {
+        let r = &self.request;
+        Ok(batch_plan(
+            stages,
+            input,
+            if r.mode == Mode::Profile {
+                stages.len()
+            } else {
+                r.split
+            },
+            weights_len(&r.weights)?,
+            ctx.node.pool.threads(),
+            ctx.node.memory_budget,
+            r.max_batch.unwrap_or(DEFAULT_NODE_BATCH),
+        ))
+    }
+
+    /// The batch plan, when it is known without loading anything: a built-in
+    /// architecture's stages are fixed; an ONNX model's are known once it is loaded.
+    fn known_plan(&self, ctx: &OperatorContext) -> Result<Option<BatchPlan>> {
+        let r = &self.request;
+        match r.model {
+            Arch::Onnx => match self.op.loaded(r.model, &r.weights, r.pixels) {
+                Some(m) => Ok(Some(self.plan(ctx, m.stages(), &m.input_shape())?)),
+                None => Ok(None),
+            },
+            a => Ok(Some(self.plan(ctx, &a.stages(), &a.input().shape())?)),
+        }
+    }
+
+    /// The request with its partition's objects and its batch plan. An ONNX model's
+    /// stages are known once its file is read: it is loaded (and kept) first — here,
+    /// after admission, never in the estimate.
+    async fn at(&self, ctx: &OperatorContext) -> Result<MlCall> {
+        let r = &self.request;
+        let objects = self.objects(ctx)?;
+        let plan = match r.model {
             Arch::Onnx => {
                 let m = self.op.model(ctx, r.model, &r.weights, r.pixels).await?;
                 let n = m.stages().len();
@@ -305,23 +394,10 @@ impl Parsed {
                         r.split
                     )));
                 }
-                (m.stages().to_vec(), m.input_shape())
+                self.plan(ctx, m.stages(), &m.input_shape())?
             }
-            a => (a.stages(), a.input().shape()),
+            a => self.plan(ctx, &a.stages(), &a.input().shape())?,
         };
-        let plan = batch_plan(
-            &stages,
-            &input,
-            if r.mode == Mode::Profile {
-                stages.len()
-            } else {
-                r.split
-            },
-            weights_len(&r.weights)?,
-            ctx.node.pool.threads(),
-            ctx.node.memory_budget,
-            r.max_batch.unwrap_or(DEFAULT_NODE_BATCH),
-        );
         Ok(MlCall {
             op: self.op.clone(),
             request: r.clone(),
@@ -331,19 +407,27 @@ impl Parsed {
     }
 }
 
+/// What an estimate reserves for a request whose plan is not known yet (an ONNX
+/// model not loaded here): the most a plan that fits takes, half the node's budget.
+fn plan_ceiling(ctx: &OperatorContext) -> u64 {
+    ctx.node.memory_budget / 2
+}
+
 #[async_trait]
 impl OperatorRequest for Parsed {
     fn tables(&self) -> Vec<String> {
         vec![self.request.dataset.clone(), self.request.weights.clone()]
     }
 
+    /// From the catalog and what is loaded here: nothing is read or loaded (an ONNX
+    /// model not loaded yet reserves [`plan_ceiling`], and is loaded once admitted).
     async fn estimate(&self, ctx: &OperatorContext) -> csd_runtime::Result<Estimate> {
-        let MlCall {
-            request: r,
-            objects,
-            plan,
-            ..
-        } = self.at(ctx).await?;
+        let r = &self.request;
+        let objects = self.objects(ctx)?;
+        let memory = match self.known_plan(ctx)? {
+            Some(plan) => plan.memory,
+            None => plan_ceiling(ctx),
+        };
         let rows: u64 = objects.iter().map(|o| o.rows()).sum();
         let bytes: u64 = objects.iter().map(|o| o.object.len).sum();
         let bytes = match (r.mode, r.limit) {
@@ -353,13 +437,29 @@ impl OperatorRequest for Parsed {
         };
         Ok(Estimate {
             bytes,
-            memory: plan.memory,
+            memory,
             shape: None,
         })
     }
 
     async fn open(self: Box<Self>, ctx: OperatorContext) -> csd_runtime::Result<OperatorStream> {
+        let known = self.known_plan(&ctx)?.is_some();
         let call = self.at(&ctx).await?;
+        if !known && call.plan.memory > plan_ceiling(&ctx) {
+            // Admitted on the ceiling; its batch of one needs more: the compute tier
+            // runs it, as admission would have decided had the plan been known.
+            return Err(csd_protocol::Error::PushedBack(csd_protocol::PushBack {
+                reason: format!(
+                    "the model's batch of one needs {}, more than half this node's memory budget ({})",
+                    csd_protocol::ByteSize(call.plan.memory),
+                    csd_protocol::ByteSize(ctx.node.memory_budget)
+                ),
+                predicted_delay_ms: 0.0,
+                estimate_ms: 0.0,
+                bytes: 0,
+                cause: csd_protocol::PushBackCause::Admission,
+            }));
+        }
         Ok(call.open(ctx).await?)
     }
 }
@@ -480,5 +580,31 @@ impl MlCall {
             .map_err(csd_runtime::Error::from)
             .boxed();
         Ok(OperatorStream { schema, batches })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The operator is built from the node's settings; a misspelt key is an error
+    /// naming it.
+    #[test]
+    fn ml_options_come_from_the_node_settings() {
+        let mut c = csd_runtime::config::NodeConfig::default();
+        assert_eq!(
+            MlOperator::from_config(&c).unwrap().options.cached_models,
+            4
+        );
+        c.set = vec!["ml.cached_models=2".into()];
+        assert_eq!(
+            MlOperator::from_config(&c).unwrap().options.cached_models,
+            2
+        );
+        c.set = vec!["ml.cached_model=2".into()];
+        let e = MlOperator::from_config(&c).err().unwrap();
+        assert!(e.to_string().contains("cached_model"), "{e}");
     }
 }
