@@ -382,3 +382,25 @@ impl Admission {
         }
     }
 }
+
+impl permit::Release for Admission {
+    fn abandon(&self, id: u64) {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        let now = self.now();
+        let started = self.ctl().abandon(id, now);
+        self.wake(started);
+    }
+
+    fn finish(&self, id: u64, busy: Duration, completed: bool) {
+        let now = self.now();
+        let started = self.ctl().finish(id, now, busy, completed);
+        self.wake(started);
+    }
+
+    fn read_done(&self, busy: Duration) {
+        self.io_release(busy);
+    }
+}

@@ -1,16 +1,31 @@
 //! What a request holds while it waits or runs: a queue place (given up if its
 //! asker goes away), a slot ([`Permit`]: released, and its time learned, when
 //! dropped), or a raw read's slot ([`ReadPermit`]).
+//!
+//! Each gives back to the admission that handed it out through [`Release`], which
+//! the admission implements: the permits sit above the controller and know the
+//! admission by that trait only.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::Admission;
 use super::ask::Kept;
+
+/// What a permit gives back to when dropped.
+pub(super) trait Release: Send + Sync + fmt::Debug {
+    /// Queued request `id`'s asker went away: it leaves the queue.
+    fn abandon(&self, id: u64);
+    /// Request `id` ended after `busy` (`completed`: run to completion, so that its
+    /// time teaches the cost model).
+    fn finish(&self, id: u64, busy: Duration, completed: bool);
+    /// A raw read ended after `busy`.
+    fn read_done(&self, busy: Duration);
+}
 
 /// Removes a queued request whose future was dropped (client gone).
 pub(super) struct QueueGuard {
-    pub(super) adm: Arc<Admission>,
+    pub(super) adm: Arc<dyn Release>,
     pub(super) id: u64,
     pub(super) armed: bool,
 }
@@ -18,14 +33,7 @@ pub(super) struct QueueGuard {
 impl Drop for QueueGuard {
     fn drop(&mut self) {
         if self.armed {
-            self.adm
-                .waiters
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.id);
-            let now = self.adm.now();
-            let started = self.adm.ctl().abandon(self.id, now);
-            self.adm.wake(started);
+            self.adm.abandon(self.id);
         }
     }
 }
@@ -33,7 +41,7 @@ impl Drop for QueueGuard {
 /// A running request's slot; released (and its time learned) when dropped.
 #[derive(Debug)]
 pub struct Permit {
-    pub(super) adm: Arc<Admission>,
+    pub(super) adm: Arc<dyn Release>,
     pub(super) id: u64,
     pub(super) started: Instant,
     /// The estimated run time.
@@ -56,22 +64,20 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let busy = self.started.elapsed();
-        let now = self.adm.now();
-        let started = self.adm.ctl().finish(self.id, now, busy, self.completed);
-        self.adm.wake(started);
+        self.adm
+            .finish(self.id, self.started.elapsed(), self.completed);
     }
 }
 
 /// A raw read's slot.
 #[derive(Debug)]
 pub struct ReadPermit {
-    pub(super) adm: Arc<Admission>,
+    pub(super) adm: Arc<dyn Release>,
     pub(super) started: Instant,
 }
 
 impl Drop for ReadPermit {
     fn drop(&mut self) {
-        self.adm.io_release(self.started.elapsed());
+        self.adm.read_done(self.started.elapsed());
     }
 }
