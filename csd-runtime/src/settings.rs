@@ -29,7 +29,7 @@ pub struct NodeSettings {
     pub listen: SocketAddr,
     /// The URL advertised to clients, when not the bound address's.
     pub advertise: Option<String>,
-    /// CPU workers for operator work, and the cores they are pinned to.
+    /// CPU workers for operator work.
     pub cpus: usize,
     /// The cores of `--cpu-set`, if given.
     pub cores: Option<Vec<usize>>,

@@ -79,11 +79,8 @@ pub(crate) struct WasmFunctions(Vec<ShippedFunction>);
 
 impl WasmFunctions {
     /// Adds `f` (its bytes are not kept: the workers have the module).
-    pub(crate) fn push(&mut self, f: &ShippedFunction) {
-        self.0.push(ShippedFunction {
-            bytes: None,
-            ..f.clone()
-        });
+    pub(crate) fn push(&mut self, f: ShippedFunction) {
+        self.0.push(ShippedFunction { bytes: None, ..f });
     }
 
     /// The functions, in the order registered.

@@ -341,17 +341,17 @@ impl Parsed {
         Ok(t.objects_of(&[r.partition.as_str()])?)
     }
 
-    /// The batch plan for `stages` and `input`.
-    fn plan(
-        &self,
-        ctx: &OperatorContext,
-        stages: &[StageInfo],
-        input: &[usize],
-    ) -> Result<BatchPlan> {
+    /// The batch plan: with the stages of `onnx` (the request's ONNX model, loaded),
+    /// else of the request's built-in architecture.
+    fn plan(&self, ctx: &OperatorContext, onnx: Option<&dyn StagedModel>) -> Result<BatchPlan> {
         let r = &self.request;
+        let (stages, input) = match onnx {
+            Some(m) => (m.stages().to_vec(), m.input_shape()),
+            None => (r.model.stages(), r.model.input().shape()),
+        };
         Ok(batch_plan(
-            stages,
-            input,
+            &stages,
+            &input,
             if r.mode == Mode::Profile {
                 stages.len()
             } else {
@@ -368,13 +368,19 @@ impl Parsed {
     /// architecture's stages are fixed; an ONNX model's are known once it is loaded.
     fn known_plan(&self, ctx: &OperatorContext) -> Result<Option<BatchPlan>> {
         let r = &self.request;
-        match r.model {
-            Arch::Onnx => match self.op.loaded(r.model, &r.weights, r.pixels) {
-                Some(m) => Ok(Some(self.plan(ctx, m.stages(), &m.input_shape())?)),
-                None => Ok(None),
-            },
-            a => Ok(Some(self.plan(ctx, &a.stages(), &a.input().shape())?)),
+        if r.model != Arch::Onnx {
+            return self.plan(ctx, None).map(Some);
         }
+        self.op
+            .loaded(r.model, &r.weights, r.pixels)
+            .map(|m| self.plan(ctx, Some(m.as_ref())))
+            .transpose()
+    }
+
+    /// Whether [`Self::known_plan`] knows the plan (without working it out).
+    fn plan_known(&self) -> bool {
+        let r = &self.request;
+        r.model != Arch::Onnx || self.op.loaded(r.model, &r.weights, r.pixels).is_some()
     }
 
     /// The request with its partition's objects and its batch plan. An ONNX model's
@@ -394,9 +400,9 @@ impl Parsed {
                         r.split
                     )));
                 }
-                self.plan(ctx, m.stages(), &m.input_shape())?
+                self.plan(ctx, Some(m.as_ref()))?
             }
-            a => self.plan(ctx, &a.stages(), &a.input().shape())?,
+            _ => self.plan(ctx, None)?,
         };
         Ok(MlCall {
             op: self.op.clone(),
@@ -443,7 +449,7 @@ impl OperatorRequest for Parsed {
     }
 
     async fn open(self: Box<Self>, ctx: OperatorContext) -> csd_runtime::Result<OperatorStream> {
-        let known = self.known_plan(&ctx)?.is_some();
+        let known = self.plan_known();
         let call = self.at(&ctx).await?;
         if !known && call.plan.memory > plan_ceiling(&ctx) {
             // Admitted on the ceiling; its batch of one needs more: the compute tier

@@ -216,7 +216,7 @@ impl CsdSession {
                 .extensions
                 .get_mut::<CsdOptions>()
                 .ok_or_else(|| DataFusionError::Internal("a session without csd options".into()))?;
-            options.wasm_functions.push(&listed);
+            options.wasm_functions.push(listed);
         }
         self.ctx.register_udf(ScalarUDF::new_from_impl(udf));
         Ok(())
