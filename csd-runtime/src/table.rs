@@ -180,16 +180,6 @@ impl ParquetObject {
     /// says so); `None` otherwise. Lets the compute tier prove that partitions hold
     /// disjoint key ranges. Empty when the Parquet schema is not flat.
     pub fn int_ranges(&self) -> Vec<Option<[i64; 2]>> {
-        self.ranges(false)
-    }
-
-    /// As [`Self::int_ranges`], but the range of each column's non-NULL values,
-    /// NULLs allowed (a row group of NULLs only has no range, nor then its column).
-    pub fn int_value_ranges(&self) -> Vec<Option<[i64; 2]>> {
-        self.ranges(true)
-    }
-
-    fn ranges(&self, nulls: bool) -> Vec<Option<[i64; 2]>> {
         use arrow::datatypes::DataType;
         use parquet::file::statistics::Statistics;
         let meta = self.metadata.metadata();
@@ -220,7 +210,7 @@ impl ParquetObject {
                 let mut range: Option<[i64; 2]> = None;
                 for rg in meta.row_groups() {
                     let stats = rg.column(i).statistics()?;
-                    if (!nulls && stats.null_count_opt() != Some(0))
+                    if stats.null_count_opt() != Some(0)
                         || !stats.min_is_exact()
                         || !stats.max_is_exact()
                     {

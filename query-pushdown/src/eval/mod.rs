@@ -7,7 +7,6 @@ pub(crate) mod decimal;
 pub(crate) mod group_top_k;
 pub(crate) mod keyfilter;
 pub(crate) mod like;
-pub(crate) mod packed_keys;
 pub(crate) mod rewrite;
 pub(crate) mod scan;
 pub(crate) mod string_eq;
@@ -306,23 +305,6 @@ fn reduced(last: &AggregateExec) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(Arc::new(merged))
 }
 
-/// The rows of `batches`, as text, sorted (column names and widths left out).
-#[cfg(test)]
-pub(crate) fn sorted_rows(batches: &[arrow::array::RecordBatch]) -> Vec<String> {
-    let text = arrow::util::pretty::pretty_format_batches(batches)
-        .map(|t| t.to_string())
-        .unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let mut rows: Vec<String> = lines
-        .get(3..lines.len().saturating_sub(1))
-        .unwrap_or_default()
-        .iter()
-        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
-        .collect();
-    rows.sort();
-    rows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +312,7 @@ mod tests {
     use crate::wire::keyfilter::{Bloom, hash_rows};
     use arrow::array::{ArrayRef, Int64Array, RecordBatch};
     use arrow::datatypes::{Field, Schema};
+    use arrow::util::pretty::pretty_format_batches;
     use datafusion::datasource::MemTable;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::physical_plan::collect;
@@ -372,6 +355,18 @@ mod tests {
         (ctx, plan)
     }
 
+    /// The rows of `batches`, as text, sorted (column names and widths left out).
+    fn sorted(batches: &[RecordBatch]) -> Vec<String> {
+        let text = pretty_format_batches(batches).unwrap().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut rows: Vec<String> = lines[3..lines.len().saturating_sub(1)]
+            .iter()
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
+            .collect();
+        rows.sort();
+        rows
+    }
+
     #[tokio::test]
     async fn partial_states_of_several_streams_leave_once_per_group() {
         let sql = "SELECT k, sum(v), count(*), avg(v) FROM t GROUP BY k";
@@ -405,7 +400,7 @@ mod tests {
         .unwrap();
         let got = collect(Arc::new(fin), ctx.task_ctx()).await.unwrap();
         let want = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        assert_eq!(sorted_rows(&got), sorted_rows(&want));
+        assert_eq!(sorted(&got), sorted(&want));
     }
 
     fn filter_on(column: usize, keys: &[i64]) -> KeyFilter {
@@ -441,7 +436,7 @@ mod tests {
             "the filter runs under the partial aggregate:\n{shown}"
         );
         let got = collect(below, ctx.task_ctx()).await.unwrap();
-        assert_eq!(sorted_rows(&got), sorted_rows(&above));
+        assert_eq!(sorted(&got), sorted(&above));
         let groups: usize = got.iter().map(RecordBatch::num_rows).sum();
         assert!((3..10).contains(&groups), "{groups} groups");
     }
@@ -470,7 +465,7 @@ mod tests {
             "the filter runs under every aggregate:\n{shown}"
         );
         let got = collect(below, ctx.task_ctx()).await.unwrap();
-        assert_eq!(sorted_rows(&got), sorted_rows(&above));
+        assert_eq!(sorted(&got), sorted(&above));
         let groups: usize = got.iter().map(RecordBatch::num_rows).sum();
         assert!((3..10).contains(&groups), "{groups} groups");
     }

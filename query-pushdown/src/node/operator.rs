@@ -37,10 +37,6 @@ pub struct SqlNodeOptions {
     /// cores): a fragment calling one is refused as `UNIMPLEMENTED`, and the compute
     /// tier evaluates it itself, as it does a fragment handed back.
     pub refuse_functions: Vec<String>,
-    /// Whether a partial aggregate grouped by several integer columns of small
-    /// ranges (from the objects' footers) groups by them packed into one number
-    /// (see `eval::packed_keys`).
-    pub pack_keys: bool,
 }
 
 impl Default for SqlNodeOptions {
@@ -51,7 +47,6 @@ impl Default for SqlNodeOptions {
             judge_rows: 8192,
             shrink_probe_rows: 100_000,
             refuse_functions: Vec::new(),
-            pack_keys: true,
         }
     }
 }

@@ -23,10 +23,9 @@ use futures::StreamExt;
 
 use super::guard::guarded;
 use super::operator::{SqlOperator, objects_of};
-use super::table::{NODE_URL, NodeTable, as_planned, key_ranges, with_views};
+use super::table::{NODE_URL, NodeTable, as_planned, with_views};
 use crate::error::to_runtime;
 use crate::eval::keyfilter::filter_stream;
-use crate::eval::packed_keys::packed;
 use crate::eval::wasm::CancelOnDrop;
 use crate::eval::wasm_fn::register_functions;
 use crate::eval::{fragment_session, key_filtered, plan_fragment};
@@ -193,18 +192,12 @@ impl OperatorRequest for SqlRequest {
         let physical = plan_fragment(&session, &frag.table, &plan, mode, &runs).await?;
         let schema: SchemaRef = physical.schema();
         let (physical, filters) = key_filtered(&frag, physical)?;
-        let (physical, packed_aggregates) = if op.options.pack_keys {
-            packed(physical, &key_ranges(&objects)).map_err(to_runtime)?
-        } else {
-            (physical, 0)
-        };
         let physical = match shrink_above {
             Some(f) => guarded(physical, f).map_err(to_runtime)?,
             None => physical,
         };
         ctx.metrics.set_details(&SqlDetails {
             streams: scan_streams(&physical),
-            packed_aggregates,
         });
         let unfiltered = physical
             .execute(0, session.task_ctx())

@@ -21,7 +21,6 @@ use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 
-use crate::eval::packed_keys::KeyRanges;
 use crate::eval::scan;
 
 /// Object-store URL the node's scans use (reads go through [`NodeReaderFactory`]).
@@ -121,29 +120,6 @@ pub(super) fn as_planned(
         )?)
     };
     Some((out, cast))
-}
-
-/// The exact ranges of the integer columns' non-NULL values over all of `objects`,
-/// from their footers: a column is left out unless every object gives its range.
-pub(super) fn key_ranges(objects: &[ParquetObject]) -> KeyRanges {
-    // Column → (objects that have it, its range over them).
-    let mut seen: HashMap<String, (usize, Option<[i64; 2]>)> = HashMap::new();
-    for o in objects {
-        let own = o.int_value_ranges();
-        for (i, f) in o.metadata.schema().fields().iter().enumerate() {
-            let r = own.get(i).copied().flatten();
-            let (n, range) = seen.entry(f.name().clone()).or_insert((0, r));
-            *n += 1;
-            *range = match (*range, r) {
-                (Some([a, b]), Some([c, d])) => Some([a.min(c), b.max(d)]),
-                _ => None,
-            };
-        }
-    }
-    seen.into_iter()
-        .filter(|(_, (n, _))| *n == objects.len())
-        .filter_map(|(name, (_, r))| Some((name, r?)))
-        .collect()
 }
 
 /// One table (or partition) of this node, as DataFusion sees it.

@@ -10,10 +10,6 @@ use serde::{Deserialize, Serialize};
 pub struct SqlDetails {
     /// Streams the fragment's largest Parquet scan ran in.
     pub streams: usize,
-    /// Partial aggregates that grouped by their integer keys packed into one
-    /// (`sql.pack_keys`); 0 from nodes that do not report it.
-    #[serde(default)]
-    pub packed_aggregates: usize,
 }
 
 /// What a guest's outputs are (its `csd_kind` export).

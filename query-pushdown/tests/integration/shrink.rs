@@ -13,7 +13,6 @@ use arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use csd_protocol::node_client::Declined;
 use csd_query_pushdown::CsdSession;
-use csd_query_pushdown::wire::details::SqlDetails;
 use datafusion::prelude::SessionContext;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -336,39 +335,6 @@ async fn mergeable_aggregates_are_pushed() {
         assert!(plan.contains("partial aggregate at"), "{sql}\n{plan}");
         assert_same(&local, &on, sql).await;
         assert_same(&local, &off, sql).await;
-    }
-}
-
-/// A pushed aggregate grouped by several integer columns groups at the nodes by
-/// one number packed from them (their ranges from the objects' footers, `n`'s
-/// NULLs included): the same answers, and every node says it packed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn several_integer_keys_are_grouped_packed_at_the_nodes() {
-    let (_nodes, on, off, local) = setup().await;
-    for sql in [
-        "SELECT k, n, count(*) AS c, sum(v) AS s, min(s) AS lo FROM g GROUP BY k, n",
-        "SELECT n, k, avg(m) AS a FROM g WHERE id % 3 = 1 GROUP BY n, k HAVING count(*) > 5",
-        "SELECT CAST(k AS BIGINT) AS k64, n, max(v) AS hi FROM g GROUP BY CAST(k AS BIGINT), n",
-    ] {
-        let plan = explain(&on, sql).await;
-        assert!(plan.contains("partial aggregate at"), "{sql}\n{plan}");
-        assert_same(&local, &on, sql).await;
-        assert_same(&local, &off, sql).await;
-        let run = on.run(sql).await.unwrap();
-        let packed: Vec<usize> = run
-            .node_runs
-            .iter()
-            .map(|r| {
-                r.report
-                    .details::<SqlDetails>()
-                    .map_or(0, |d| d.packed_aggregates)
-            })
-            .collect();
-        assert!(
-            !packed.is_empty() && packed.iter().all(|p| *p == 1),
-            "{sql}: packed aggregates per node run {packed:?}\n{}",
-            run.plan_with_metrics()
-        );
     }
 }
 
