@@ -27,6 +27,7 @@ use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
 use candle_core::Device;
+use csd_runtime::memory::MemoryLedger;
 use csd_runtime::operator::{Estimate, Operator, OperatorContext, OperatorRequest, OperatorStream};
 use csd_runtime::table::{ObjectReader, ParquetObject};
 use futures::{StreamExt, TryStreamExt};
@@ -143,10 +144,33 @@ fn profile_key(
     )
 }
 
-struct MemoryGuard(Arc<AtomicU64>, u64);
+/// A request's batch plan's memory, counted in the operator's figure and in the
+/// node's memory ledger (as operators' pooled memory, beside the SQL operator's
+/// pools) while the request runs: one account of `--memory`.
+struct MemoryGuard {
+    used: Arc<AtomicU64>,
+    ledger: Arc<MemoryLedger>,
+    bytes: u64,
+}
+
+impl MemoryGuard {
+    /// Counts `bytes` in `used` and `ledger` until dropped. Admission has already
+    /// reserved them, so the ledger takes them whether or not its pools have room.
+    fn new(used: Arc<AtomicU64>, ledger: Arc<MemoryLedger>, bytes: u64) -> Self {
+        used.fetch_add(bytes, Ordering::Relaxed);
+        ledger.take(bytes);
+        MemoryGuard {
+            used,
+            ledger,
+            bytes,
+        }
+    }
+}
+
 impl Drop for MemoryGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::Relaxed);
+        self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.ledger.give_back(self.bytes);
     }
 }
 
@@ -486,8 +510,7 @@ impl MlCall {
             split: Some(r.split),
             ..MlDetails::default()
         });
-        op.memory_used.fetch_add(plan.memory, Ordering::Relaxed);
-        let guard = MemoryGuard(op.memory_used.clone(), plan.memory);
+        let guard = MemoryGuard::new(op.memory_used.clone(), ctx.node.memory.clone(), plan.memory);
         if r.mode == Mode::Profile {
             let key = profile_key(&r, model.engine(), &objects, ctx.node.pool.threads());
             let cached = op.profiles.get(&key);
@@ -612,5 +635,24 @@ mod tests {
         c.set = vec!["ml.cached_model=2".into()];
         let e = MlOperator::from_config(&c).err().unwrap();
         assert!(e.to_string().contains("cached_model"), "{e}");
+    }
+
+    /// A running request's memory is in the node's ledger beside the SQL pools,
+    /// even past what pools may take (admission reserved it), and leaves with it.
+    #[test]
+    fn a_requests_memory_is_in_the_ledger_while_it_runs() {
+        let ledger = MemoryLedger::measuring(1 << 30, || Some(0));
+        let used = Arc::new(AtomicU64::new(0));
+        let a = MemoryGuard::new(used.clone(), ledger.clone(), 300 << 20);
+        let b = MemoryGuard::new(used.clone(), ledger.clone(), 900 << 20);
+        assert_eq!(ledger.pooled(), 1200 << 20);
+        assert_eq!(used.load(Ordering::Relaxed), 1200 << 20);
+        assert!(!ledger.try_take(1), "a SQL pool finds no room left");
+        drop(b);
+        assert_eq!(ledger.pooled(), 300 << 20);
+        assert!(ledger.try_take(1 << 20), "and room again when it ends");
+        ledger.give_back(1 << 20);
+        drop(a);
+        assert_eq!((ledger.pooled(), used.load(Ordering::Relaxed)), (0, 0));
     }
 }
