@@ -342,6 +342,7 @@ impl Operator for MlOperator {
         Ok(Box::new(Parsed {
             op: self,
             request: FeatureRequest::decode(&args)?,
+            reserved: OnceLock::new(),
         }))
     }
 
@@ -354,6 +355,8 @@ impl Operator for MlOperator {
 struct Parsed {
     op: Arc<MlOperator>,
     request: FeatureRequest,
+    /// The memory its estimate asked admission for.
+    reserved: OnceLock<u64>,
 }
 
 impl Parsed {
@@ -399,12 +402,6 @@ impl Parsed {
             .loaded(r.model, &r.weights, r.pixels)
             .map(|m| self.plan(ctx, Some(m.as_ref())))
             .transpose()
-    }
-
-    /// Whether [`Self::known_plan`] knows the plan (without working it out).
-    fn plan_known(&self) -> bool {
-        let r = &self.request;
-        r.model != Arch::Onnx || self.op.loaded(r.model, &r.weights, r.pixels).is_some()
     }
 
     /// The request with its partition's objects and its batch plan. An ONNX model's
@@ -458,6 +455,7 @@ impl OperatorRequest for Parsed {
             Some(plan) => plan.memory,
             None => plan_ceiling(ctx),
         };
+        let _ = self.reserved.set(memory);
         let rows: u64 = objects.iter().map(|o| o.rows()).sum();
         let bytes: u64 = objects.iter().map(|o| o.object.len).sum();
         let bytes = match (r.mode, r.limit) {
@@ -473,11 +471,13 @@ impl OperatorRequest for Parsed {
     }
 
     async fn open(self: Box<Self>, ctx: OperatorContext) -> csd_runtime::Result<OperatorStream> {
-        let known = self.plan_known();
         let call = self.at(&ctx).await?;
-        if !known && call.plan.memory > plan_ceiling(&ctx) {
-            // Admitted on the ceiling; its batch of one needs more: the compute tier
-            // runs it, as admission would have decided had the plan been known.
+        let reserved = self.reserved.get().copied().unwrap_or(u64::MAX);
+        if call.plan.memory > reserved {
+            // Admitted on the ceiling (its model was not loaded when estimated, even
+            // if another request has loaded it since); its batch of one needs more:
+            // the compute tier runs it, as admission would have decided had the plan
+            // been known.
             return Err(csd_protocol::Error::PushedBack(csd_protocol::PushBack {
                 reason: format!(
                     "the model's batch of one needs {}, more than half this node's memory budget ({})",
