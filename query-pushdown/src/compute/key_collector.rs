@@ -27,6 +27,7 @@ use datafusion_distributed::DistributedTaskContext;
 use futures::Stream;
 use tokio::sync::{OnceCell, watch};
 
+use crate::compute::no_filter::NoFilter;
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES, hash_rows, int_values};
 use csd_protocol::ModuleDigest;
 use csd_protocol::node_client::NodeClient;
@@ -64,8 +65,8 @@ pub(crate) trait KeyMeeting: Send + Sync + fmt::Debug {
         at: &RemoteKeys,
         task: (usize, usize),
         bits_per_key: usize,
-        keys: std::result::Result<Vec<u64>, String>,
-    ) -> std::result::Result<(), String>;
+        keys: std::result::Result<Vec<u64>, NoFilter>,
+    ) -> std::result::Result<(), NoFilter>;
 
     /// The set's filter and its key count once complete, or why there is none
     /// (also when it is not complete within `wait`).
@@ -73,7 +74,7 @@ pub(crate) trait KeyMeeting: Send + Sync + fmt::Debug {
         &self,
         at: &RemoteKeys,
         wait: Duration,
-    ) -> std::result::Result<(Bloom, usize), String>;
+    ) -> std::result::Result<(Bloom, usize), NoFilter>;
 }
 
 /// A set the keys meet at, and the way there.
@@ -128,7 +129,7 @@ struct Collect {
     /// (`None` once it is not, or once `hashes` were deduplicated).
     values: Option<Vec<i64>>,
     finished: usize,
-    abandoned: Option<String>,
+    abandoned: Option<NoFilter>,
     keys: usize,
 }
 
@@ -228,7 +229,7 @@ impl KeyCollector {
                     Ok(h)
                 }
             },
-            Err(_) => Err("key collector poisoned".into()),
+            Err(_) => Err(NoFilter::Poisoned),
         };
         let task = self.task.get().copied().unwrap_or((0, 1));
         let (remote, via, bits) = (meeting.at.clone(), meeting.via.clone(), self.bits_per_key);
@@ -268,22 +269,23 @@ impl KeyCollector {
             .clone()
     }
 
-    fn add(&self, batch: &RecordBatch) -> std::result::Result<(), String> {
+    fn add(&self, batch: &RecordBatch) -> std::result::Result<(), NoFilter> {
         let cols: Vec<ArrayRef> = self
             .exprs
             .iter()
             .map(|e| {
                 e.evaluate(batch)
                     .and_then(|v| v.into_array(batch.num_rows()))
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| NoFilter::Unhashable(e.to_string()))
             })
             .collect::<std::result::Result<_, _>>()?;
-        let (hashes, valid) = hash_rows(&cols, batch.num_rows()).map_err(|e| e.to_string())?;
+        let (hashes, valid) =
+            hash_rows(&cols, batch.num_rows()).map_err(|e| NoFilter::Unhashable(e.to_string()))?;
         let values = match &cols[..] {
             [c] => int_values(c),
             _ => None,
         };
-        let mut s = self.state.lock().map_err(|_| "key collector poisoned")?;
+        let mut s = self.state.lock().map_err(|_| NoFilter::Poisoned)?;
         if s.abandoned.is_some() {
             return Ok(());
         }
@@ -309,7 +311,9 @@ impl KeyCollector {
             s.hashes.dedup();
             if s.hashes.len() > max_keys {
                 drop(s);
-                self.abandon(format!("more than {max_keys} distinct build keys"));
+                self.abandon(NoFilter::TooManyKeys {
+                    max: max_keys as u64,
+                });
             }
         }
         Ok(())
@@ -335,7 +339,7 @@ impl KeyCollector {
         }
     }
 
-    fn abandon(&self, why: String) {
+    fn abandon(&self, why: NoFilter) {
         if let Ok(mut s) = self.state.lock()
             && s.abandoned.is_none()
         {
@@ -360,7 +364,7 @@ impl KeyCollector {
             .is_err()
         {
             let wait = self.wait;
-            self.abandon(format!("build side not finished after {wait:?}"));
+            self.abandon(NoFilter::BuildLate(wait));
         }
         self.built
             .get_or_init(|| {
@@ -492,7 +496,7 @@ impl KeyCollector {
     }
 
     /// Why there is no filter, if there is none.
-    pub(crate) fn abandoned(&self) -> Option<String> {
+    pub(crate) fn abandoned(&self) -> Option<NoFilter> {
         self.state.lock().ok().and_then(|s| s.abandoned.clone())
     }
 }
@@ -633,7 +637,7 @@ impl Stream for CollectStream {
                 }
             }
             Poll::Ready(Some(Err(e))) => {
-                self.collector.abandon(format!("build side failed: {e}"));
+                self.collector.abandon(NoFilter::BuildFailed(e.to_string()));
             }
             Poll::Ready(None) if !self.ended => {
                 self.ended = true;
@@ -654,8 +658,7 @@ impl RecordBatchStream for CollectStream {
 impl Drop for CollectStream {
     fn drop(&mut self) {
         if !self.ended {
-            self.collector
-                .abandon("build side stopped before its end".into());
+            self.collector.abandon(NoFilter::BuildStopped);
         }
     }
 }

@@ -11,6 +11,7 @@ pub(crate) mod key_collector;
 pub(crate) mod key_filter_rule;
 pub(crate) mod lost;
 pub(crate) mod median_weighted;
+pub(crate) mod no_filter;
 pub(crate) mod provider;
 pub(crate) mod pushable;
 pub(crate) mod pushdown;

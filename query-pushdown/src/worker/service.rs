@@ -212,6 +212,7 @@ mod tests {
     use crate::compute::distributed::keys::FlightKeyBoard;
     use crate::compute::distributed::keys::tests::hashes;
     use crate::compute::key_collector::{KeyMeeting, RemoteKeys};
+    use crate::compute::no_filter::NoFilter;
 
     /// Over gRPC: a board served on a port, published to and fetched from by the
     /// clients the collectors use; other calls are refused with a reason.
@@ -251,19 +252,20 @@ mod tests {
             ..remote.clone()
         };
         FlightKeyBoard
-            .publish(
-                &gone,
-                (0, 1),
-                12,
-                Err("build side stopped before its end".into()),
-            )
+            .publish(&gone, (0, 1), 12, Err(NoFilter::BuildStopped))
             .await
             .unwrap();
         let e = FlightKeyBoard
             .fetch(&gone, Duration::from_secs(5))
             .await
             .unwrap_err();
-        assert!(e.contains("stopped before its end"), "{e}");
+        assert_eq!(
+            e,
+            NoFilter::TaskGaveUp {
+                task: 0,
+                why: Box::new(NoFilter::BuildStopped)
+            }
+        );
 
         let mut c = crate::compute::distributed::actions::client(&home).unwrap();
         let e = c
@@ -281,6 +283,9 @@ mod tests {
             .fetch(&nowhere, Duration::from_millis(100))
             .await
             .unwrap_err();
-        assert!(e.contains("127.0.0.1:1"), "{e}");
+        assert!(
+            matches!(&e, NoFilter::Unreachable { home, .. } if home == "http://127.0.0.1:1"),
+            "{e}"
+        );
     }
 }

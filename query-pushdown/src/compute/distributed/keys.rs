@@ -26,6 +26,7 @@ use tokio::sync::watch;
 
 use super::actions::{FETCH, PUBLISH, call};
 use crate::compute::key_collector::{KeyMeeting, RemoteKeys};
+use crate::compute::no_filter::{NoFilter, NoFilterMsg};
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES};
 
 /// Most sets a board holds at once.
@@ -52,8 +53,8 @@ pub(crate) struct PublishMsg {
     #[prost(bytes = "vec", tag = "5")]
     pub(crate) hashes: Vec<u8>,
     /// Set instead of hashes when the task has no keys to give: why.
-    #[prost(string, optional, tag = "6")]
-    pub(crate) abandoned: Option<String>,
+    #[prost(message, optional, tag = "6")]
+    pub(crate) abandoned: Option<NoFilterMsg>,
     /// How long scans wait for the set, in milliseconds (how long it is kept).
     #[prost(uint64, tag = "7")]
     pub(crate) wait_ms: u64,
@@ -79,12 +80,12 @@ pub(crate) struct KeysMsg {
     #[prost(uint64, tag = "2")]
     pub(crate) keys: u64,
     /// Set when there is no filter: why.
-    #[prost(string, optional, tag = "3")]
-    pub(crate) none: Option<String>,
+    #[prost(message, optional, tag = "3")]
+    pub(crate) none: Option<NoFilterMsg>,
 }
 
 /// A complete set's outcome: the filter's blocks and its key count, or why not.
-type Outcome = Result<Arc<(Vec<u8>, usize)>, String>;
+type Outcome = Result<Arc<(Vec<u8>, usize)>, NoFilter>;
 
 struct Set {
     tasks: Option<u32>,
@@ -191,24 +192,25 @@ impl KeyBoard {
             return Ok(());
         }
         if let Some(why) = m.abandoned {
-            set.end(Err(format!("build task {} has no keys: {why}", m.task)));
+            set.end(Err(NoFilter::TaskGaveUp {
+                task: m.task,
+                why: Box::new(why.into()),
+            }));
             return Ok(());
         }
         match set.tasks {
             Some(t) if t != m.tasks => {
-                set.end(Err(format!(
-                    "build tasks disagree on their number ({t} and {})",
-                    m.tasks
-                )));
+                set.end(Err(NoFilter::TasksDisagree(t, m.tasks)));
                 return Ok(());
             }
             _ => set.tasks = Some(m.tasks),
         }
         let n = m.hashes.len() / 8;
         if held + n > MAX_HELD_HASHES {
-            set.end(Err(format!(
-                "the worker holds {held} join keys already, at most {MAX_HELD_HASHES}"
-            )));
+            set.end(Err(NoFilter::BoardFull {
+                held: held as u64,
+                max: MAX_HELD_HASHES as u64,
+            }));
             return Ok(());
         }
         set.hashes.extend(
@@ -221,7 +223,9 @@ impl KeyBoard {
             set.hashes.sort_unstable();
             set.hashes.dedup();
             if set.hashes.len() > max_keys {
-                set.end(Err(format!("more than {max_keys} distinct build keys")));
+                set.end(Err(NoFilter::TooManyKeys {
+                    max: max_keys as u64,
+                }));
                 return Ok(());
             }
         }
@@ -232,7 +236,9 @@ impl KeyBoard {
             h.dedup();
             let outcome = Bloom::with_bits_per_key(&h, m.bits_per_key as usize)
                 .map(|b| Arc::new((b.to_msg(&[]).blocks, h.len())))
-                .ok_or_else(|| format!("{} distinct build keys do not fit a filter", h.len()));
+                .ok_or(NoFilter::TooBig {
+                    keys: h.len() as u64,
+                });
             set.end(outcome);
         }
         Ok(())
@@ -260,20 +266,20 @@ impl KeyBoard {
                 none: None,
             },
             Some(Err(why)) => KeysMsg {
-                none: Some(why),
+                none: Some(NoFilterMsg::from(&why)),
                 ..Default::default()
             },
             None => KeysMsg {
-                none: Some(if finished {
-                    "the set was forgotten".into()
+                none: Some(NoFilterMsg::from(&if finished {
+                    NoFilter::Forgotten
                 } else {
-                    let have = sets.get(key).map_or(0, |s| s.seen.len());
-                    let of = sets
-                        .get(key)
-                        .and_then(|s| s.tasks)
-                        .map_or("?".to_string(), |t| t.to_string());
-                    format!("{have} of {of} build tasks had published after {wait:?}")
-                }),
+                    let set = sets.get(key);
+                    NoFilter::TasksLate {
+                        have: set.map_or(0, |s| s.seen.len() as u32),
+                        of: set.and_then(|s| s.tasks),
+                        wait,
+                    }
+                })),
                 ..Default::default()
             },
         })
@@ -298,11 +304,11 @@ impl KeyMeeting for FlightKeyBoard {
         at: &RemoteKeys,
         (task, tasks): (usize, usize),
         bits_per_key: usize,
-        keys: Result<Vec<u64>, String>,
-    ) -> Result<(), String> {
+        keys: Result<Vec<u64>, NoFilter>,
+    ) -> Result<(), NoFilter> {
         let (hashes, abandoned) = match keys {
             Ok(h) => (h.iter().flat_map(|h| h.to_le_bytes()).collect(), None),
-            Err(why) => (Vec::new(), Some(why)),
+            Err(why) => (Vec::new(), Some(NoFilterMsg::from(&why))),
         };
         let m = PublishMsg {
             key: at.key.clone(),
@@ -318,25 +324,37 @@ impl KeyMeeting for FlightKeyBoard {
         call(&at.home, PUBLISH, m.encode_to_vec(), at.wait())
             .await
             .map(drop)
-            .map_err(|e| csd_protocol::error::chain(&e))
+            .map_err(|e| unreachable_at(at, &e))
     }
 
-    async fn fetch(&self, at: &RemoteKeys, wait: Duration) -> Result<(Bloom, usize), String> {
+    async fn fetch(&self, at: &RemoteKeys, wait: Duration) -> Result<(Bloom, usize), NoFilter> {
         let m = FetchMsg {
             key: at.key.clone(),
             wait_ms: wait.as_millis() as u64,
         };
         let body = call(&at.home, FETCH, m.encode_to_vec(), wait)
             .await
-            .map_err(|e| csd_protocol::error::chain(&e))?;
+            .map_err(|e| unreachable_at(at, &e))?;
+        let bad = |why: String| NoFilter::BadAnswer {
+            home: at.home.clone(),
+            why,
+        };
         let k = KeysMsg::decode(body.as_slice())
-            .map_err(|e| format!("worker {}: a bad answer to {FETCH}: {e}", at.home))?;
+            .map_err(|e| bad(format!("the answer to {FETCH} does not decode: {e}")))?;
         if let Some(why) = k.none {
-            return Err(why);
+            return Err(why.into());
         }
-        let bloom =
-            Bloom::from_blocks(&k.blocks).map_err(|e| format!("worker {}: {e}", at.home))?;
+        let bloom = Bloom::from_blocks(&k.blocks).map_err(|e| bad(e.to_string()))?;
         Ok((bloom, k.keys as usize))
+    }
+}
+
+/// A call to the board at `at` that failed: the worker, and its chain of causes
+/// (all a build task or scan can say of it; the scans run unfiltered).
+fn unreachable_at(at: &RemoteKeys, e: &Error) -> NoFilter {
+    NoFilter::Unreachable {
+        home: at.home.clone(),
+        why: csd_protocol::error::chain(e),
     }
 }
 
@@ -401,21 +419,37 @@ pub(crate) mod tests {
         let board = KeyBoard::default();
         board.publish(msg("a", 0, 2, &hashes(0..10))).unwrap();
         let mut gave_up = msg("a", 1, 2, &[]);
-        gave_up.abandoned = Some("build side failed: boom".into());
+        gave_up.abandoned = Some(NoFilterMsg::from(&NoFilter::BuildFailed("boom".into())));
         board.publish(gave_up).unwrap();
         let k = board.fetch("a", Duration::from_secs(1)).await.unwrap();
-        assert!(k.none.unwrap().contains("boom"));
+        assert_eq!(
+            NoFilter::from(k.none.unwrap()),
+            NoFilter::TaskGaveUp {
+                task: 1,
+                why: Box::new(NoFilter::BuildFailed("boom".into()))
+            }
+        );
 
         board.publish(msg("b", 0, 2, &hashes(0..10))).unwrap();
         board.publish(msg("b", 1, 3, &hashes(0..10))).unwrap();
         let k = board.fetch("b", Duration::from_secs(1)).await.unwrap();
-        assert!(k.none.unwrap().contains("disagree"));
+        assert_eq!(
+            NoFilter::from(k.none.unwrap()),
+            NoFilter::TasksDisagree(2, 3)
+        );
 
         board.publish(msg("c", 0, 2, &hashes(0..10))).unwrap();
         let started = Instant::now();
         let k = board.fetch("c", Duration::from_millis(50)).await.unwrap();
         assert!(started.elapsed() >= Duration::from_millis(50));
-        assert!(k.none.unwrap().contains("1 of 2 build tasks"), "late");
+        assert_eq!(
+            NoFilter::from(k.none.unwrap()),
+            NoFilter::TasksLate {
+                have: 1,
+                of: Some(2),
+                wait: Duration::from_millis(50)
+            }
+        );
 
         // Too many distinct keys for a filter.
         let max = MAX_FILTER_BYTES * 8 / 12;
@@ -426,7 +460,10 @@ pub(crate) mod tests {
             .publish(msg("d", 1, 2, &hashes(max as u64..2 * max as u64 + 2)))
             .unwrap();
         let k = board.fetch("d", Duration::from_secs(1)).await.unwrap();
-        assert!(k.none.unwrap().contains("distinct build keys"));
+        assert_eq!(
+            NoFilter::from(k.none.unwrap()),
+            NoFilter::TooManyKeys { max: max as u64 }
+        );
         assert_eq!(board.len(), 4);
     }
 
