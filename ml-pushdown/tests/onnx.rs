@@ -375,12 +375,17 @@ mod features {
     }
 
     async fn node_with(cpus: usize) -> (RunningNode, NodeClient) {
+        node_sized(cpus, ByteSize::gib(1)).await
+    }
+
+    /// A node of `cpus` cores and a `memory` budget.
+    async fn node_sized(cpus: usize, memory: ByteSize) -> (RunningNode, NodeClient) {
         let node = node::start_with(
             &NodeConfig {
                 device: "emulated:mem".into(),
                 capacity: ByteSize::mib(512),
                 listen: "127.0.0.1:0".into(),
-                memory: "1GiB".parse().unwrap(),
+                memory,
                 cpus,
                 ..NodeConfig::default()
             },
@@ -499,10 +504,14 @@ mod features {
 
     /// `n` images of `side`² in 2 partitions on a node of `cpus` cores.
     async fn dataset_with(cpus: usize, side: u32, n: usize) -> Dataset {
+        dataset_on(node_with(cpus).await, side, n).await
+    }
+
+    /// `n` images of `side`² in 2 partitions on `node`.
+    async fn dataset_on((node, client): (RunningNode, NodeClient), side: u32, n: usize) -> Dataset {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("imgs");
         images(&dir, side, n);
-        let (node, client) = node_with(cpus).await;
         put_images(
             std::slice::from_ref(&client),
             "imgs",
@@ -644,6 +653,62 @@ mod features {
             &files,
             1e-3,
         );
+    }
+
+    /// A node whose memory budget is too small for the model's batch of one: a
+    /// request estimated before the model was loaded there reserves half the budget
+    /// (the ceiling); once admitted and the model loaded, its plan needs more, so
+    /// the node hands it back and the compute tier runs it, with the same features
+    /// as a node with room computes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_over_the_ceiling_is_handed_back_and_run_here() {
+        let Some(models) = super::models() else {
+            return;
+        };
+        let bytes = std::fs::read(models.join("chain.onnx")).unwrap();
+        let (_tmp, _node, roomy, files) = dataset(32, 6).await;
+        let (_, _, want) = collect(
+            std::slice::from_ref(&roomy),
+            &bytes,
+            &options(SplitChoice::Fixed(1), None),
+        )
+        .await;
+        assert_eq!(want.len(), files.len());
+        // Two decode threads' reserve alone (2 x 32 MiB + 8 MiB) is more than half of
+        // 128 MiB.
+        let (_tmp2, _small, small, _) =
+            dataset_on(node_sized(2, ByteSize::mib(128)).await, 32, 6).await;
+        let opts = options(SplitChoice::Fixed(1), None);
+        let (stream, run) = features(std::slice::from_ref(&small), &bytes, &opts, false)
+            .await
+            .unwrap();
+        let batches: Vec<_> = stream.try_collect().await.unwrap();
+        // The first request's estimate came before any open, so before the model
+        // was loaded: at least it is handed back (a later one may find the model
+        // loaded, its plan known and within the budget, and run at the node).
+        assert!(
+            run.stats
+                .pushed_back
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 1,
+            "no partition handed back"
+        );
+        let mut got = HashMap::new();
+        for b in batches {
+            for (id, row) in b.ids.into_iter().zip(b.features.to_vec2::<f32>().unwrap()) {
+                assert!(got.insert(id, row).is_none(), "sample {id} twice");
+            }
+        }
+        assert_eq!(got.len(), want.len(), "every sample once");
+        for (id, w) in &want {
+            let g = &got[id];
+            let scale = w.iter().fold(1f32, |m, v| m.max(v.abs()));
+            let err = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= 1e-4 * scale,
+                "sample {id} off by {err} (scale {scale})"
+            );
+        }
     }
 
     /// What the node refuses, with the node still serving afterwards.
