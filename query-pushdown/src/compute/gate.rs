@@ -67,6 +67,19 @@ impl LocalGate {
         ((s.busy + s.waiting.len()) as f64 / self.slots as f64).min(1.0)
     }
 
+    /// Streams a fragment about to run under the gate may use (at most `most`): as
+    /// many as the gate has slots while none is busy and nobody waits, else one.
+    /// A fragment's parallel streams run as tasks of their own from the moment it
+    /// starts, which the gate cannot hold back between batches; under load each
+    /// fragment runs in the one stream the gate orders.
+    pub(crate) fn streams(&self, most: usize) -> usize {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match s.busy == 0 && s.waiting.is_empty() {
+            true => self.slots.min(most).max(1),
+            false => 1,
+        }
+    }
+
     /// `stream`, run under the gate, ranked by now (its arrival).
     pub fn run(self: &Arc<Self>, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
         let key = (
@@ -180,6 +193,40 @@ mod tests {
             .unwrap();
         let s = futures::stream::iter((0..batches).map(move |_| Ok(b.clone())));
         Box::pin(RecordBatchStreamAdapter::new(schema, s))
+    }
+
+    #[test]
+    fn parallel_streams_only_while_the_gate_is_idle() {
+        let gate = LocalGate::new(2);
+        assert_eq!(gate.streams(4), 2, "idle: one stream per slot");
+        assert_eq!(gate.streams(1), 1);
+        assert_eq!(LocalGate::new(8).streams(4), 4, "at most what was asked");
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut a = gate.run(stream(1, 2));
+        assert!(matches!(
+            a.poll_next_unpin(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert_eq!(
+            gate.streams(4),
+            2,
+            "a slot is busy only while a batch is made"
+        );
+        assert!(gate.try_take((0, 0), &waker) && gate.try_take((0, 1), &waker));
+        assert_eq!(gate.streams(4), 1, "slots busy: one stream");
+        let mut b = gate.run(stream(2, 1));
+        assert!(b.poll_next_unpin(&mut cx).is_pending());
+        gate.give_back();
+        gate.give_back();
+        assert_eq!(gate.busy(), 0);
+        assert_eq!(gate.streams(4), 1, "a fragment waiting: one stream");
+        assert!(matches!(
+            b.poll_next_unpin(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        drop((a, b));
+        assert_eq!(gate.streams(4), 2, "idle again");
     }
 
     #[tokio::test]

@@ -279,10 +279,17 @@ impl EndpointOpener {
         // A fragment over one partition runs in one stream (the scan's other
         // partitions take the other cores); one standing for a node's several
         // partitions (a per-node top-k) is the scan's only work from that node, and
-        // in one stream it would sort all of the node's rows on one core.
-        let parallel = match self.endpoint.merged.len() > 1 {
-            true => Parallelism::NODE,
-            false => Parallelism::ONE,
+        // in one stream it would sort all of the node's rows on one core. Under the
+        // gate, it runs in parallel only while the gate is idle: parallel streams are
+        // tasks the gate cannot hold back, and under load they would share the
+        // cores with every other handed-back fragment until none finishes in time.
+        let parallel = match (self.endpoint.merged.len() > 1, gated) {
+            (false, _) => Parallelism::ONE,
+            (true, false) => Parallelism::NODE,
+            (true, true) => Parallelism {
+                streams: self.table.local_gate().streams(Parallelism::NODE.streams),
+                ..Parallelism::NODE
+            },
         };
         let session = fragment_session(self.context.runtime_env(), &frag.table, provider, parallel)
             .map_err(external)?;
