@@ -363,8 +363,7 @@ impl KeyCollector {
             .await
             .is_err()
         {
-            let wait = self.wait;
-            self.abandon(NoFilter::BuildLate(wait));
+            self.abandon(NoFilter::BuildLate(self.wait));
         }
         self.built
             .get_or_init(|| {

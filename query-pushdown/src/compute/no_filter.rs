@@ -50,11 +50,11 @@ pub(crate) enum NoFilter {
     #[error("the set was forgotten")]
     Forgotten,
     /// The board's worker could not be reached, or answered with an error.
-    #[error("the key board at {home}: {why}")]
-    Unreachable { home: String, why: String },
+    #[error("the key board at {}: {}", .0.home, .0.why)]
+    Unreachable(AtWorker),
     /// The board's worker answered with something that does not decode.
-    #[error("worker {home}: a bad answer about join keys: {why}")]
-    BadAnswer { home: String, why: String },
+    #[error("worker {}: a bad answer about join keys: {}", .0.home, .0.why)]
+    BadAnswer(AtWorker),
     /// Another worker sent a reason this one cannot read (a newer worker's, or one
     /// damaged on the way).
     #[error("a reason this worker cannot read")]
@@ -98,9 +98,9 @@ enum Reason {
     #[prost(message, tag = "12")]
     Forgotten(Nothing),
     #[prost(message, tag = "13")]
-    Unreachable(AtMsg),
+    Unreachable(AtWorker),
     #[prost(message, tag = "14")]
-    BadAnswer(AtMsg),
+    BadAnswer(AtWorker),
     #[prost(message, tag = "15")]
     Unreadable(Nothing),
 }
@@ -134,12 +134,15 @@ struct LateMsg {
     wait_ms: u64,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-struct AtMsg {
+/// What went wrong at (or on the way to) a key board's worker, and which worker.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub(crate) struct AtWorker {
+    /// The worker (`http://host:port`).
     #[prost(string, tag = "1")]
-    home: String,
+    pub(crate) home: String,
+    /// What went wrong there.
     #[prost(string, tag = "2")]
-    why: String,
+    pub(crate) why: String,
 }
 
 impl From<&NoFilter> for NoFilterMsg {
@@ -168,14 +171,8 @@ impl From<&NoFilter> for NoFilterMsg {
                 wait_ms: ms(wait),
             }),
             NoFilter::Forgotten => Reason::Forgotten(Nothing {}),
-            NoFilter::Unreachable { home, why } => Reason::Unreachable(AtMsg {
-                home: home.clone(),
-                why: why.clone(),
-            }),
-            NoFilter::BadAnswer { home, why } => Reason::BadAnswer(AtMsg {
-                home: home.clone(),
-                why: why.clone(),
-            }),
+            NoFilter::Unreachable(at) => Reason::Unreachable(at.clone()),
+            NoFilter::BadAnswer(at) => Reason::BadAnswer(at.clone()),
             NoFilter::Unreadable => Reason::Unreadable(Nothing {}),
         };
         NoFilterMsg {
@@ -215,14 +212,8 @@ impl From<NoFilterMsg> for NoFilter {
                 wait: Duration::from_millis(l.wait_ms),
             },
             Reason::Forgotten(_) => NoFilter::Forgotten,
-            Reason::Unreachable(a) => NoFilter::Unreachable {
-                home: a.home,
-                why: a.why,
-            },
-            Reason::BadAnswer(a) => NoFilter::BadAnswer {
-                home: a.home,
-                why: a.why,
-            },
+            Reason::Unreachable(at) => NoFilter::Unreachable(at),
+            Reason::BadAnswer(at) => NoFilter::BadAnswer(at),
             Reason::Unreadable(_) => NoFilter::Unreadable,
         }
     }
@@ -263,14 +254,14 @@ mod tests {
                 wait: Duration::from_secs(1),
             },
             NoFilter::Forgotten,
-            NoFilter::Unreachable {
+            NoFilter::Unreachable(AtWorker {
                 home: "http://w:1".into(),
                 why: "refused".into(),
-            },
-            NoFilter::BadAnswer {
+            }),
+            NoFilter::BadAnswer(AtWorker {
                 home: "http://w:1".into(),
                 why: "garbage".into(),
-            },
+            }),
             NoFilter::Unreadable,
         ];
         for n in all {

@@ -284,7 +284,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&e, NoFilter::Unreachable { home, .. } if home == "http://127.0.0.1:1"),
+            matches!(&e, NoFilter::Unreachable(at) if at.home == "http://127.0.0.1:1"),
             "{e}"
         );
     }

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::actions::{FETCH, PUBLISH, call};
 use crate::compute::key_collector::{KeyMeeting, RemoteKeys};
-use crate::compute::no_filter::{NoFilter, NoFilterMsg};
+use crate::compute::no_filter::{AtWorker, NoFilter, NoFilterMsg};
 use crate::wire::keyfilter::{Bloom, MAX_FILTER_BYTES};
 
 /// Most sets a board holds at once.
@@ -335,9 +335,11 @@ impl KeyMeeting for FlightKeyBoard {
         let body = call(&at.home, FETCH, m.encode_to_vec(), wait)
             .await
             .map_err(|e| unreachable_at(at, &e))?;
-        let bad = |why: String| NoFilter::BadAnswer {
-            home: at.home.clone(),
-            why,
+        let bad = |why: String| {
+            NoFilter::BadAnswer(AtWorker {
+                home: at.home.clone(),
+                why,
+            })
         };
         let k = KeysMsg::decode(body.as_slice())
             .map_err(|e| bad(format!("the answer to {FETCH} does not decode: {e}")))?;
@@ -352,10 +354,10 @@ impl KeyMeeting for FlightKeyBoard {
 /// A call to the board at `at` that failed: the worker, and its chain of causes
 /// (all a build task or scan can say of it; the scans run unfiltered).
 fn unreachable_at(at: &RemoteKeys, e: &Error) -> NoFilter {
-    NoFilter::Unreachable {
+    NoFilter::Unreachable(AtWorker {
         home: at.home.clone(),
         why: csd_protocol::error::chain(e),
-    }
+    })
 }
 
 #[cfg(test)]
