@@ -41,6 +41,12 @@ datafusion::common::extensions_options! {
         /// the rows they hold; otherwise the Parquet is read here and aggregated
         /// here. 1 pushes every aggregate.
         pub max_group_fraction: f64, default = 0.5
+        /// A filter expected (from the objects' min/max) to keep at most this
+        /// fraction of the rows, in a scan that reads at least twice as many other
+        /// columns as the filter's, is evaluated while decoding (Parquet late
+        /// materialization): most pages then hold no kept row, and only the
+        /// filter's columns are decoded there. 0 never.
+        pub late_filters_below: f64, default = 1e-4
         /// The session's Wasm SQL functions (set by `register_wasm_udf` on a
         /// session with workers: how a worker's task session finds them; the
         /// modules were sent to the workers). Written `NAME=DIGEST:EXPORT` entries

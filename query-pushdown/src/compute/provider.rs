@@ -352,6 +352,9 @@ impl TableProvider for CsdTable {
             Some(p) => p.clone(),
             None => (0..self.inner.schema().fields().len()).collect(),
         };
+        let options = CsdOptions::of(session.config_options());
+        let late = fraction <= options.late_filters_below
+            && wide_beside(&self.inner.schema(), &columns, filters);
         let scan = CsdScanExec::new(
             self.inner.clone(),
             schema,
@@ -362,14 +365,33 @@ impl TableProvider for CsdTable {
         .with_functions(encoded.functions)
         .with_estimate(Some(fraction), limit)
         .with_table_columns(columns);
+        let scan = if late { scan.late_filters() } else { scan };
         let reduces_nothing = filters.is_empty() && limit.is_none();
-        let direct = CsdOptions::of(session.config_options()).direct_unfiltered;
-        Ok(Arc::new(if reduces_nothing && direct {
+        Ok(Arc::new(if reduces_nothing && options.direct_unfiltered {
             scan.direct()
         } else {
             scan
         }))
     }
+}
+
+/// Whether a scan of `columns` of `schema` filtered by `filters` reads at least two
+/// other columns, and twice as many as the filters' own: only then does decoding the
+/// filters' columns first save more than the row selection costs (benches/RESULTS.md
+/// has the measurements).
+fn wide_beside(schema: &SchemaRef, columns: &[usize], filters: &[Expr]) -> bool {
+    let mut filtered: Vec<usize> = Vec::new();
+    for f in filters {
+        for c in f.column_refs() {
+            match schema.index_of(c.name()) {
+                Ok(i) if !filtered.contains(&i) => filtered.push(i),
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+    let others = columns.iter().filter(|c| !filtered.contains(c)).count();
+    !filtered.is_empty() && others >= 2 && others >= 2 * filtered.len()
 }
 
 /// `[min, max]` of column `i` over the non-empty objects of `endpoints`: `Ok(None)`

@@ -116,12 +116,14 @@ pub(crate) fn fragment_session(
     table: &str,
     provider: Arc<dyn TableProvider>,
     parallel: Parallelism,
+    late_filters: bool,
 ) -> Result<SessionContext> {
     let mut config = scan::configure(
         SessionConfig::new()
             .with_target_partitions(parallel.streams.max(1))
             .with_batch_size(8192),
     );
+    config.options_mut().execution.parquet.pushdown_filters = late_filters;
     config.options_mut().optimizer.repartition_file_min_size =
         usize::try_from(parallel.split_min_bytes).unwrap_or(usize::MAX);
     let state = SessionStateBuilder::new()

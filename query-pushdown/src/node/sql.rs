@@ -167,7 +167,13 @@ impl OperatorRequest for SqlRequest {
             store: ctx.node.tables.object_store().clone(),
             bytes_read: ctx.metrics.bytes_read.clone(),
         };
-        let session = fragment_session(runtime, &frag.table, Arc::new(provider), op.parallel())?;
+        let session = fragment_session(
+            runtime,
+            &frag.table,
+            Arc::new(provider),
+            op.parallel(),
+            frag.late_filters,
+        )?;
         // A partial aggregate to judge while running: DataFusion's probe at its line.
         let shrink_above = frag.shrink_above.filter(|_| mode == Mode::PartialAggregate);
         if let Some(f) = shrink_above {

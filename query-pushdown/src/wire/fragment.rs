@@ -163,6 +163,13 @@ pub struct SqlFragment {
     /// The answer's schema as planned (Arrow IPC schema message); empty: unknown.
     #[prost(bytes = "vec", tag = "11")]
     pub output_schema: Vec<u8>,
+    /// Filter while decoding (Parquet late materialization): the filter's columns
+    /// first, the others only for the rows it keeps. Set when the compute tier
+    /// expects the filter to keep very few rows of a read much wider than the
+    /// filter (see `CsdScanExec::late_filters`); else every column is decoded and
+    /// then filtered, which is faster when the kept rows are spread over most pages.
+    #[prost(bool, tag = "12")]
+    pub late_filters: bool,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).

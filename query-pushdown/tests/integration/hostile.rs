@@ -352,6 +352,7 @@ async fn hostile_fragments_are_refused() {
             partitions: vec![],
             shrink_above: None,
             output_schema: vec![],
+            late_filters: false,
         }
         .to_bytes()
     };
@@ -526,6 +527,7 @@ async fn write_fuzz_seeds() {
         partitions: vec![],
         shrink_above: None,
         output_schema: vec![],
+        late_filters: false,
     };
     std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }

@@ -12,6 +12,7 @@ mod faults;
 mod gateway;
 mod holdout;
 mod hostile;
+mod late_filters;
 mod plans;
 mod replicas;
 mod shrink;

@@ -69,7 +69,7 @@ fn rows() -> RecordBatch {
 
 /// Two nodes holding `g` in four partitions, sessions with pushdown on and off, and
 /// the same rows locally.
-async fn setup() -> (
+pub(crate) async fn setup() -> (
     Vec<csd_runtime::node::RunningNode>,
     CsdSession,
     CsdSession,

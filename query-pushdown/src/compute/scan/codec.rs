@@ -93,6 +93,9 @@ pub(crate) struct ScanMsg {
     /// A partial aggregate judged at the nodes: their threshold.
     #[prost(float, optional, tag = "16")]
     pub(crate) shrink_above: Option<f32>,
+    /// Its fragments filter while decoding.
+    #[prost(bool, tag = "17")]
+    pub(crate) late_filters: bool,
 }
 
 /// One partition of a table on one node.
@@ -287,6 +290,7 @@ impl CsdScanExec {
                 .collect(),
             partitions: self.props.output_partitioning().partition_count() as u32,
             shrink_above: self.shrink_above,
+            late_filters: self.late_filters,
         })
     }
 
@@ -346,6 +350,7 @@ impl CsdScanExec {
         scan.direct = msg.direct;
         scan.pinned = msg.pinned;
         scan.shrink_above = msg.shrink_above;
+        scan.late_filters = msg.late_filters;
         for k in msg.key_filters {
             let columns: Vec<usize> = k.columns.iter().map(|&c| c as usize).collect();
             if columns.iter().any(|&c| c >= width) {

@@ -64,6 +64,8 @@ pub struct CsdScanExec {
     table_columns: Option<Arc<Vec<usize>>>,
     /// A partial aggregate judged at the nodes (see [`CsdScanExec::judged_at_nodes`]).
     shrink_above: Option<f32>,
+    /// Filter while decoding (see [`CsdScanExec::late_filters`]).
+    late_filters: bool,
 }
 
 impl CsdScanExec {
@@ -100,6 +102,7 @@ impl CsdScanExec {
             functions: Arc::new(Vec::new()),
             table_columns: None,
             shrink_above: None,
+            late_filters: false,
         }
     }
 
@@ -149,6 +152,7 @@ impl CsdScanExec {
         s.key_filters = self.key_filters.clone();
         s.table_columns = self.table_columns.clone();
         s.shrink_above = self.shrink_above;
+        s.late_filters = self.late_filters;
         s
     }
 
@@ -193,6 +197,7 @@ impl CsdScanExec {
             partitions: endpoint.merged.clone(),
             shrink_above: self.shrink_above,
             output_schema: SqlFragment::encode_schema(&self.schema),
+            late_filters: self.late_filters,
         };
         EndpointOpener {
             table: self.table.clone(),
@@ -222,6 +227,14 @@ impl CsdScanExec {
     /// filter keeps more than `csd.direct_above` of the rows.
     pub fn direct(mut self) -> Self {
         self.direct = true;
+        self
+    }
+
+    /// Its fragments filter while decoding (Parquet late materialization): for a
+    /// filter expected to keep so few rows that most pages hold none of them, in a
+    /// read of many more columns than the filter's (see [`SqlFragment::late_filters`]).
+    pub(crate) fn late_filters(mut self) -> Self {
+        self.late_filters = true;
         self
     }
 
@@ -315,6 +328,9 @@ impl DisplayAs for CsdScanExec {
                 }
                 if self.pinned {
                     write!(f, ", pinned=objects as planned")?;
+                }
+                if self.late_filters {
+                    write!(f, ", late_filters=filtered while decoding")?;
                 }
                 for (c, cols) in &self.key_filters {
                     let names: Vec<&str> = cols

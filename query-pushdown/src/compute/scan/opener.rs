@@ -291,8 +291,14 @@ impl EndpointOpener {
                 ..Parallelism::NODE
             },
         };
-        let session = fragment_session(self.context.runtime_env(), &frag.table, provider, parallel)
-            .map_err(external)?;
+        let session = fragment_session(
+            self.context.runtime_env(),
+            &frag.table,
+            provider,
+            parallel,
+            frag.late_filters,
+        )
+        .map_err(external)?;
         // The same modules the node would run, from this process's sandbox (which
         // compiled them when they were registered).
         let guard = match frag.functions.is_empty() {
