@@ -354,7 +354,7 @@ impl TableProvider for CsdTable {
         };
         let options = CsdOptions::of(session.config_options());
         let late = fraction <= options.late_filters_below
-            && wide_beside(&self.inner.schema(), &columns, filters);
+            && wide_beside(self.inner.schema(), &columns, filters);
         let scan = CsdScanExec::new(
             self.inner.clone(),
             schema,
