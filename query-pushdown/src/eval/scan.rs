@@ -2,7 +2,9 @@
 //! storage node over its own objects, and by the no-pushdown baseline over the node's
 //! byte ranges. Same options on both sides, so comparisons are fair: row-group
 //! statistics and page-index pruning; filters run on decoded batches (see
-//! [`configure`] for why not while decoding).
+//! [`configure`] for why not while decoding), unless the fragment asks for late
+//! filters (`SqlFragment::late_filters`: a filter keeping very few rows of a wide
+//! read).
 
 use std::sync::Arc;
 
