@@ -155,6 +155,9 @@ impl ThrottledLink {
                     Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 }
             }
+            // Closed to new connections before the open ones are cut: a client that
+            // sees its connection cut and dials again must find the link gone.
+            drop(listener);
             conns.shutdown().await;
         });
         Ok(ThrottledLink {
