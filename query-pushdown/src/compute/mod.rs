@@ -17,6 +17,7 @@ pub(crate) mod pushable;
 pub(crate) mod pushdown;
 pub(crate) mod range_read;
 pub(crate) mod replicas;
+pub(crate) mod running_window;
 pub(crate) mod sandbox;
 pub(crate) mod scan;
 pub(crate) mod semijoin_down;

@@ -28,6 +28,7 @@ use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::compute::replicas;
+use crate::compute::running_window::RunningWindow;
 use crate::compute::scan::{CsdScanExec, EndpointRun, ScanCounter};
 use crate::compute::semijoin_down::SemiJoinDown;
 use crate::compute::worker_failure::on_workers;
@@ -336,6 +337,11 @@ impl Cluster {
                 .with_optimizer_rule(Arc::new(DimensionJoinDown))
                 .with_optimizer_rule(Arc::new(PushdownRule))
                 .with_physical_optimizer_rule(Arc::new(KeyFilterRule));
+            if workers.is_none() {
+                // Workers decode plans with `CsdCodec`, which knows no
+                // `RunningWindowExec`: distributed plans keep DataFusion's window.
+                builder = builder.with_physical_optimizer_rule(Arc::new(RunningWindow));
+            }
         }
         if let Some(w) = workers {
             builder = w.configure(builder, csd_options)?;

@@ -15,6 +15,7 @@ mod hostile;
 mod late_filters;
 mod plans;
 mod replicas;
+mod running_window;
 mod shrink;
 mod tpch;
 
