@@ -616,29 +616,17 @@ fn run(
                 Acc::I64(v) => Some(v),
                 _ => None,
             };
-            let (col, first) = match f.kind {
-                Kind::Count | Kind::Sum => {
-                    let c = fold_loop(
-                        arr,
-                        segments,
-                        resets,
-                        per_row,
-                        &mut state,
-                        i64::wrapping_add,
-                    );
-                    (Arc::new(c.0) as ArrayRef, c.1.map(Acc::I64))
-                }
-                Kind::Min => {
-                    let c = fold_loop(arr, segments, resets, per_row, &mut state, i64::min);
-                    (Arc::new(c.0) as ArrayRef, c.1.map(Acc::I64))
-                }
-                Kind::Max => {
-                    let c = fold_loop(arr, segments, resets, per_row, &mut state, i64::max);
-                    (Arc::new(c.0) as ArrayRef, c.1.map(Acc::I64))
-                }
+            let op: fn(i64, i64) -> i64 = match f.kind {
+                Kind::Count | Kind::Sum => i64::wrapping_add,
+                Kind::Min => i64::min,
+                Kind::Max => i64::max,
             };
+            let (col, first) = fold_loop(arr, segments, resets, per_row, &mut state, op);
             *acc = state.map_or(Acc::Empty, Acc::I64);
-            (col, first.unwrap_or(Acc::Empty))
+            (
+                Arc::new(col) as ArrayRef,
+                first.map_or(Acc::Empty, Acc::I64),
+            )
         }
         Native::U64 => {
             let arr = cast(input, &DataType::UInt64)?;
@@ -706,34 +694,16 @@ fn fold_loop<T: ArrowPrimitiveType>(
         if resets[k] {
             *state = None;
         }
-        if per_row {
-            if values.null_count() == 0 {
-                for i in seg.clone() {
-                    let s = match *state {
-                        Some(s) => op(s, raw[i]),
-                        None => raw[i],
-                    };
-                    *state = Some(s);
-                    out[i] = s;
-                    valid[i] = true;
-                }
-            } else {
-                for i in seg.clone() {
-                    step(state, i);
-                    if let Some(s) = *state {
-                        out[i] = s;
-                        valid[i] = true;
-                    }
-                }
+        for i in seg.clone() {
+            step(state, i);
+            if per_row && let Some(s) = *state {
+                out[i] = s;
+                valid[i] = true;
             }
-        } else {
-            for i in seg.clone() {
-                step(state, i);
-            }
-            if let Some(s) = *state {
-                out[seg.clone()].fill(s);
-                valid[seg.clone()].fill(true);
-            }
+        }
+        if !per_row && let Some(s) = *state {
+            out[seg.clone()].fill(s);
+            valid[seg.clone()].fill(true);
         }
         if k == 0 {
             first = *state;
