@@ -16,10 +16,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Int64Array, PrimitiveArray, RecordBatch, UInt64Array,
-    new_null_array,
-};
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, PrimitiveArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::compute::kernels::partition::partition;
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int64Type, UInt64Type};
@@ -152,6 +149,16 @@ impl Running {
             out,
             display: w.name().to_string(),
         }))
+    }
+}
+
+impl Running {
+    /// The total of no rows: NULL, or 0 for a count.
+    fn empty(&self) -> Result<ScalarValue> {
+        Ok(match self.kind {
+            Kind::Count => ScalarValue::Int64(Some(0)),
+            _ => ScalarValue::try_from(&native_type(self.native))?,
+        })
     }
 }
 
@@ -338,7 +345,11 @@ impl ExecutionPlan for RunningWindowExec {
                 functions: self.functions.clone(),
                 schema: schema.clone(),
             }),
-            accs: vec![Acc::default(); self.functions.len()],
+            accs: self
+                .functions
+                .iter()
+                .map(Running::empty)
+                .collect::<Result<_>>()?,
             last_partition: None,
             last_peer: None,
             held: Vec::new(),
@@ -385,21 +396,12 @@ struct Shape {
     schema: arrow::datatypes::SchemaRef,
 }
 
-/// One function's total so far in the current partition.
-#[derive(Debug, Clone, Copy, Default)]
-enum Acc {
-    /// Nothing counted yet (a new partition).
-    #[default]
-    Empty,
-    I64(i64),
-    U64(u64),
-    F64(f64),
-}
-
 /// One stream's totals, carried from batch to batch.
 struct Totals {
     exec: Arc<Shape>,
-    accs: Vec<Acc>,
+    /// Each function's total so far in the current partition, in its native type
+    /// (NULL: nothing summed yet; a count starts at 0).
+    accs: Vec<ScalarValue>,
     /// The partition keys of the last row read.
     last_partition: Option<Vec<ScalarValue>>,
     /// The order keys of the last row read (`RANGE` frames).
@@ -518,7 +520,7 @@ impl Totals {
 
     /// The held peer group, valued at the totals so far (its end).
     fn flush_held(&mut self) -> Result<Vec<RecordBatch>> {
-        let values: Vec<Acc> = self.accs.clone();
+        let values = self.accs.clone();
         std::mem::take(&mut self.held)
             .iter()
             .map(|b| with_constants(&self.exec, b, &values))
@@ -527,27 +529,17 @@ impl Totals {
 }
 
 /// `batch` with every function's column the one value of `values`.
-fn with_constants(shape: &Shape, batch: &RecordBatch, values: &[Acc]) -> Result<RecordBatch> {
+fn with_constants(
+    shape: &Shape,
+    batch: &RecordBatch,
+    values: &[ScalarValue],
+) -> Result<RecordBatch> {
     let n = batch.num_rows();
     let mut cols = batch.columns().to_vec();
     for (f, v) in shape.functions.iter().zip(values) {
-        let one = single(f, *v)?;
-        let scalar = ScalarValue::try_from_array(&one, 0)?;
-        cols.push(scalar.to_array_of_size(n)?);
+        cols.push(v.cast_to(&f.out)?.to_array_of_size(n)?);
     }
     Ok(RecordBatch::try_new(shape.schema.clone(), cols)?)
-}
-
-/// A one-row column of `f`'s type holding `v`.
-fn single(f: &Running, v: Acc) -> Result<ArrayRef> {
-    let arr: ArrayRef = match (f.native, v) {
-        (_, Acc::Empty) if f.kind == Kind::Count => Arc::new(Int64Array::from(vec![0i64])),
-        (_, Acc::Empty) => new_null_array(&native_type(f.native), 1),
-        (_, Acc::I64(x)) => Arc::new(Int64Array::from(vec![x])),
-        (_, Acc::U64(x)) => Arc::new(UInt64Array::from(vec![x])),
-        (_, Acc::F64(x)) => Arc::new(Float64Array::from(vec![x])),
-    };
-    Ok(cast(&arr, &f.out)?)
 }
 
 fn native_type(n: Native) -> DataType {
@@ -593,69 +585,30 @@ fn run(
     segments: &[Range<usize>],
     resets: &[bool],
     frame: Frame,
-    acc: &mut Acc,
-) -> Result<(ArrayRef, Acc)> {
+    acc: &mut ScalarValue,
+) -> Result<(ArrayRef, ScalarValue)> {
     let per_row = frame == Frame::Rows;
-    let (col, first): (ArrayRef, Acc) = match f.native {
-        Native::I64 if f.kind == Kind::Count => {
-            let mut count = match *acc {
-                Acc::I64(v) => v,
-                _ => 0,
+    let (col, first) = match (f.kind, f.native) {
+        (Kind::Count, _) => {
+            let ScalarValue::Int64(Some(mut count)) = *acc else {
+                return Err(DataFusionError::Internal(format!(
+                    "RunningWindowExec: a count's total is {acc:?}"
+                )));
             };
             let (col, first) = count_loop(input.as_ref(), segments, resets, per_row, &mut count);
-            *acc = Acc::I64(count);
-            (
-                Arc::new(col) as ArrayRef,
-                first.map_or(Acc::Empty, Acc::I64),
-            )
+            *acc = ScalarValue::Int64(Some(count));
+            (Arc::new(col) as ArrayRef, ScalarValue::Int64(first))
         }
-        Native::I64 => {
-            let arr = cast(input, &DataType::Int64)?;
-            let arr = arr.as_primitive::<Int64Type>();
-            let mut state = match *acc {
-                Acc::I64(v) => Some(v),
-                _ => None,
-            };
-            let op: fn(i64, i64) -> i64 = match f.kind {
-                Kind::Count | Kind::Sum => i64::wrapping_add,
-                Kind::Min => i64::min,
-                Kind::Max => i64::max,
-            };
-            let (col, first) = fold_loop(arr, segments, resets, per_row, &mut state, op);
-            *acc = state.map_or(Acc::Empty, Acc::I64);
-            (
-                Arc::new(col) as ArrayRef,
-                first.map_or(Acc::Empty, Acc::I64),
-            )
+        (Kind::Sum, Native::I64) => {
+            fold_as::<Int64Type>(input, segments, resets, per_row, acc, i64::wrapping_add)?
         }
-        Native::U64 => {
-            let arr = cast(input, &DataType::UInt64)?;
-            let arr = arr.as_primitive::<UInt64Type>();
-            let mut state = match *acc {
-                Acc::U64(v) => Some(v),
-                _ => None,
-            };
-            let c = fold_loop(
-                arr,
-                segments,
-                resets,
-                per_row,
-                &mut state,
-                u64::wrapping_add,
-            );
-            *acc = state.map_or(Acc::Empty, Acc::U64);
-            (Arc::new(c.0) as ArrayRef, c.1.map_or(Acc::Empty, Acc::U64))
+        (Kind::Min, _) => fold_as::<Int64Type>(input, segments, resets, per_row, acc, i64::min)?,
+        (Kind::Max, _) => fold_as::<Int64Type>(input, segments, resets, per_row, acc, i64::max)?,
+        (Kind::Sum, Native::U64) => {
+            fold_as::<UInt64Type>(input, segments, resets, per_row, acc, u64::wrapping_add)?
         }
-        Native::F64 => {
-            let arr = cast(input, &DataType::Float64)?;
-            let arr = arr.as_primitive::<Float64Type>();
-            let mut state = match *acc {
-                Acc::F64(v) => Some(v),
-                _ => None,
-            };
-            let c = fold_loop(arr, segments, resets, per_row, &mut state, |a, b| a + b);
-            *acc = state.map_or(Acc::Empty, Acc::F64);
-            (Arc::new(c.0) as ArrayRef, c.1.map_or(Acc::Empty, Acc::F64))
+        (Kind::Sum, Native::F64) => {
+            fold_as::<Float64Type>(input, segments, resets, per_row, acc, |a, b| a + b)?
         }
     };
     let col = if col.data_type() == &f.out {
@@ -664,6 +617,33 @@ fn run(
         cast(&col, &f.out)?
     };
     Ok((col, first))
+}
+
+/// [`fold_loop`] over `input` cast to `T`, the total carried in `acc` (a `T`
+/// scalar): the column and the total after the first segment.
+fn fold_as<T: ArrowPrimitiveType>(
+    input: &ArrayRef,
+    segments: &[Range<usize>],
+    resets: &[bool],
+    per_row: bool,
+    acc: &mut ScalarValue,
+    op: impl Fn(T::Native, T::Native) -> T::Native,
+) -> Result<(ArrayRef, ScalarValue)> {
+    let carried = acc.to_array()?;
+    let carried = carried.as_primitive::<T>();
+    let mut state = carried.is_valid(0).then(|| carried.value(0));
+    let arr = cast(input, &T::DATA_TYPE)?;
+    let (col, first) = fold_loop(
+        arr.as_primitive::<T>(),
+        segments,
+        resets,
+        per_row,
+        &mut state,
+        op,
+    );
+    *acc = ScalarValue::new_primitive::<T>(state, &T::DATA_TYPE)?;
+    let first = ScalarValue::new_primitive::<T>(first, &T::DATA_TYPE)?;
+    Ok((Arc::new(col), first))
 }
 
 /// A running fold of `values` over `segments` (reset where `resets` says), NULLs
