@@ -41,6 +41,16 @@ datafusion::common::extensions_options! {
         /// the rows they hold; otherwise the Parquet is read here and aggregated
         /// here. 1 pushes every aggregate.
         pub max_group_fraction: f64, default = 0.5
+        /// A query's part that reads one table, all of whose partitions live on one
+        /// node (aggregates, the filters and aggregates over them), runs whole at
+        /// that node, which answers the part's rows; otherwise aggregates run in
+        /// two phases. Off: for nodes whose cores are much slower than this tier's.
+        pub whole_at_node: bool, default = true
+        /// Most bytes of aggregation state a part run whole at a node may hold, by
+        /// the nodes' sketches (a group's keys, accumulators and hash-table entry; a
+        /// median's every value); a larger part runs in two phases. The default
+        /// leaves a node with the default 2 GiB budget room to read beside it.
+        pub whole_at_node_max_state: u64, default = 768 << 20
         /// A filter expected (from the objects' min/max) to keep at most this
         /// fraction of the rows, in a scan that reads at least twice as many other
         /// columns as the filter's, is evaluated while decoding (Parquet late

@@ -27,7 +27,6 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result};
-use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
     Expr, Filter, Join, JoinConstraint, JoinType, LogicalPlan, Projection,
@@ -74,8 +73,7 @@ const PER_FILTER: f64 = 0.2;
 fn estimate(plan: &LogicalPlan) -> Option<Card> {
     match plan {
         LogicalPlan::TableScan(t) => {
-            let provider = source_as_provider(&t.source).ok()?;
-            let table = provider.downcast_ref::<CsdTable>()?;
+            let table = CsdTable::of_scan(t)?;
             let base = table.rows() as f64;
             let conjuncts: usize = t.filters.iter().map(|f| split_conjunction(f).len()).sum();
             let mut rows = base * PER_FILTER.powi(conjuncts as i32);

@@ -17,7 +17,6 @@ pub(crate) mod pushable;
 pub(crate) mod pushdown;
 pub(crate) mod range_read;
 pub(crate) mod replicas;
-pub(crate) mod running_window;
 pub(crate) mod sandbox;
 pub(crate) mod scan;
 pub(crate) mod semijoin_down;
@@ -26,5 +25,6 @@ pub(crate) mod shrink;
 pub(crate) mod typed_footers;
 #[cfg(feature = "wasm")]
 pub(crate) mod wasm;
+pub(crate) mod whole_at_node;
 pub(crate) mod window_down;
 pub(crate) mod worker_failure;

@@ -14,12 +14,12 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{
     ColumnStatistics, DFSchema, DataFusionError, Result, ScalarValue, TableReference,
 };
-use datafusion::datasource::{TableProvider, TableType, provider_as_source};
+use datafusion::datasource::{TableProvider, TableType, provider_as_source, source_as_provider};
 use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{
-    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown, TableScan,
 };
 use datafusion::physical_expr::intervals::utils::check_support;
 use datafusion::physical_expr::{AnalysisContext, analyze};
@@ -55,6 +55,12 @@ impl CsdTable {
         CsdTable {
             inner: Arc::new(at),
         }
+    }
+
+    /// The storage-node table `scan` reads, if it reads one.
+    pub(crate) fn of_scan(scan: &TableScan) -> Option<CsdTable> {
+        let provider = source_as_provider(&scan.source).ok()?;
+        provider.downcast_ref::<CsdTable>().cloned()
     }
 
     /// Where the table lives and how its fragments travel.

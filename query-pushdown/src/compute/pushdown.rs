@@ -42,7 +42,6 @@ use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchemaRef, DataFusionError, Result};
-use datafusion::datasource::source_as_provider;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
@@ -59,6 +58,7 @@ use crate::compute::provider::{CsdTable, describe, session_state};
 use crate::compute::pushable::{pushable, pushable_aggregate};
 use crate::compute::scan::CsdScanExec;
 use crate::compute::shrink::{base_column, groups_at_nodes, groups_of};
+use crate::compute::whole_at_node::one_node_part;
 use crate::compute::window_down::{RankedFilter, ranked_filter, top_k_fragment, with_input};
 use crate::options::CsdOptions;
 use crate::wire::fragment::Mode;
@@ -85,6 +85,12 @@ pub(crate) enum PushKind {
     /// The whole fragment (an aggregate whose groups never span partitions, and
     /// filters/projections over it) per partition; results united here.
     WholeAggregate,
+    /// The whole fragment (aggregates, and filters and aggregates over them) at the
+    /// one node holding every partition of its table (`whole_at_node.rs`).
+    WholeAtNode {
+        /// MiB of aggregation state the sketches say it holds there, when they know.
+        state_mib: Option<u64>,
+    },
     /// A ranking window's input cut, at every node, to the rows of rank at most
     /// `k` among the node's rows of their group.
     TopKPerGroup {
@@ -127,6 +133,16 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
             }
             PushKind::TopK => "top-k at every storage-node partition, merged here",
             PushKind::WholeAggregate => "whole aggregate at every storage-node partition",
+            PushKind::WholeAtNode { state_mib } => {
+                write!(
+                    f,
+                    "CsdPushdown: whole at the one storage node holding the table"
+                )?;
+                if let Some(mib) = state_mib {
+                    write!(f, " (about {mib} MiB of state there)")?;
+                }
+                return Ok(());
+            }
             PushKind::TopKPerGroup { k } => {
                 return write!(
                     f,
@@ -179,10 +195,7 @@ fn csd_source(plan: &LogicalPlan) -> Option<CsdTable> {
         LogicalPlan::Projection(p) if p.expr.iter().all(pushable) => csd_source(&p.input),
         LogicalPlan::Filter(f) if pushable(&f.predicate) => csd_source(&f.input),
         // A scan's filters are there only because `CsdTable` took them as exact.
-        LogicalPlan::TableScan(s) if s.fetch.is_none() => {
-            let provider = source_as_provider(&s.source).ok()?;
-            provider.downcast_ref::<CsdTable>().cloned()
-        }
+        LogicalPlan::TableScan(s) if s.fetch.is_none() => CsdTable::of_scan(s),
         _ => None,
     }
 }
@@ -305,11 +318,27 @@ impl OptimizerRule for PushdownRule {
         // Into subqueries too: DataFusion keeps uncorrelated scalar subqueries (Q15's
         // `max`, Q22's average) as expressions, and gives a rule without an
         // `apply_order` only the root.
+        let options = CsdOptions::of(&config.options());
+        let whole_at_node = options
+            .whole_at_node
+            .then_some(options.whole_at_node_max_state);
         plan.transform_down_with_subqueries(|p| {
             if let LogicalPlan::Extension(e) = &p
                 && e.node.as_any().is::<CsdPushdown>()
             {
                 return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
+            }
+            if let Some(max_state) = whole_at_node
+                && let Some(part) = one_node_part(&p, max_state)
+            {
+                let kind = PushKind::WholeAtNode {
+                    state_mib: part.state_bytes.map(|b| b.div_ceil(1 << 20)),
+                };
+                return Ok(Transformed::new(
+                    wrap(kind, p, None),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ));
             }
             if let LogicalPlan::Filter(f) = &p
                 && let Some(ranked) = ranked_filter(f)
@@ -395,10 +424,9 @@ fn table_of(fragment: &LogicalPlan) -> Result<CsdTable> {
     let mut found = None;
     fragment.apply(|p| {
         if let LogicalPlan::TableScan(s) = p
-            && let Ok(provider) = source_as_provider(&s.source)
-            && let Some(t) = provider.downcast_ref::<CsdTable>()
+            && let Some(t) = CsdTable::of_scan(s)
         {
-            found = Some(t.clone());
+            found = Some(t);
             return Ok(TreeNodeRecursion::Stop);
         }
         Ok(TreeNodeRecursion::Continue)
@@ -440,9 +468,9 @@ impl ExtensionPlanner for CsdExtensionPlanner {
         let what = describe(&node.fragment);
         match node.kind {
             PushKind::Kept { .. } => Ok(physical_inputs.first().cloned()),
-            PushKind::TopKPerGroup { .. } => {
+            PushKind::TopKPerGroup { .. } | PushKind::WholeAtNode { .. } => {
                 // Per node: a node's partitions ranked together send fewer rows than
-                // each ranked alone.
+                // each ranked alone; a part run whole reads them all as one.
                 let schema = Arc::new(node.fragment.schema().as_arrow().clone());
                 Ok(Some(Arc::new(
                     CsdScanExec::new(

@@ -28,11 +28,11 @@ use crate::compute::provider::CsdTable;
 use crate::compute::pushdown::{CsdQueryPlanner, PushdownRule};
 use crate::compute::range_read::{CLUSTER_URL, NodeRangeStore, RangeReadTable};
 use crate::compute::replicas;
-use crate::compute::running_window::RunningWindow;
 use crate::compute::scan::{CsdScanExec, EndpointRun, ScanCounter};
 use crate::compute::semijoin_down::SemiJoinDown;
 use crate::compute::worker_failure::on_workers;
 use crate::error::to_datafusion;
+use crate::eval::running_window::RunningWindow;
 use crate::eval::scan;
 use crate::options::CsdOptions;
 

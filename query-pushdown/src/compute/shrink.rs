@@ -33,7 +33,8 @@ fn source_columns(plan: &LogicalPlan, c: &Column) -> Option<Vec<String>> {
     traced(plan, c, true)
 }
 
-/// The table columns `c` comes from, through projections and filters; through
+/// The table columns `c` comes from, through projections, filters, subquery aliases
+/// and windows; through
 /// computed expressions only when `computed` (else only a column passed unchanged).
 fn traced(plan: &LogicalPlan, c: &Column, computed: bool) -> Option<Vec<String>> {
     match plan {
@@ -50,6 +51,16 @@ fn traced(plan: &LogicalPlan, c: &Column, computed: bool) -> Option<Vec<String>>
             Some(columns)
         }
         LogicalPlan::Filter(f) => traced(&f.input, c, computed),
+        // A window passes its input's columns on (its own are computed from rows).
+        LogicalPlan::Window(w) if w.input.schema().has_column(c) => traced(&w.input, c, computed),
+        LogicalPlan::SubqueryAlias(a) => {
+            let i = a.schema.index_of_column(c).ok()?;
+            traced(
+                &a.input,
+                &Column::from(a.input.schema().qualified_field(i)),
+                computed,
+            )
+        }
         LogicalPlan::TableScan(s) => {
             s.projected_schema.index_of_column(c).ok()?;
             Some(vec![c.name.clone()])

@@ -8,6 +8,7 @@ pub(crate) mod group_top_k;
 pub(crate) mod keyfilter;
 pub(crate) mod like;
 pub(crate) mod rewrite;
+pub(crate) mod running_window;
 pub(crate) mod scan;
 pub(crate) mod string_eq;
 #[cfg(feature = "wasm")]
@@ -39,6 +40,7 @@ use crate::eval::decimal::FastDecimal;
 use crate::eval::group_top_k::GroupTopK;
 use crate::eval::keyfilter::below_aggregate;
 use crate::eval::like::FastLike;
+use crate::eval::running_window::RunningWindow;
 use crate::eval::string_eq::FastStringEq;
 use crate::wire::fragment::{Mode, SqlFragment, validate};
 use crate::wire::keyfilter::KeyFilter;
@@ -47,8 +49,9 @@ use crate::wire::keyfilter::KeyFilter;
 /// the one that would merge the partial/final aggregate split a fragment needs, and
 /// then [`FastLike`] (multi-piece `LIKE` patterns without a regex), [`FastStringEq`]
 /// (short string literals compared by view), [`FastDecimal`] (decimal arithmetic
-/// without a checked multiply per value) and [`GroupTopK`] (a ranking window's
-/// per-group top-k kept before its sort).
+/// without a checked multiply per value), [`GroupTopK`] (a ranking window's
+/// per-group top-k kept before its sort) and [`RunningWindow`] (running totals a
+/// batch at a time, in a part a node runs whole).
 fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     static RULES: OnceLock<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>> = OnceLock::new();
     RULES
@@ -65,6 +68,7 @@ fn fragment_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
                     Arc::new(FastStringEq),
                     Arc::new(FastDecimal),
                     Arc::new(GroupTopK),
+                    Arc::new(RunningWindow),
                 ])
                 .collect()
         })

@@ -61,8 +61,9 @@
 //!   no extensions, no writes.
 //! * Expressions: literals, field references, scalar functions, `IfThen`, `Switch`,
 //!   `SingularOrList` (IN lists), `Cast`; the ranking window functions
-//!   [`WINDOW_FUNCTIONS`] as a `ProjectRel`'s own expressions (a per-group top-k).
-//!   No subqueries, other window functions, lambdas or parameters.
+//!   [`WINDOW_FUNCTIONS`] and the aggregates as window functions, as a `ProjectRel`'s
+//!   own expressions (a per-group top-k, a window in a part a node runs whole). No
+//!   subqueries, other window functions, lambdas or parameters.
 //! * Functions: DataFusion's comparison, boolean, arithmetic, `like`/`ilike`,
 //!   `is_null`-style builtins, every non-volatile scalar function the node's DataFusion
 //!   registers (string, math, date/time, regex, …), and the aggregates of
@@ -344,7 +345,8 @@ pub fn validate(
                     .next()
                     .unwrap_or_default()
                     .to_ascii_lowercase();
-                if AGGREGATES.contains(&base.as_str()) {
+                if AGGREGATES.contains(&base.as_str()) || WHOLE_AGGREGATES.contains(&base.as_str())
+                {
                     v.aggregates.insert(f.function_anchor);
                 } else if WINDOW_FUNCTIONS.contains(&base.as_str()) {
                     v.windows.insert(f.function_anchor);
@@ -400,6 +402,11 @@ pub(crate) const AGGREGATES: &[&str] = &[
     "bool_or",
     "approx_distinct",
 ];
+
+/// Aggregates a fragment may use only in a part the node runs whole (see
+/// `compute/whole_at_node.rs`): their partial states are every value, which shrink
+/// nothing. A node still answers them exactly in either mode.
+pub(crate) const WHOLE_AGGREGATES: &[&str] = &["median"];
 
 /// Window functions a fragment may use: the ranking ones, whose value among a
 /// node's rows is at most their value among all (see `compute/window_down.rs`).
@@ -558,9 +565,10 @@ impl Validator<'_> {
                         .ok_or_else(|| invalid("aggregate measure without a function"))?;
                     if !self.aggregates.contains(&f.function_reference) {
                         return Err(invalid(format!(
-                            "aggregate function #{} is not one of {}",
+                            "aggregate function #{} is not one of {}, {}",
                             f.function_reference,
-                            AGGREGATES.join(", ")
+                            AGGREGATES.join(", "),
+                            WHOLE_AGGREGATES.join(", ")
                         )));
                     }
                     if !f.sorts.is_empty() {
@@ -597,13 +605,17 @@ impl Validator<'_> {
         }
     }
 
-    /// Checks a window function standing as a project's expression.
+    /// Checks a window function standing as a project's expression: a ranking one,
+    /// or an aggregate over a frame (in a part a node runs whole).
     fn window(&self, f: &proto::expression::WindowFunction, width: usize) -> Result<(), Error> {
-        if !self.windows.contains(&f.function_reference) {
+        if !self.windows.contains(&f.function_reference)
+            && !self.aggregates.contains(&f.function_reference)
+        {
             return Err(invalid(format!(
-                "window function #{} is not one of {}",
+                "window function #{} is not one of {}, {}",
                 f.function_reference,
-                WINDOW_FUNCTIONS.join(", ")
+                WINDOW_FUNCTIONS.join(", "),
+                AGGREGATES.join(", ")
             )));
         }
         self.args(&f.arguments, 0, width)?;

@@ -18,6 +18,7 @@ mod replicas;
 mod running_window;
 mod shrink;
 mod tpch;
+mod whole_at_node;
 
 use std::sync::Arc;
 

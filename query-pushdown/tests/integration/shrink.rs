@@ -20,9 +20,9 @@ use rand::{Rng, SeedableRng};
 use crate::explain::explain;
 use crate::{assert_same, nodes, register_local, sessions};
 
-const ROWS: i64 = 24_000;
+pub(crate) const ROWS: i64 = 24_000;
 
-fn schema() -> SchemaRef {
+pub(crate) fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("k", DataType::Int32, false),
@@ -35,7 +35,7 @@ fn schema() -> SchemaRef {
 
 /// Every row, in random order: `k` 7 values, `m` 3,000, `s` 200 strings, `n` 50
 /// values and a NULL in a tenth of the rows, `v` a tenth NULL and full of ties.
-fn rows() -> RecordBatch {
+pub(crate) fn rows() -> RecordBatch {
     let mut rng = rand::rngs::StdRng::seed_from_u64(65);
     let mut ids: Vec<i64> = (0..ROWS).collect();
     ids.shuffle(&mut rng);
@@ -296,6 +296,15 @@ async fn without_sketches_the_nodes_judge_while_running() {
     let local = SessionContext::new();
     register_local(&local, "g", schema(), vec![all]);
     let (on, _off) = sessions(std::slice::from_ref(&node)).await;
+    // In two phases, as over several nodes (one node holding the whole table runs
+    // its aggregates whole otherwise).
+    on.ctx
+        .sql("SET csd.whole_at_node = false")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
 
     // Unique keys: the node hands it back before sending anything.
     let sql = "SELECT id, sum(v) AS s FROM g GROUP BY id";
