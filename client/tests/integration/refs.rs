@@ -340,7 +340,7 @@ async fn kept_answers_expire_and_bad_requests_say_why() {
 
     // Steps that run at the compute tier: nothing to keep at a node.
     for q in [
-        "SELECT count(*) FROM lineitem",
+        "SELECT count(*) FROM lineitem a JOIN lineitem b ON a.l_orderkey = b.l_orderkey",
         "SELECT l_orderkey FROM lineitem ORDER BY l_orderkey LIMIT 3",
     ] {
         let e = s
@@ -388,6 +388,16 @@ async fn kept_answers_expire_and_bad_requests_say_why() {
         0,
         "nothing was kept by refusals"
     );
+    // An aggregate over a table on one node runs whole there: its answer is kept.
+    let kept = s
+        .keep(
+            "SELECT count(*) AS n FROM lineitem",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept.iter().map(|k| k.rows).sum::<u64>(), 1, "{kept:?}");
+    assert_eq!(ref_objects(&node.url).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,8 +88,8 @@ pub(crate) enum PushKind {
     /// The whole fragment (aggregates, and filters and aggregates over them) at the
     /// one node holding every partition of its table (`whole_at_node.rs`).
     WholeAtNode {
-        /// MiB of aggregation state the sketches say it holds there, when they know.
-        state_mib: Option<u64>,
+        /// Bytes of state the sketches say it holds there, when they know.
+        state_bytes: Option<u64>,
     },
     /// A ranking window's input cut, at every node, to the rows of rank at most
     /// `k` among the node's rows of their group.
@@ -133,13 +133,13 @@ impl UserDefinedLogicalNodeCore for CsdPushdown {
             }
             PushKind::TopK => "top-k at every storage-node partition, merged here",
             PushKind::WholeAggregate => "whole aggregate at every storage-node partition",
-            PushKind::WholeAtNode { state_mib } => {
+            PushKind::WholeAtNode { state_bytes } => {
                 write!(
                     f,
                     "CsdPushdown: whole at the one storage node holding the table"
                 )?;
-                if let Some(mib) = state_mib {
-                    write!(f, " (about {mib} MiB of state there)")?;
+                if let Some(b) = state_bytes {
+                    write!(f, " (about {} MiB of state there)", b.div_ceil(1 << 20))?;
                 }
                 return Ok(());
             }
@@ -332,7 +332,7 @@ impl OptimizerRule for PushdownRule {
                 && let Some(part) = one_node_part(&p, max_state)
             {
                 let kind = PushKind::WholeAtNode {
-                    state_mib: part.state_bytes.map(|b| b.div_ceil(1 << 20)),
+                    state_bytes: part.state_bytes,
                 };
                 return Ok(Transformed::new(
                     wrap(kind, p, None),
@@ -480,7 +480,11 @@ impl ExtensionPlanner for CsdExtensionPlanner {
                         Mode::Complete,
                         what,
                     )
-                    .with_functions(functions),
+                    .with_functions(functions)
+                    .holding(match node.kind {
+                        PushKind::WholeAtNode { state_bytes } => state_bytes,
+                        _ => None,
+                    }),
                 )))
             }
             PushKind::TopK | PushKind::WholeAggregate => {

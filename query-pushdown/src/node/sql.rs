@@ -96,7 +96,8 @@ impl OperatorRequest for SqlRequest {
     /// every row group (pruning is left to the learned per-byte cost, which absorbs
     /// its average effect). Memory: four times the largest row group's share (the
     /// chunks, decompressed pages, decoded batches) for each stream, plus 16 MiB for
-    /// batches and aggregation state. Shape: the plan and what is asked of it, not
+    /// batches and aggregation state, plus the state the asker expects the plan to
+    /// hold (a part run whole: [`SqlFragment::state_bytes`]). Shape: the plan and what is asked of it, not
     /// which partition nor which join keys (the same query's fragment over each
     /// partition, and run again, is one shape).
     async fn estimate(&self, ctx: &OperatorContext) -> Result<Estimate> {
@@ -126,7 +127,9 @@ impl OperatorRequest for SqlRequest {
         }
         Ok(Estimate {
             bytes,
-            memory: 4 * largest * self.op.parallel().streams as u64 + (16 << 20),
+            memory: 4 * largest * self.op.parallel().streams as u64
+                + (16 << 20)
+                + self.frag.state_bytes.unwrap_or(0),
             shape: Some(shape_of(&self.frag)),
         })
     }

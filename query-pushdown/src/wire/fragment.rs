@@ -15,6 +15,8 @@
 //!   repeated string partitions = 9;      // several partitions read as one
 //!   optional float shrink_above = 10;    // hand back an aggregate that does not shrink
 //!   bytes output_schema = 11;            // the answer's schema as the asker planned it
+//!   bool late_filters = 12;              // filter while decoding
+//!   optional uint64 state_bytes = 13;    // state the asker expects the plan to hold
 //! }
 //! ```
 //!
@@ -171,6 +173,12 @@ pub struct SqlFragment {
     /// then filtered, which is faster when the kept rows are spread over most pages.
     #[prost(bool, tag = "12")]
     pub late_filters: bool,
+    /// Bytes of state the compute tier expects the plan to hold at the node (a part
+    /// run whole: its hash tables and sorts), from its sketches. The node's admission
+    /// reserves it beside the reads, so such parts wait for memory, or are handed
+    /// back, rather than spill.
+    #[prost(uint64, optional, tag = "13")]
+    pub state_bytes: Option<u64>,
 }
 
 /// At most 300 characters of a decoder message (they list the whole field path).

@@ -353,6 +353,7 @@ async fn hostile_fragments_are_refused() {
             shrink_above: None,
             output_schema: vec![],
             late_filters: false,
+            state_bytes: None,
         }
         .to_bytes()
     };
@@ -528,6 +529,7 @@ async fn write_fuzz_seeds() {
         shrink_above: None,
         output_schema: vec![],
         late_filters: false,
+        state_bytes: None,
     };
     std::fs::write(seeds().join("keyfilter"), keyed.to_bytes()).unwrap();
 }
@@ -543,4 +545,40 @@ fn fuzz_seeds_are_valid_fragments() {
         n += 1;
     }
     assert!(n >= 5);
+}
+
+/// A fragment that says it holds more state than the node's whole memory budget
+/// (a part run whole, by the asker's sketches) is handed back before it runs, not
+/// run into a spill; one that fits runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_past_the_budget_is_handed_back() {
+    let (_nodes, clients) = nodes(1).await;
+    let c = &clients[0];
+    c.put("t", "p0", schema(), futures::stream::iter(vec![Ok(data())]))
+        .await
+        .unwrap();
+    let plan = plan_of("select s, count(*) from t group by s").await;
+    let holding = |bytes: u64| {
+        SqlFragment {
+            table: "t".into(),
+            plan: plan.encode_to_vec(),
+            mode: Mode::Complete as i32,
+            state_bytes: Some(bytes),
+            ..Default::default()
+        }
+        .to_bytes()
+    };
+    assert_eq!(rows(c, holding(1 << 20)).await, 1000);
+    let e = match c
+        .operator(OPERATOR_NAME, holding(1 << 50), Compression::None)
+        .await
+    {
+        Ok(reply) => reply.batches.try_collect::<Vec<_>>().await.map(|_| ()),
+        Err(e) => Err(e),
+    }
+    .unwrap_err();
+    assert!(
+        matches!(&e, csd_protocol::node_client::Error::PushedBack(p) if p.reason.contains("more than the node's whole budget")),
+        "{e:?}"
+    );
 }

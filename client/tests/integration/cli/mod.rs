@@ -599,7 +599,11 @@ async fn sql_keep_prints_references_that_get_resolves_and_release_frees() {
         text(&again)
     );
     let agg = csd(args(
-        &["sql", "--keep", "select count(*) from t"],
+        &[
+            "sql",
+            "--keep",
+            "select count(*) from t a join t b on a.name = b.name",
+        ],
         &node.url,
     ))
     .await;

@@ -96,6 +96,9 @@ pub(crate) struct ScanMsg {
     /// Its fragments filter while decoding.
     #[prost(bool, tag = "17")]
     pub(crate) late_filters: bool,
+    /// State its fragments hold at the node.
+    #[prost(uint64, optional, tag = "18")]
+    pub(crate) state_bytes: Option<u64>,
 }
 
 /// One partition of a table on one node.
@@ -291,6 +294,7 @@ impl CsdScanExec {
             partitions: self.props.output_partitioning().partition_count() as u32,
             shrink_above: self.shrink_above,
             late_filters: self.late_filters,
+            state_bytes: self.state_bytes,
         })
     }
 
@@ -351,6 +355,7 @@ impl CsdScanExec {
         scan.pinned = msg.pinned;
         scan.shrink_above = msg.shrink_above;
         scan.late_filters = msg.late_filters;
+        scan.state_bytes = msg.state_bytes;
         for k in msg.key_filters {
             let columns: Vec<usize> = k.columns.iter().map(|&c| c as usize).collect();
             if columns.iter().any(|&c| c >= width) {

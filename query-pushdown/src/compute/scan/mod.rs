@@ -66,6 +66,8 @@ pub struct CsdScanExec {
     shrink_above: Option<f32>,
     /// Filter while decoding (see [`CsdScanExec::late_filters`]).
     late_filters: bool,
+    /// State its fragments hold at the node (see [`CsdScanExec::holding`]).
+    state_bytes: Option<u64>,
 }
 
 impl CsdScanExec {
@@ -103,6 +105,7 @@ impl CsdScanExec {
             table_columns: None,
             shrink_above: None,
             late_filters: false,
+            state_bytes: None,
         }
     }
 
@@ -153,6 +156,7 @@ impl CsdScanExec {
         s.table_columns = self.table_columns.clone();
         s.shrink_above = self.shrink_above;
         s.late_filters = self.late_filters;
+        s.state_bytes = self.state_bytes;
         s
     }
 
@@ -198,6 +202,7 @@ impl CsdScanExec {
             shrink_above: self.shrink_above,
             output_schema: SqlFragment::encode_schema(&self.schema),
             late_filters: self.late_filters,
+            state_bytes: self.state_bytes,
         };
         EndpointOpener {
             table: self.table.clone(),
@@ -235,6 +240,13 @@ impl CsdScanExec {
     /// read of many more columns than the filter's (see [`SqlFragment::late_filters`]).
     pub(crate) fn late_filters(mut self) -> Self {
         self.late_filters = true;
+        self
+    }
+
+    /// Its fragments hold about `bytes` of state at the node (a part run whole),
+    /// which the node's admission reserves (see [`SqlFragment::state_bytes`]).
+    pub(crate) fn holding(mut self, bytes: Option<u64>) -> Self {
+        self.state_bytes = bytes;
         self
     }
 
