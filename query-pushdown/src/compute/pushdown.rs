@@ -25,6 +25,11 @@
 //!   results. The fragment names the objects the ranges came from, and the node
 //!   refuses it if the partition has changed since.
 //!
+//! * over a table all of whose partitions live on one node, aggregates with the
+//!   filters, windows and aggregates around them (`whole_at_node.rs`): the whole
+//!   part runs at that node ([`PushKind::WholeAtNode`]), which answers the part's
+//!   rows, when the sketches put its state within `csd.whole_at_node_max_state`;
+//!
 //! * an `Aggregate` with medians of one value beside `sum`/`count`/`min`/`max`: the
 //!   nodes group by the keys and the value and count (`holistic_down.rs`), and the
 //!   medians are taken here from the counted values, when those pairs shrink;
@@ -85,8 +90,9 @@ pub(crate) enum PushKind {
     /// The whole fragment (an aggregate whose groups never span partitions, and
     /// filters/projections over it) per partition; results united here.
     WholeAggregate,
-    /// The whole fragment (aggregates, and filters and aggregates over them) at the
-    /// one node holding every partition of its table (`whole_at_node.rs`).
+    /// The whole fragment (aggregates, and the filters, windows and aggregates
+    /// around them) at the one node holding every partition of its table
+    /// (`whole_at_node.rs`).
     WholeAtNode {
         /// Bytes of state the sketches say it holds there, when they know.
         state_bytes: Option<u64>,
