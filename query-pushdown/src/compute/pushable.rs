@@ -56,12 +56,19 @@ pub fn pushable(e: &Expr) -> bool {
 /// `count`, `min`, `max`, `avg`, the variances, …) of pushable arguments, without
 /// DISTINCT, FILTER or ORDER BY.
 pub(crate) fn pushable_aggregate(e: &Expr) -> bool {
+    aggregate_of(e, crate::wire::fragment::AGGREGATES, false)
+}
+
+/// True when `e` (under aliases) is a call of one of the aggregates `names` over
+/// pushable arguments, without FILTER or ORDER BY; over DISTINCT values only when
+/// `distinct` allows it.
+pub(crate) fn aggregate_of(e: &Expr, names: &[&str], distinct: bool) -> bool {
     match e {
-        Expr::Alias(a) => pushable_aggregate(&a.expr),
+        Expr::Alias(a) => aggregate_of(&a.expr, names, distinct),
         Expr::AggregateFunction(f) => {
             let p = &f.params;
-            crate::wire::fragment::AGGREGATES.contains(&f.func.name())
-                && !p.distinct
+            names.contains(&f.func.name())
+                && (distinct || !p.distinct)
                 && p.filter.is_none()
                 && p.order_by.is_empty()
                 && p.args.iter().all(pushable)

@@ -25,6 +25,7 @@
 //! window's sort holds every row of its input, counted as state too. A node that is
 //! busy or cannot run the part hands it back, and the compute tier runs it itself.
 
+use arrow::datatypes::DataType;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::{
     Aggregate, Expr, ExprSchemable, LogicalPlan, Window, WindowFrame, WindowFrameBound,
@@ -32,7 +33,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::compute::provider::CsdTable;
-use crate::compute::pushable::pushable;
+use crate::compute::pushable::{aggregate_of, pushable};
 use crate::compute::shrink::groups_of;
 use crate::wire::fragment::{AGGREGATES, WHOLE_AGGREGATES, WINDOW_FUNCTIONS};
 
@@ -93,11 +94,9 @@ const PER_VALUE: f64 = 8.0;
 /// A sorted row's index and the sort's slack.
 const PER_ROW: f64 = 16.0;
 
-fn width(e: &Expr, schema: &datafusion::common::DFSchema) -> f64 {
-    match e.get_type(schema).ok().and_then(|t| t.primitive_width()) {
-        Some(w) => w as f64,
-        None => PER_STRING,
-    }
+/// A value of type `t`, in bytes (strings and other variable widths: `PER_STRING`).
+fn width(t: &DataType) -> f64 {
+    t.primitive_width().map_or(PER_STRING, |w| w as f64)
 }
 
 /// A row of `plan`'s output, in bytes.
@@ -105,11 +104,7 @@ fn row_width(plan: &LogicalPlan) -> f64 {
     plan.schema()
         .fields()
         .iter()
-        .map(|f| {
-            f.data_type()
-                .primitive_width()
-                .map_or(PER_STRING, |w| w as f64)
-        })
+        .map(|f| width(f.data_type()))
         .sum()
 }
 
@@ -129,7 +124,11 @@ fn aggregate_state(table: &CsdTable, a: &Aggregate, rows: f64) -> Option<(f64, f
         }
     };
     let schema = a.input.schema();
-    let keys: f64 = a.group_expr.iter().map(|g| width(g, schema)).sum();
+    let keys: f64 = a
+        .group_expr
+        .iter()
+        .map(|g| g.get_type(schema).map_or(PER_STRING, |t| width(&t)))
+        .sum();
     let every_value = a.aggr_expr.iter().filter(|e| keeps_every_value(e)).count() as f64;
     let accumulators = a.aggr_expr.len() as f64 - every_value;
     Some((
@@ -191,18 +190,7 @@ fn part_over_table<'a>(plan: &'a LogicalPlan, stages: &mut Vec<Stage<'a>>) -> Op
 /// An aggregate a node computes exactly over all of a table's rows: one a fragment
 /// may hold, over distinct values too.
 fn whole_aggregate(e: &Expr) -> bool {
-    match e {
-        Expr::Alias(a) => whole_aggregate(&a.expr),
-        Expr::AggregateFunction(f) => {
-            let p = &f.params;
-            let name = f.func.name();
-            (AGGREGATES.contains(&name) || WHOLE_AGGREGATES.contains(&name))
-                && p.filter.is_none()
-                && p.order_by.is_empty()
-                && p.args.iter().all(pushable)
-        }
-        _ => false,
-    }
+    aggregate_of(e, AGGREGATES, true) || aggregate_of(e, WHOLE_AGGREGATES, true)
 }
 
 /// A window function Substrait carries to the node unchanged: a ranking one or an

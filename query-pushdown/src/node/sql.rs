@@ -97,8 +97,8 @@ impl OperatorRequest for SqlRequest {
     /// its average effect). Memory: four times the largest row group's share (the
     /// chunks, decompressed pages, decoded batches) for each stream, plus 16 MiB for
     /// batches and aggregation state, plus the state the asker expects the plan to
-    /// hold (a part run whole: [`SqlFragment::state_bytes`]). Shape: the plan and what is asked of it, not
-    /// which partition nor which join keys (the same query's fragment over each
+    /// hold (a part run whole: [`SqlFragment::state_bytes`]). Shape: the plan and
+    /// what is asked of it, not which partition nor which join keys (the same query's fragment over each
     /// partition, and run again, is one shape).
     async fn estimate(&self, ctx: &OperatorContext) -> Result<Estimate> {
         let (_, objects) = objects_of(ctx, &self.frag)?;
@@ -127,9 +127,10 @@ impl OperatorRequest for SqlRequest {
         }
         Ok(Estimate {
             bytes,
-            memory: 4 * largest * self.op.parallel().streams as u64
-                + (16 << 20)
-                + self.frag.state_bytes.unwrap_or(0),
+            // Saturating: `state_bytes` is the asker's word, and any size past the
+            // budget is handed back.
+            memory: (4 * largest * self.op.parallel().streams as u64 + (16 << 20))
+                .saturating_add(self.frag.state_bytes.unwrap_or(0)),
             shape: Some(shape_of(&self.frag)),
         })
     }

@@ -569,16 +569,23 @@ async fn state_past_the_budget_is_handed_back() {
         .to_bytes()
     };
     assert_eq!(rows(c, holding(1 << 20)).await, 1000);
-    let e = match c
-        .operator(OPERATOR_NAME, holding(1 << 50), Compression::None)
-        .await
-    {
-        Ok(reply) => reply.batches.try_collect::<Vec<_>>().await.map(|_| ()),
-        Err(e) => Err(e),
-    }
-    .unwrap_err();
-    assert!(
-        matches!(&e, csd_protocol::node_client::Error::PushedBack(p) if p.reason.contains("more than the node's whole budget")),
-        "{e:?}"
-    );
+    let handed_back = |bytes: u64| async move {
+        let answer = match c
+            .operator(OPERATOR_NAME, holding(bytes), Compression::None)
+            .await
+        {
+            Ok(reply) => reply.batches.try_collect::<Vec<_>>().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match answer.unwrap_err() {
+            csd_protocol::node_client::Error::PushedBack(p) => p.reason,
+            e => panic!("{bytes} bytes of state: {e:?}"),
+        }
+    };
+    let why = handed_back(1 << 50).await;
+    assert!(why.contains("more than the node's whole budget"), "{why}");
+    // The largest claim the wire carries: handed back too, not added past u64.
+    let why = handed_back(u64::MAX).await;
+    assert!(why.contains("more than the node's whole budget"), "{why}");
+    assert_eq!(rows(c, holding(1 << 20)).await, 1000, "the node serves on");
 }
